@@ -1,0 +1,20 @@
+#include "graph/graph.h"
+
+#include "ops/registry.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+
+const Attribute* Node::find_attribute(const std::string& attr_name) const {
+  for (const Attribute& a : attributes) {
+    if (a.name == attr_name) return &a;
+  }
+  return nullptr;
+}
+
+std::string Node::label() const {
+  int version = op != nullptr ? op->since : opset;
+  return str(op_type, " v", version, " node '", name, "'");
+}
+
+}  // namespace transmuter

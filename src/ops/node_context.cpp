@@ -1,0 +1,164 @@
+#include "ops/node_context.h"
+
+#include <limits>
+
+#include "ops/registry.h"
+
+namespace transmuter {
+
+NodeContext::NodeContext(const Node& node, std::vector<const Value*> inputs, mx::StreamOrDevice stream,
+                         SubgraphRunner run_subgraph)
+    : node_(node), inputs_(std::move(inputs)), stream_(stream), run_subgraph_(std::move(run_subgraph)) {}
+
+std::string NodeContext::prefix() const {
+  int version = node_.op != nullptr ? node_.op->since : node_.opset;
+  return str("[", node_.op_type, " v", version, "] node '", node_.name, "': ");
+}
+
+bool NodeContext::has_input(size_t i) const {
+  return i < inputs_.size() && inputs_[i] != nullptr && !inputs_[i]->is_none();
+}
+
+const Value& NodeContext::value(size_t i) const {
+  static const Value kNone;
+  if (i >= inputs_.size() || inputs_[i] == nullptr) return kNone;
+  return *inputs_[i];
+}
+
+const mx::array& NodeContext::input(size_t i) const {
+  if (!has_input(i)) throw error("input ", i, " is required but missing");
+  const Value& v = *inputs_[i];
+  if (!v.is_tensor()) throw error("input ", i, " must be a tensor, got ", v.describe());
+  return v.tensor();
+}
+
+std::optional<mx::array> NodeContext::optional_input(size_t i) const {
+  if (!has_input(i)) return std::nullopt;
+  return input(i);
+}
+
+namespace {
+// Reads a host array of any numeric dtype as T. Evaluating here is what makes
+// an op a graph break when the array is computed from traced data.
+template <typename T>
+std::vector<T> read_host(const NodeContext& ctx, size_t i) {
+  mx::array a = ctx.input(i);
+  if (a.is_tracer()) {
+    throw ctx.error("input ", i, " must be known before the run (a shape or constant) but is computed from data");
+  }
+  mx::Dtype target = std::is_integral_v<T> ? mx::int64 : mx::float64;
+  if (a.dtype() != target) a = mx::astype(a, target, mx::Device::cpu);
+  a = mx::flatten(a, mx::Device::cpu);
+  mx::eval(a);
+  const T* data = a.data<T>();
+  return std::vector<T>(data, data + a.size());
+}
+}  // namespace
+
+std::vector<int64_t> NodeContext::host_ints(size_t i) const { return read_host<int64_t>(*this, i); }
+std::vector<double> NodeContext::host_doubles(size_t i) const { return read_host<double>(*this, i); }
+
+int64_t NodeContext::host_int(size_t i) const {
+  auto values = host_ints(i);
+  if (values.size() != 1) throw error("input ", i, " must hold one value, got ", values.size());
+  return values[0];
+}
+
+double NodeContext::host_double(size_t i) const {
+  auto values = host_doubles(i);
+  if (values.size() != 1) throw error("input ", i, " must hold one value, got ", values.size());
+  return values[0];
+}
+
+bool NodeContext::output_requested(size_t i) const {
+  return i < node_.outputs.size() && !node_.outputs[i].empty();
+}
+
+const Attribute* NodeContext::find_attr(std::string_view name, AttrType type) const {
+  const Attribute* attr = node_.find_attribute(std::string(name));
+  if (attr == nullptr) return nullptr;
+  if (attr->type != type) {
+    throw error("attribute '", name, "' has type ", static_cast<int>(attr->type), ", expected ",
+                static_cast<int>(type));
+  }
+  return attr;
+}
+
+bool NodeContext::has_attr(std::string_view name) const {
+  return node_.find_attribute(std::string(name)) != nullptr;
+}
+
+int64_t NodeContext::attr_int(std::string_view name, int64_t fallback) const {
+  const Attribute* a = find_attr(name, AttrType::kInt);
+  return a ? a->i : fallback;
+}
+
+int64_t NodeContext::required_int(std::string_view name) const {
+  const Attribute* a = find_attr(name, AttrType::kInt);
+  if (a == nullptr) throw error("required attribute '", name, "' is missing");
+  return a->i;
+}
+
+float NodeContext::attr_float(std::string_view name, float fallback) const {
+  const Attribute* a = find_attr(name, AttrType::kFloat);
+  return a ? a->f : fallback;
+}
+
+std::string NodeContext::attr_string(std::string_view name, std::string fallback) const {
+  const Attribute* a = find_attr(name, AttrType::kString);
+  return a ? a->s : fallback;
+}
+
+std::vector<int64_t> NodeContext::attr_ints(std::string_view name, std::vector<int64_t> fallback) const {
+  const Attribute* a = find_attr(name, AttrType::kInts);
+  return a ? a->ints : fallback;
+}
+
+std::vector<float> NodeContext::attr_floats(std::string_view name, std::vector<float> fallback) const {
+  const Attribute* a = find_attr(name, AttrType::kFloats);
+  return a ? a->floats : fallback;
+}
+
+std::vector<std::string> NodeContext::attr_strings(std::string_view name,
+                                                   std::vector<std::string> fallback) const {
+  const Attribute* a = find_attr(name, AttrType::kStrings);
+  return a ? a->strings : fallback;
+}
+
+const Value& NodeContext::attr_tensor(std::string_view name) const {
+  const Attribute* a = find_attr(name, AttrType::kTensor);
+  if (a == nullptr) throw error("required attribute '", name, "' is missing");
+  return a->t;
+}
+
+const Graph& NodeContext::attr_graph(std::string_view name) const {
+  const Attribute* a = find_attr(name, AttrType::kGraph);
+  if (a == nullptr || !a->g) throw error("required graph attribute '", name, "' is missing");
+  return *a->g;
+}
+
+std::vector<Value> NodeContext::run_subgraph(const Graph& body, const std::vector<Value>& inputs) const {
+  if (!run_subgraph_) throw error("subgraphs cannot run in this context");
+  return run_subgraph_(body, inputs);
+}
+
+int NodeContext::normalize_axis(int64_t axis, int rank) const {
+  if (axis < -rank || axis >= std::max(rank, 1)) {
+    throw error("axis ", axis, " out of range for rank ", rank);
+  }
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+mx::Shape to_shape(const NodeContext& ctx, const std::vector<int64_t>& dims) {
+  mx::Shape shape;
+  shape.reserve(dims.size());
+  for (int64_t d : dims) {
+    if (d < 0 || d > std::numeric_limits<int32_t>::max()) {
+      throw ctx.error("dimension ", d, " is negative or exceeds int32");
+    }
+    shape.push_back(static_cast<int32_t>(d));
+  }
+  return shape;
+}
+
+}  // namespace transmuter

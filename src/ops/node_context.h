@@ -1,0 +1,101 @@
+// Typed access to the inputs and attributes of the node being executed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "graph/graph.h"
+#include "transmuter/error.h"
+#include "transmuter/value.h"
+
+namespace transmuter {
+
+/** Runs a subgraph (If/Loop/Scan bodies) with the given inputs bound to its
+ * declared inputs; names from enclosing scopes stay visible. */
+using SubgraphRunner =
+    std::function<std::vector<Value>(const Graph& body, const std::vector<Value>& inputs)>;
+
+class NodeContext {
+ public:
+  NodeContext(const Node& node, std::vector<const Value*> inputs, mx::StreamOrDevice stream,
+              SubgraphRunner run_subgraph);
+
+  const Node& node() const { return node_; }
+  /** The opset of the node's domain imported by the model. */
+  int opset() const { return node_.opset; }
+  mx::StreamOrDevice stream() const { return stream_; }
+
+  // --- inputs ---------------------------------------------------------------
+  /** Number of input slots, including omitted optional ones. */
+  size_t num_inputs() const { return inputs_.size(); }
+  /** True when input `i` is given (not omitted, not an empty optional). */
+  bool has_input(size_t i) const;
+  /** Input `i` as a tensor; throws OpError when missing or not a tensor. */
+  const mx::array& input(size_t i) const;
+  std::optional<mx::array> optional_input(size_t i) const;
+  /** Input `i` as any kind of value; an omitted input is `none`. */
+  const Value& value(size_t i) const;
+
+  /** Values of a small integer input read on the host (shapes, axes, pads).
+   * The op must list `i` in its row's host_inputs. */
+  std::vector<int64_t> host_ints(size_t i) const;
+  std::vector<double> host_doubles(size_t i) const;
+  /** Single value of a scalar (or one-element) host input. */
+  int64_t host_int(size_t i) const;
+  double host_double(size_t i) const;
+
+  // --- outputs ---------------------------------------------------------------
+  size_t num_outputs() const { return node_.outputs.size(); }
+  /** True when output `i` exists and has a name (is consumed or reported). */
+  bool output_requested(size_t i) const;
+
+  // --- attributes -------------------------------------------------------------
+  bool has_attr(std::string_view name) const;
+  int64_t attr_int(std::string_view name, int64_t fallback) const;
+  float attr_float(std::string_view name, float fallback) const;
+  std::string attr_string(std::string_view name, std::string fallback) const;
+  std::vector<int64_t> attr_ints(std::string_view name, std::vector<int64_t> fallback = {}) const;
+  std::vector<float> attr_floats(std::string_view name, std::vector<float> fallback = {}) const;
+  std::vector<std::string> attr_strings(std::string_view name,
+                                        std::vector<std::string> fallback = {}) const;
+  /** TENSOR attribute; throws OpError when absent. */
+  const Value& attr_tensor(std::string_view name) const;
+  /** GRAPH attribute; throws OpError when absent. */
+  const Graph& attr_graph(std::string_view name) const;
+  /** Required int attribute; throws OpError when absent. */
+  int64_t required_int(std::string_view name) const;
+
+  /** Runs a subgraph attribute's body. */
+  std::vector<Value> run_subgraph(const Graph& body, const std::vector<Value>& inputs) const;
+
+  /** An OpError whose message starts with `[Op vN] node 'name': `. */
+  template <typename... Args>
+  OpError error(Args&&... args) const {
+    return OpError(str(prefix(), std::forward<Args>(args)...));
+  }
+  /** "[Softmax v13] node 'attn/Softmax': " */
+  std::string prefix() const;
+
+  /** Normalizes a possibly negative axis against `rank`; throws OpError when
+   * out of range. */
+  int normalize_axis(int64_t axis, int rank) const;
+
+ private:
+  const Attribute* find_attr(std::string_view name, AttrType type) const;
+
+  const Node& node_;
+  std::vector<const Value*> inputs_;
+  mx::StreamOrDevice stream_;
+  SubgraphRunner run_subgraph_;
+};
+
+/** MLX shape from ONNX int64 dims; throws OpError via `ctx` on overflow. */
+mx::Shape to_shape(const NodeContext& ctx, const std::vector<int64_t>& dims);
+
+}  // namespace transmuter

@@ -1,0 +1,80 @@
+// The operator registry: (domain, op_type) -> version ranges -> implementation.
+//
+// Each family file (src/ops/onnx/<family>.cpp) exposes register_<family>() that
+// adds one row per operator version range. Registering an overlapping range
+// twice is an error, so a copy-paste slip is caught at start-up.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "transmuter/value.h"
+
+namespace transmuter {
+
+class NodeContext;
+
+using OpOutputs = std::vector<Value>;
+using OpFn = OpOutputs (*)(NodeContext&);
+
+inline constexpr int kOpen = std::numeric_limits<int>::max();
+inline constexpr std::string_view kOnnx = "";
+inline constexpr std::string_view kMicrosoft = "com.microsoft";
+
+/** One implementation, valid for opsets [since, until] of its domain. */
+struct OpRow {
+  std::string_view op_type;
+  std::string_view domain;
+  int since;
+  int until;
+  OpFn fn;
+  // Inputs whose values the op reads on the host (shapes, axes, pads, k...).
+  // When one of them is computed from traced data, the op is a graph break.
+  std::vector<int> host_inputs = {};
+  // True when the op must always run eagerly (data-dependent output shape,
+  // or it consumes/produces sequences, strings, optionals).
+  bool eager_only = false;
+};
+
+class OpRegistry {
+ public:
+  /** Adds rows; throws transmuter::Error if a range overlaps an existing one. */
+  void add(std::initializer_list<OpRow> rows);
+  void add(const OpRow& row);
+
+  /** The row whose range holds `opset`, or nullptr. */
+  const OpRow* find(std::string_view domain, std::string_view op_type, int64_t opset) const;
+
+  /** Every row, ordered by domain, op_type, since. */
+  std::vector<const OpRow*> rows() const;
+
+ private:
+  std::map<std::pair<std::string, std::string>, std::vector<OpRow>> rows_;
+};
+
+/** The registry with every built-in operator, built once on first use. */
+const OpRegistry& builtin_registry();
+
+// One per family file; register_all() in registry.cpp calls each once.
+void register_elementwise(OpRegistry& registry);
+void register_activation(OpRegistry& registry);
+void register_reduction(OpRegistry& registry);
+void register_matmul(OpRegistry& registry);
+void register_conv(OpRegistry& registry);
+void register_pool(OpRegistry& registry);
+void register_shape(OpRegistry& registry);
+void register_indexing(OpRegistry& registry);
+void register_normalization(OpRegistry& registry);
+void register_generator(OpRegistry& registry);
+void register_random(OpRegistry& registry);
+void register_cast(OpRegistry& registry);
+void register_controlflow(OpRegistry& registry);
+void register_sequence(OpRegistry& registry);
+
+}  // namespace transmuter

@@ -1,0 +1,81 @@
+#include "support/op_test_support.h"
+
+#include "ops/node_context.h"
+#include "ops/registry.h"
+#include "transmuter/error.h"
+
+namespace transmuter::testing {
+
+Attribute int_attr(const std::string& name, int64_t v) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kInt;
+  a.i = v;
+  return a;
+}
+Attribute float_attr(const std::string& name, float v) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kFloat;
+  a.f = v;
+  return a;
+}
+Attribute string_attr(const std::string& name, const std::string& v) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kString;
+  a.s = v;
+  return a;
+}
+Attribute ints_attr(const std::string& name, std::vector<int64_t> v) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kInts;
+  a.ints = std::move(v);
+  return a;
+}
+Attribute floats_attr(const std::string& name, std::vector<float> v) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kFloats;
+  a.floats = std::move(v);
+  return a;
+}
+Attribute tensor_attr(const std::string& name, Value v) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kTensor;
+  a.t = std::move(v);
+  return a;
+}
+
+std::vector<Value> run_op(const std::string& op_type, int opset, const std::vector<Value>& inputs,
+                          const std::vector<Attribute>& attributes, int num_outputs) {
+  Node node;
+  node.name = "test_" + op_type;
+  node.op_type = op_type;
+  node.opset = opset;
+  node.attributes = attributes;
+  for (size_t i = 0; i < inputs.size(); ++i) node.inputs.push_back(str("in", i));
+  for (int i = 0; i < num_outputs; ++i) node.outputs.push_back(str("out", i));
+  node.op = builtin_registry().find("", op_type, opset);
+  if (node.op == nullptr) throw UnsupportedError(str(op_type, " opset ", opset, " is not registered"));
+  std::vector<const Value*> ptrs;
+  for (const Value& v : inputs) ptrs.push_back(&v);
+  NodeContext ctx(node, ptrs, mx::Device::cpu, nullptr);
+  return node.op->fn(ctx);
+}
+
+std::vector<double> to_doubles(const mx::array& a) {
+  mx::array f = mx::astype(mx::flatten(a), mx::float64, mx::Device::cpu);
+  mx::eval(f);
+  return std::vector<double>(f.data<double>(), f.data<double>() + f.size());
+}
+
+std::vector<int64_t> to_ints(const mx::array& a) {
+  mx::array f = mx::astype(mx::flatten(a), mx::int64, mx::Device::cpu);
+  mx::eval(f);
+  return std::vector<int64_t>(f.data<int64_t>(), f.data<int64_t>() + f.size());
+}
+
+}  // namespace transmuter::testing

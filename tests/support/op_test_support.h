@@ -1,0 +1,33 @@
+// Runs one registered operator on given inputs, without a model file, for the
+// unit tests in tests/ops/.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "graph/graph.h"
+#include "transmuter/value.h"
+
+namespace transmuter::testing {
+
+/** Attribute builders: int_attr("axis", 1), ints_attr("perm", {1, 0}), ... */
+Attribute int_attr(const std::string& name, int64_t v);
+Attribute float_attr(const std::string& name, float v);
+Attribute string_attr(const std::string& name, const std::string& v);
+Attribute ints_attr(const std::string& name, std::vector<int64_t> v);
+Attribute floats_attr(const std::string& name, std::vector<float> v);
+Attribute tensor_attr(const std::string& name, Value v);
+
+/** Runs `op_type` of the default domain at `opset` with the given inputs (a
+ * `none` Value marks an omitted optional input) and returns its outputs.
+ * Throws like the runtime does (OpError, UnsupportedError). */
+std::vector<Value> run_op(const std::string& op_type, int opset, const std::vector<Value>& inputs,
+                          const std::vector<Attribute>& attributes = {}, int num_outputs = 1);
+
+/** Values of a tensor as doubles/int64 (evaluates it). */
+std::vector<double> to_doubles(const mx::array& a);
+std::vector<int64_t> to_ints(const mx::array& a);
+
+}  // namespace transmuter::testing
