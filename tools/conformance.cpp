@@ -1,0 +1,313 @@
+// `transmuter conformance`: runs ONNX backend node test cases
+// (<case>/model.onnx + test_data_set_N/{input,output}_i.pb) eager and/or
+// compiled, and compares every output with the expected data.
+//
+// Tolerance: |actual - expected| <= atol + rtol * |expected| with rtol 1e-3,
+// atol 1e-7, the defaults of onnx.backend.test's own runner; NaN matches NaN;
+// dtype, shape and strings must match exactly.
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+
+#include <mlx/mlx.h>
+
+#include "cli.h"
+#include "graph/graph.h"
+#include "onnx/model_file.h"
+#include "ops/registry.h"
+#include "transmuter/transmuter.h"
+
+namespace fs = std::filesystem;
+namespace mx = mlx::core;
+
+namespace transmuter::cli {
+
+namespace {
+
+constexpr double kRtol = 1e-3;
+constexpr double kAtol = 1e-7;
+
+enum class Status { kPassed, kFailed, kExpectedFailure, kUnexpectedPass, kSkipped };
+
+struct CaseResult {
+  std::string name;
+  std::string mode;
+  Status status;
+  std::string message;
+};
+
+// tests/onnx_backend/expected_failures.txt: "[reason]" headers, then one test
+// name per line, optionally followed by "@eager" or "@compiled".
+struct ExpectedFailures {
+  std::map<std::string, std::string> reason_by_key;  // "name" or "name@mode"
+
+  const std::string* find(const std::string& name, const std::string& mode) const {
+    auto it = reason_by_key.find(name + "@" + mode);
+    if (it == reason_by_key.end()) it = reason_by_key.find(name);
+    return it == reason_by_key.end() ? nullptr : &it->second;
+  }
+};
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  size_t e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+ExpectedFailures read_expected(const std::string& path) {
+  ExpectedFailures out;
+  if (path.empty()) return out;
+  std::ifstream in(path);
+  if (!in) throw Error(str(path, ": cannot open the expected-failures file"));
+  std::string line, reason;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    line = trim(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    if (line.front() == '[') {
+      if (line.back() != ']') throw Error(str(path, ":", number, ": unterminated [reason]"));
+      reason = line.substr(1, line.size() - 2);
+      continue;
+    }
+    if (reason.empty()) throw Error(str(path, ":", number, ": test '", line, "' listed before any [reason]"));
+    std::string key = line;
+    auto at = line.find(" @");
+    if (at != std::string::npos) key = trim(line.substr(0, at)) + "@" + trim(line.substr(at + 2));
+    if (!out.reason_by_key.emplace(key, reason).second) throw Error(str(path, ":", number, ": '", key, "' listed twice"));
+  }
+  return out;
+}
+
+std::string compare_tensors(const mx::array& actual_in, const mx::array& expected_in) {
+  if (actual_in.dtype() != expected_in.dtype()) {
+    return str("dtype ", onnx_type_name(to_onnx_type(actual_in.dtype())), ", expected ",
+               onnx_type_name(to_onnx_type(expected_in.dtype())));
+  }
+  if (actual_in.shape() != expected_in.shape()) {
+    std::ostringstream a, e;
+    for (int d : actual_in.shape()) a << d << ",";
+    for (int d : expected_in.shape()) e << d << ",";
+    return str("shape [", a.str(), "], expected [", e.str(), "]");
+  }
+  if (actual_in.size() == 0) return "";
+  mx::array actual = mx::astype(actual_in, mx::float64, mx::Device::cpu);
+  mx::array expected = mx::astype(expected_in, mx::float64, mx::Device::cpu);
+  mx::array diff = mx::abs(mx::subtract(actual, expected, mx::Device::cpu), mx::Device::cpu);
+  mx::array tol = mx::add(mx::array(kAtol), mx::multiply(mx::array(kRtol), mx::abs(expected, mx::Device::cpu), mx::Device::cpu), mx::Device::cpu);
+  mx::array both_nan = mx::logical_and(mx::isnan(actual, mx::Device::cpu), mx::isnan(expected, mx::Device::cpu), mx::Device::cpu);
+  // Infinities of the same sign are equal; diff is NaN there.
+  mx::array same_inf = mx::logical_and(mx::isinf(expected, mx::Device::cpu), mx::equal(actual, expected, mx::Device::cpu), mx::Device::cpu);
+  mx::array ok = mx::logical_or(mx::logical_or(mx::less_equal(diff, tol, mx::Device::cpu), both_nan, mx::Device::cpu), same_inf, mx::Device::cpu);
+  mx::array bad = mx::sum(mx::logical_not(ok, mx::Device::cpu), mx::Device::cpu);
+  mx::array worst = mx::max(mx::where(ok, mx::array(0.0), diff, mx::Device::cpu), mx::Device::cpu);
+  mx::eval(bad, worst);
+  int64_t bad_count = bad.item<uint32_t>();
+  if (bad_count == 0) return "";
+  return str(bad_count, " of ", actual.size(), " values differ (worst |diff| ", worst.item<double>(), ")");
+}
+
+std::string compare_values(const Value& actual, const Value& expected) {
+  if (actual.kind() != expected.kind()) return str("got ", actual.describe(), ", expected ", expected.describe());
+  switch (expected.kind()) {
+    case Value::Kind::kNone: return "";
+    case Value::Kind::kTensor: return compare_tensors(actual.tensor(), expected.tensor());
+    case Value::Kind::kStrings:
+      if (actual.strings().shape != expected.strings().shape) return "string tensor shape differs";
+      return actual.strings().data == expected.strings().data ? "" : "string values differ";
+    case Value::Kind::kSequence: {
+      const Sequence& a = actual.sequence_items();
+      const Sequence& e = expected.sequence_items();
+      if (a.size() != e.size()) return str("sequence of ", a.size(), ", expected ", e.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        std::string m = compare_values(a[i], e[i]);
+        if (!m.empty()) return str("sequence item ", i, ": ", m);
+      }
+      return "";
+    }
+  }
+  return "";
+}
+
+std::vector<fs::path> data_sets(const fs::path& dir) {
+  std::vector<fs::path> sets;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.is_directory() && entry.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(entry.path());
+  }
+  std::sort(sets.begin(), sets.end());
+  return sets;
+}
+
+// Runs one case in one mode; returns "" on success or the first mismatch.
+std::string run_case(const fs::path& dir, const Model& model, const std::string& mode) {
+  const Graph& graph = model.graph();
+  std::optional<CompiledModel> compiled;
+  for (const fs::path& set : data_sets(dir)) {
+    Inputs inputs;
+    for (size_t i = 0; i < graph.inputs.size(); ++i) {
+      fs::path file = set / str("input_", i, ".pb");
+      if (!fs::exists(file)) continue;  // trailing optional input left out
+      Value v = read_value_file(file, graph.inputs[i]);
+      if (!(v.is_none() && graph.inputs[i].kind == ValueInfo::Kind::kOptional)) inputs[graph.inputs[i].name] = v;
+    }
+    Outputs outputs;
+    if (mode == "eager") {
+      outputs = run(model, model.params(), inputs, {mx::Device::cpu});
+    } else {
+      if (!compiled) compiled = compile(model, {}, {{}, 8, mx::Device::cpu});
+      outputs = (*compiled)(inputs);
+    }
+    std::vector<mx::array> arrays;
+    for (const Value& v : outputs.values) {
+      if (v.is_tensor()) arrays.push_back(v.tensor());
+    }
+    mx::eval(arrays);
+    for (size_t i = 0; i < graph.outputs.size(); ++i) {
+      fs::path file = set / str("output_", i, ".pb");
+      if (!fs::exists(file)) continue;
+      Value expected = read_value_file(file, graph.outputs[i]);
+      std::string m = compare_values(outputs.values[i], expected);
+      if (!m.empty()) return str(set.filename().string(), " output '", graph.outputs[i].name, "': ", m);
+    }
+  }
+  return "";
+}
+
+// True when the model uses an op type that has no implementation at any
+// version: the case belongs to an operator not built yet (skipped). An op
+// that exists but lacks this opset is a failure, not a skip.
+bool uses_unknown_op_type(const Graph& graph) {
+  std::set<std::pair<std::string, std::string>> known;
+  for (const OpRow* row : builtin_registry().rows()) known.insert({std::string(row->domain), std::string(row->op_type)});
+  for (const Node& node : graph.nodes) {
+    std::string domain = node.domain == "ai.onnx" ? "" : node.domain;
+    if (!known.count({domain, node.op_type})) return true;
+    for (const Attribute& a : node.attributes) {
+      if (a.g && uses_unknown_op_type(*a.g)) return true;
+      for (const auto& g : a.graphs) {
+        if (g && uses_unknown_op_type(*g)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+CaseResult evaluate(const fs::path& dir, const std::string& mode, const ExpectedFailures& expected) {
+  CaseResult result{dir.filename().string(), mode, Status::kPassed, ""};
+  try {
+    ModelFile file = read_model_file(dir / "model.onnx");
+    if (uses_unknown_op_type(*file.graph)) {
+      result.status = Status::kSkipped;
+      result.message = "operator not implemented";
+      return result;
+    }
+    Model model = load((dir / "model.onnx").string());
+    result.message = run_case(dir, model, mode);
+  } catch (const std::exception& e) {
+    result.message = e.what();
+  }
+  const std::string* reason = expected.find(result.name, mode);
+  bool failed = !result.message.empty();
+  if (reason != nullptr) {
+    result.status = failed ? Status::kExpectedFailure : Status::kUnexpectedPass;
+    if (failed) result.message = *reason;
+  } else {
+    result.status = failed ? Status::kFailed : Status::kPassed;
+  }
+  return result;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::kPassed: return "passed";
+    case Status::kFailed: return "failed";
+    case Status::kExpectedFailure: return "expected_failure";
+    case Status::kUnexpectedPass: return "unexpected_pass";
+    case Status::kSkipped: return "skipped";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int conformance_main(const Args& args) {
+  std::string cases = args.get("cases", "");
+  if (cases.empty() || !fs::is_directory(cases)) throw Error("usage: transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE] [--expected FILE]");
+  std::regex filter(args.get("filter", ".*"));
+  std::string mode_arg = args.get("mode", "both");
+  std::vector<std::string> modes;
+  if (mode_arg == "both") modes = {"eager", "compiled"};
+  else if (mode_arg == "eager" || mode_arg == "compiled") modes = {mode_arg};
+  else throw Error(str("--mode expects eager, compiled or both, got '", mode_arg, "'"));
+  ExpectedFailures expected = read_expected(args.get("expected", ""));
+  bool verbose = args.get("verbose", "0") != "0";
+
+  std::vector<fs::path> dirs;
+  for (const auto& entry : fs::directory_iterator(cases)) {
+    if (entry.is_directory() && fs::exists(entry.path() / "model.onnx") &&
+        std::regex_search(entry.path().filename().string(), filter)) {
+      dirs.push_back(entry.path());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+
+  std::vector<CaseResult> results;
+  std::map<std::string, std::map<Status, int>> counts;
+  for (const std::string& mode : modes) {
+    for (const fs::path& dir : dirs) {
+      CaseResult r = evaluate(dir, mode, expected);
+      counts[mode][r.status]++;
+      if (r.status == Status::kFailed) std::cout << "FAIL [" << mode << "] " << r.name << ": " << r.message << "\n";
+      if (r.status == Status::kUnexpectedPass) std::cout << "UNEXPECTED PASS [" << mode << "] " << r.name << " (remove it from the expected failures)\n";
+      if (verbose && r.status == Status::kExpectedFailure) std::cout << "xfail [" << mode << "] " << r.name << ": " << r.message << "\n";
+      results.push_back(std::move(r));
+    }
+  }
+
+  if (args.has("json")) {
+    std::ofstream out(args.get("json", ""));
+    out << "[\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const CaseResult& r = results[i];
+      out << "  {\"name\": \"" << r.name << "\", \"mode\": \"" << r.mode << "\", \"status\": \"" << status_name(r.status)
+          << "\", \"message\": \"" << json_escape(r.message) << "\"}" << (i + 1 < results.size() ? "," : "") << "\n";
+    }
+    out << "]\n";
+  }
+
+  int passed = 0, failed = 0, skipped = 0;
+  for (const std::string& mode : modes) {
+    auto& c = counts[mode];
+    int p = c[Status::kPassed] + c[Status::kUnexpectedPass];
+    int f = c[Status::kFailed];
+    int s = c[Status::kSkipped] + c[Status::kExpectedFailure];
+    std::cout << mode << ": " << p << " passed, " << f << " failed, " << s << " skipped ("
+              << c[Status::kExpectedFailure] << " expected failures, " << c[Status::kSkipped]
+              << " with operators not implemented, " << c[Status::kUnexpectedPass] << " unexpected passes)\n";
+    passed += p;
+    failed += f;
+    skipped += s;
+  }
+  std::cout << passed << " passed, " << failed << " failed, " << skipped << " skipped\n";
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace transmuter::cli

@@ -1,1 +1,296 @@
-int main() { return 0; }
+// The `transmuter` command-line tool: info, run, bench, conformance.
+// The contract is in DESIGN.md ("The command-line contract").
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <random>
+#include <set>
+
+#include <mlx/mlx.h>
+
+#include "cli.h"
+#include "graph/graph.h"
+#include "npy.h"
+#include "transmuter/transmuter.h"
+
+namespace fs = std::filesystem;
+namespace mx = mlx::core;
+using namespace transmuter;
+
+namespace transmuter::cli {
+
+std::string Args::get(const std::string& name, const std::string& fallback) const {
+  auto it = options.find(name);
+  return it == options.end() ? fallback : it->second;
+}
+
+std::vector<std::string> Args::all(const std::string& name) const {
+  std::vector<std::string> out;
+  for (auto [it, end] = options.equal_range(name); it != end; ++it) out.push_back(it->second);
+  return out;
+}
+
+int Args::get_int(const std::string& name, int fallback) const {
+  std::string v = get(name, "");
+  if (v.empty()) return fallback;
+  try {
+    return std::stoi(v);
+  } catch (const std::exception&) {
+    throw Error(str("--", name, " expects a number, got '", v, "'"));
+  }
+}
+
+}  // namespace transmuter::cli
+
+namespace {
+
+using cli::Args;
+
+const std::set<std::string> kFlags = {"help"};
+
+Args parse_args(int argc, char** argv, int first) {
+  Args args;
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) == 0) {
+      std::string name = a.substr(2);
+      if (kFlags.count(name)) {
+        args.options.emplace(name, "1");
+      } else {
+        if (i + 1 >= argc) throw Error(str("option --", name, " needs a value"));
+        args.options.emplace(name, argv[++i]);
+      }
+    } else {
+      args.positional.push_back(a);
+    }
+  }
+  return args;
+}
+
+std::pair<std::string, std::string> split_assignment(const std::string& text, const std::string& option) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) throw Error(str("--", option, " expects NAME=VALUE, got '", text, "'"));
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+std::string shape_text(const ValueInfo& info) {
+  if (!info.has_shape) return "[?]";
+  std::string out = "[";
+  for (size_t i = 0; i < info.shape.size(); ++i) {
+    const Dim& d = info.shape[i];
+    out += (i ? ", " : "") + (d.value ? std::to_string(*d.value) : (d.symbol.empty() ? "?" : d.symbol));
+  }
+  return out + "]";
+}
+
+std::string kind_text(const ValueInfo& info) {
+  switch (info.kind) {
+    case ValueInfo::Kind::kTensor: return onnx_type_name(info.elem_type);
+    case ValueInfo::Kind::kSequence: return "sequence<" + onnx_type_name(info.elem_type) + ">";
+    case ValueInfo::Kind::kOptional: return "optional<" + onnx_type_name(info.elem_type) + ">";
+    case ValueInfo::Kind::kMap: return "map";
+    case ValueInfo::Kind::kUnknown: break;
+  }
+  return "?";
+}
+
+int info_main(const Args& args) {
+  if (args.positional.size() != 1) throw Error("usage: transmuter info MODEL");
+  auto t0 = std::chrono::steady_clock::now();
+  Model model = load(args.positional[0]);
+  double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "model: " << args.positional[0] << "\n";
+  std::cout << "ir_version: " << model.ir_version() << "  producer: " << model.producer() << "\n";
+  std::cout << "opsets:";
+  for (const auto& [domain, version] : model.opsets()) std::cout << " " << (domain.empty() ? "ai.onnx" : domain) << "=" << version;
+  std::cout << "\ninputs:\n";
+  for (const ValueInfo& in : model.inputs()) std::cout << "  " << in.name << ": " << kind_text(in) << " " << shape_text(in) << "\n";
+  std::cout << "outputs:\n";
+  for (const ValueInfo& out : model.outputs()) std::cout << "  " << out.name << ": " << kind_text(out) << " " << shape_text(out) << "\n";
+  size_t bytes = 0;
+  for (const auto& [name, a] : model.params()) bytes += a.nbytes();
+  std::map<std::string, int> histogram;
+  for (const Node& node : model.graph().nodes) histogram[(node.domain.empty() ? "" : node.domain + ".") + node.op_type]++;
+  std::cout << "params: " << model.params().size() << " tensors, " << bytes << " bytes\n";
+  std::cout << "nodes: " << model.node_count() << " (";
+  bool first = true;
+  for (const auto& [op, count] : histogram) {
+    std::cout << (first ? "" : ", ") << op << " " << count;
+    first = false;
+  }
+  std::cout << ")\nload_ms: " << load_ms << "\n";
+  return 0;
+}
+
+// Seeded random values of the declared dtype and shape for inputs not given.
+mx::array random_input(const ValueInfo& info, const std::map<std::string, int>& dims, uint64_t seed) {
+  mx::Shape shape;
+  for (const Dim& d : info.shape) {
+    if (d.value) {
+      shape.push_back(static_cast<int>(*d.value));
+    } else {
+      auto it = dims.find(d.symbol);
+      shape.push_back(it == dims.end() ? 1 : it->second);
+    }
+  }
+  auto dtype = to_mlx_dtype(info.elem_type);
+  if (info.kind != ValueInfo::Kind::kTensor || !dtype) {
+    throw InputError(str("input '", info.name, "' (", kind_text(info), ") cannot be filled at random; pass --input"));
+  }
+  mx::array key = mx::random::key(seed);
+  if (mx::issubdtype(*dtype, mx::floating)) return mx::astype(mx::random::normal(shape, mx::float32, 0, 1, key), *dtype);
+  if (*dtype == mx::bool_) return mx::random::bernoulli(mx::array(0.5f), shape, key);
+  // Small non-negative integers: valid token ids, indices and masks for most models.
+  return mx::astype(mx::random::randint(0, 2, shape, mx::int32, key), *dtype);
+}
+
+struct PreparedInputs {
+  Inputs inputs;
+  std::vector<std::string> static_names;
+};
+
+PreparedInputs prepare_inputs(const Model& model, const Args& args) {
+  PreparedInputs prepared;
+  std::map<std::string, int> dims;
+  for (const std::string& d : args.all("dim")) {
+    auto [name, value] = split_assignment(d, "dim");
+    dims[name] = std::stoi(value);
+  }
+  for (const std::string& opt : {std::string("input"), std::string("static")}) {
+    for (const std::string& spec : args.all(opt)) {
+      auto [name, file] = split_assignment(spec, opt);
+      prepared.inputs[name] = read_npy(file);
+      if (opt == "static") prepared.static_names.push_back(name);
+    }
+  }
+  uint64_t seed = static_cast<uint64_t>(args.get_int("seed", 0));
+  for (const ValueInfo& in : model.inputs()) {
+    if (prepared.inputs.count(in.name) == 0 && in.kind != ValueInfo::Kind::kOptional) {
+      prepared.inputs[in.name] = random_input(in, dims, seed++);
+    }
+  }
+  return prepared;
+}
+
+mx::Device parse_device(const Args& args) {
+  std::string d = args.get("device", "");
+  if (d.empty()) return default_device();
+  if (d == "cpu") return mx::Device::cpu;
+  if (d == "gpu") {
+    if (!mx::is_available(mx::Device::gpu)) throw Error("--device gpu: MLX has no GPU on this machine");
+    return mx::Device::gpu;
+  }
+  throw Error(str("--device expects cpu or gpu, got '", d, "'"));
+}
+
+std::string parse_mode(const Args& args) {
+  std::string mode = args.get("mode", "eager");
+  if (mode != "eager" && mode != "compiled") throw Error(str("--mode expects eager or compiled, got '", mode, "'"));
+  return mode;
+}
+
+std::string sanitize(const std::string& name) {
+  std::string out = name;
+  for (char& c : out) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  }
+  return out;
+}
+
+void eval_outputs(const Outputs& outputs) {
+  std::vector<mx::array> arrays;
+  for (const Value& v : outputs.values) {
+    if (v.is_tensor()) arrays.push_back(v.tensor());
+  }
+  mx::eval(arrays);
+}
+
+// A callable that runs the model once in the chosen mode.
+std::function<Outputs()> make_runner(const Model& model, const PreparedInputs& prepared, const Args& args) {
+  mx::Device device = parse_device(args);
+  if (parse_mode(args) == "eager") {
+    return [model, prepared, device]() { return run(model, model.params(), prepared.inputs, {device}); };
+  }
+  CompileOptions options;
+  options.static_inputs = prepared.static_names;
+  options.device = device;
+  auto compiled = std::make_shared<CompiledModel>(compile(model, {}, options));
+  return [compiled, prepared]() { return (*compiled)(prepared.inputs); };
+}
+
+int run_main(const Args& args) {
+  if (args.positional.size() != 1) throw Error("usage: transmuter run MODEL [--input NAME=FILE.npy]... [--output-dir DIR]");
+  Model model = load(args.positional[0]);
+  PreparedInputs prepared = prepare_inputs(model, args);
+  Outputs outputs = make_runner(model, prepared, args)();
+  eval_outputs(outputs);
+  fs::path dir = args.get("output-dir", ".");
+  fs::create_directories(dir);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Value& v = outputs.values[i];
+    if (!v.is_tensor()) {
+      std::cout << outputs.names[i] << ": " << v.describe() << " (not written: only tensors go to .npy)\n";
+      continue;
+    }
+    fs::path file = dir / (sanitize(outputs.names[i]) + ".npy");
+    write_npy(file, v.tensor());
+    std::cout << outputs.names[i] << ": " << v.describe() << " -> " << file.string() << "\n";
+  }
+  return 0;
+}
+
+int bench_main(const Args& args) {
+  if (args.positional.size() != 1) throw Error("usage: transmuter bench MODEL [--mode eager|compiled] [--warmup N] [--runs N]");
+  Model model = load(args.positional[0]);
+  PreparedInputs prepared = prepare_inputs(model, args);
+  auto runner = make_runner(model, prepared, args);
+  int warmup = args.get_int("warmup", 3), runs = std::max(1, args.get_int("runs", 10));
+  for (int i = 0; i < warmup; ++i) eval_outputs(runner());
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    eval_outputs(runner());
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  double mean = 0;
+  for (double m : ms) mean += m / ms.size();
+  std::cout << "mode: " << parse_mode(args) << "  runs: " << runs << "  warmup: " << warmup << "\n";
+  std::cout << "latency_ms: mean " << mean << "  median " << ms[ms.size() / 2] << "  min " << ms.front() << "  max " << ms.back() << "\n";
+  return 0;
+}
+
+void usage() {
+  std::cerr << "usage:\n"
+               "  transmuter info MODEL\n"
+               "  transmuter run MODEL [--input NAME=FILE.npy]... [--static NAME=FILE.npy]...\n"
+               "                 [--output-dir DIR] [--mode eager|compiled] [--device cpu|gpu] [--dim NAME=VALUE]... [--seed N]\n"
+               "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
+               "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
+               "                 [--expected FILE]\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage();
+    return 2;
+  }
+  std::string command = argv[1];
+  try {
+    Args args = parse_args(argc, argv, 2);
+    if (command == "info") return info_main(args);
+    if (command == "run") return run_main(args);
+    if (command == "bench") return bench_main(args);
+    if (command == "conformance") return cli::conformance_main(args);
+    usage();
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "transmuter " << command << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -12,6 +12,7 @@
 
 #include "transmuter/dtype.h"
 #include "transmuter/value.h"
+#include "transmuter/value_info.h"
 
 namespace transmuter {
 
@@ -53,21 +54,6 @@ struct Attribute {
   std::vector<std::shared_ptr<Graph>> graphs;
   // Set inside a FunctionProto body: take the value of the caller's attribute.
   std::string ref_attr_name;
-};
-
-/** A dimension of a declared shape: a number, a symbol ("batch"), or unknown. */
-struct Dim {
-  std::optional<int64_t> value;
-  std::string symbol;
-};
-
-/** The declared type of a graph input/output (ValueInfoProto). */
-struct ValueInfo {
-  std::string name;
-  enum class Kind { kTensor, kSequence, kOptional, kMap, kUnknown } kind = Kind::kUnknown;
-  OnnxType elem_type = OnnxType::kUndefined;  // for sequences/optionals: of the element
-  bool has_shape = false;
-  std::vector<Dim> shape;
 };
 
 struct Node {

@@ -1,8 +1,196 @@
+// Activation functions and (Log)Softmax.
+// https://onnx.ai/onnx/operators/ (Relu, Gelu, Softmax, ...)
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
 namespace transmuter {
+namespace {
 
-void register_activation(OpRegistry& r) { (void)r; }
+/** A 0-d array holding `v` in the dtype of `like` (no float16 -> float32
+ * promotion when mixed in). */
+mx::array scalar_like(const mx::array& like, double v) { return mx::array(v, like.dtype()); }
+
+OpOutputs relu(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  return {mx::maximum(x, scalar_like(x, 0), ctx.stream())};
+}
+
+OpOutputs sigmoid(NodeContext& ctx) { return {mx::sigmoid(ctx.input(0), ctx.stream())}; }
+
+OpOutputs leaky_relu(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  mx::array alpha = scalar_like(x, ctx.attr_float("alpha", 0.01f));
+  return {mx::where(mx::less(x, scalar_like(x, 0), s), mx::multiply(alpha, x, s), x, s)};
+}
+
+/** alpha * (exp(x) - 1) for x < 0, else x. */
+mx::array elu(const mx::array& x, float alpha, mx::StreamOrDevice s) {
+  mx::array negative = mx::multiply(scalar_like(x, alpha), mx::expm1(x, s), s);
+  return mx::where(mx::less(x, scalar_like(x, 0), s), negative, x, s);
+}
+
+OpOutputs elu_op(NodeContext& ctx) { return {elu(ctx.input(0), ctx.attr_float("alpha", 1.0f), ctx.stream())}; }
+
+OpOutputs selu(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  // Defaults from the spec (float32 spellings of the SELU paper's constants).
+  float alpha = ctx.attr_float("alpha", 1.67326319217681884765625f);
+  float gamma = ctx.attr_float("gamma", 1.05070102214813232421875f);
+  mx::array negative = mx::multiply(scalar_like(x, alpha), mx::expm1(x, s), s);
+  mx::array inner = mx::where(mx::greater(x, scalar_like(x, 0), s), x, negative, s);
+  return {mx::multiply(scalar_like(x, gamma), inner, s)};
+}
+
+/** max(0, min(1, alpha * x + beta)). */
+mx::array hard_sigmoid(const mx::array& x, float alpha, float beta, mx::StreamOrDevice s) {
+  mx::array linear = mx::add(mx::multiply(scalar_like(x, alpha), x, s), scalar_like(x, beta), s);
+  return mx::clip(linear, scalar_like(x, 0), scalar_like(x, 1), s);
+}
+
+OpOutputs hard_sigmoid_op(NodeContext& ctx) {
+  return {hard_sigmoid(ctx.input(0), ctx.attr_float("alpha", 0.2f), ctx.attr_float("beta", 0.5f), ctx.stream())};
+}
+
+OpOutputs hard_swish(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  return {mx::multiply(x, hard_sigmoid(x, 1.0f / 6.0f, 0.5f, ctx.stream()), ctx.stream())};
+}
+
+/** log(1 + exp(x)), computed without overflow for large x. */
+mx::array softplus(const mx::array& x, mx::StreamOrDevice s) {
+  return mx::logaddexp(x, scalar_like(x, 0), s);
+}
+
+OpOutputs softplus_op(NodeContext& ctx) { return {softplus(ctx.input(0), ctx.stream())}; }
+
+OpOutputs softsign(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  return {mx::divide(x, mx::add(scalar_like(x, 1), mx::abs(x, s), s), s)};
+}
+
+OpOutputs mish(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  return {mx::multiply(x, mx::tanh(softplus(x, ctx.stream()), ctx.stream()), ctx.stream())};
+}
+
+OpOutputs thresholded_relu(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  mx::array alpha = scalar_like(x, ctx.attr_float("alpha", 1.0f));
+  return {mx::where(mx::greater(x, alpha, s), x, scalar_like(x, 0), s)};
+}
+
+// max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+OpOutputs celu(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  mx::array alpha = scalar_like(x, ctx.attr_float("alpha", 1.0f));
+  mx::array zero = scalar_like(x, 0);
+  mx::array negative = mx::multiply(alpha, mx::expm1(mx::divide(x, alpha, s), s), s);
+  return {mx::add(mx::maximum(zero, x, s), mx::minimum(zero, negative, s), s)};
+}
+
+// PRelu before opset 7 predates multidirectional broadcasting; exports of that
+// era give the slope per channel as a 1-D [C] tensor for an [N, C, ...] input,
+// which numpy rules would align with the last axis instead of the channel.
+mx::array align_legacy_slope(const NodeContext& ctx, const mx::array& x, const mx::array& slope) {
+  if (ctx.opset() >= 7 || slope.ndim() != 1 || x.ndim() < 3 || slope.shape(0) != x.shape(1) ||
+      slope.shape(0) == 1) {
+    return slope;
+  }
+  mx::Shape shape(x.ndim() - 1, 1);
+  shape[0] = slope.shape(0);
+  return mx::reshape(slope, shape, ctx.stream());
+}
+
+OpOutputs prelu(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  mx::array slope = align_legacy_slope(ctx, x, ctx.input(1));
+  return {mx::where(mx::less(x, scalar_like(x, 0), s), mx::multiply(slope, x, s), x, s)};
+}
+
+// Gelu-20: approximate="none" is x * Phi(x) with the exact normal CDF;
+// "tanh" is the tanh approximation of Hendrycks & Gimpel.
+OpOutputs gelu(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  std::string approximate = ctx.attr_string("approximate", "none");
+  mx::array half_x = mx::multiply(scalar_like(x, 0.5), x, s);
+  if (approximate == "none") {
+    mx::array cdf = mx::erf(mx::multiply(x, scalar_like(x, M_SQRT1_2), s), s);
+    return {mx::multiply(half_x, mx::add(scalar_like(x, 1), cdf, s), s)};
+  }
+  if (approximate == "tanh") {
+    mx::array cube = mx::multiply(mx::multiply(x, x, s), x, s);
+    mx::array inner = mx::add(x, mx::multiply(scalar_like(x, 0.044715), cube, s), s);
+    mx::array t = mx::tanh(mx::multiply(scalar_like(x, std::sqrt(2.0 / M_PI)), inner, s), s);
+    return {mx::multiply(half_x, mx::add(scalar_like(x, 1), t, s), s)};
+  }
+  throw ctx.error("attribute 'approximate' must be \"none\" or \"tanh\", got \"", approximate, "\"");
+}
+
+// Softmax/LogSoftmax 1-12 coerce the input to 2-D at `axis` (default 1) and
+// normalize over the flattened trailing block; 13+ normalize over the one
+// `axis` (default -1).
+std::vector<int> normalized_axes(const NodeContext& ctx, const mx::array& x) {
+  int rank = static_cast<int>(x.ndim());
+  if (ctx.opset() >= 13) return {ctx.normalize_axis(ctx.attr_int("axis", -1), rank)};
+  int first = ctx.normalize_axis(ctx.attr_int("axis", 1), rank);
+  std::vector<int> axes(rank - first);
+  std::iota(axes.begin(), axes.end(), first);
+  return axes;
+}
+
+OpOutputs softmax(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  std::vector<int> axes = normalized_axes(ctx, x);
+  return {mx::softmax(x, axes, /*precise=*/true, ctx.stream())};
+}
+
+OpOutputs log_softmax(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  std::vector<int> axes = normalized_axes(ctx, x);
+  auto s = ctx.stream();
+  return {mx::subtract(x, mx::logsumexp(x, axes, /*keepdims=*/true, s), s)};
+}
+
+}  // namespace
+
+void register_activation(OpRegistry& r) {
+  r.add({
+      // Relu 14 adds integer types; same formula.
+      {"Relu", kOnnx, 1, kOpen, relu},
+      {"Sigmoid", kOnnx, 1, kOpen, sigmoid},
+      {"LeakyRelu", kOnnx, 1, kOpen, leaky_relu},
+      {"Elu", kOnnx, 1, kOpen, elu_op},
+      {"Selu", kOnnx, 1, kOpen, selu},
+      {"HardSigmoid", kOnnx, 1, kOpen, hard_sigmoid_op},
+      {"HardSwish", kOnnx, 14, kOpen, hard_swish},
+      {"Softplus", kOnnx, 1, kOpen, softplus_op},
+      {"Softsign", kOnnx, 1, kOpen, softsign},
+      {"Mish", kOnnx, 18, kOpen, mish},
+      {"ThresholdedRelu", kOnnx, 10, kOpen, thresholded_relu},
+      {"Celu", kOnnx, 12, kOpen, celu},
+      // PRelu 7 switched to numpy-style (unidirectional) broadcasting.
+      {"PRelu", kOnnx, 1, 6, prelu},
+      {"PRelu", kOnnx, 7, kOpen, prelu},
+      {"Gelu", kOnnx, 20, kOpen, gelu},
+      {"Softmax", kOnnx, 1, 12, softmax},
+      {"Softmax", kOnnx, 13, kOpen, softmax},
+      {"LogSoftmax", kOnnx, 1, 12, log_softmax},
+      {"LogSoftmax", kOnnx, 13, kOpen, log_softmax},
+  });
+}
 
 }  // namespace transmuter

@@ -1,8 +1,324 @@
+// Cast and CastLike.
+// https://onnx.ai/onnx/operators/onnx__Cast.html
+//
+// Float8, float4 and sub-byte integer tensors are held widened at run time
+// (see to_mlx_dtype: float8/float4 as float32, int4/int2 as int8, uint4/uint2
+// as uint8). A cast *to* one of them therefore yields the widened dtype
+// holding exactly the values the narrow type can represent; a cast *from*
+// one of them is a plain conversion of already-decoded values.
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <mlx/mlx.h>
+
 #include "ops/node_context.h"
 #include "ops/registry.h"
+#include "transmuter/dtype.h"
 
 namespace transmuter {
+namespace {
 
-void register_cast(OpRegistry& r) { (void)r; }
+mx::array u32(uint32_t v) { return mx::array(v, mx::uint32); }
+
+// --- narrow floating-point targets -----------------------------------------------
+
+/** A small binary float format: sign, exponent, `mantissa_bits` of mantissa. */
+struct MiniFloat {
+  int mantissa_bits;
+  int min_exponent;  // unbiased exponent of the smallest normal number
+  float max_value;
+  bool has_inf;        // overflow without saturation gives inf, else NaN
+  bool unsigned_zero;  // the FNUZ formats have no -0
+  bool has_nan;        // float4e2m1 has no NaN: NaN becomes 0
+};
+
+constexpr MiniFloat kE4M3FN{3, -6, 448.0f, false, false, true};
+constexpr MiniFloat kE4M3FNUZ{3, -7, 240.0f, false, true, true};
+constexpr MiniFloat kE5M2{2, -14, 57344.0f, true, false, true};
+constexpr MiniFloat kE5M2FNUZ{2, -15, 57344.0f, false, true, true};
+constexpr MiniFloat kE2M1{1, 0, 6.0f, false, false, false};
+
+/** Rounds float32 `x` to the nearest value of `format` (ties to even), as
+ * float32. Out of range: the largest finite value when saturating (the Cast-19
+ * default), else inf or NaN as the format allows (spec table in Cast-19). */
+mx::array round_to_minifloat(const mx::array& x, const MiniFloat& format, bool saturate, mx::StreamOrDevice s) {
+  mx::array bits = mx::view(x, mx::uint32, s);
+  mx::array sign = mx::bitwise_and(bits, u32(0x80000000u), s);
+  mx::array biased = mx::astype(mx::bitwise_and(mx::right_shift(bits, u32(23), s), u32(0xFF), s), mx::int32, s);
+  // Spacing of representable values around x: 2^(exponent - mantissa_bits),
+  // with the exponent held at the subnormal floor below the normal range.
+  mx::array exponent = mx::maximum(mx::subtract(biased, mx::array(127), s), mx::array(format.min_exponent), s);
+  mx::array quantum_bits = mx::left_shift(mx::add(exponent, mx::array(127 - format.mantissa_bits), s), mx::array(23), s);
+  mx::array quantum = mx::view(mx::astype(quantum_bits, mx::uint32, s), mx::float32, s);
+  mx::array magnitude = mx::abs(x, s);
+  mx::array rounded = mx::multiply(mx::round(mx::divide(magnitude, quantum, s), 0, s), quantum, s);
+
+  mx::array overflow = mx::greater(rounded, mx::array(format.max_value), s);
+  float overflow_value = format.max_value;
+  if (!saturate) {
+    overflow_value = format.has_inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  }
+  rounded = mx::where(overflow, mx::array(overflow_value), rounded, s);
+  if (!format.has_nan) rounded = mx::where(mx::isnan(rounded, s), mx::array(0.0f), rounded, s);
+  if (format.unsigned_zero) sign = mx::where(mx::equal(rounded, mx::array(0.0f), s), u32(0), sign, s);
+  return mx::view(mx::bitwise_or(mx::view(rounded, mx::uint32, s), sign, s), mx::float32, s);
+}
+
+/** float8e8m0: a bare power of two 2^(e - 127), e in 0..254, 255 is NaN. The
+ * sign is dropped. Rounding of the float32 exponent follows `round_mode`
+ * ("up" by default: any fraction rounds away from zero), as in
+ * onnx.numpy_helper.to_float8e8m0. */
+mx::array round_to_e8m0(const NodeContext& ctx, const mx::array& x, bool saturate, const std::string& round_mode) {
+  auto s = ctx.stream();
+  mx::array bits = mx::view(x, mx::uint32, s);
+  mx::array exponent = mx::bitwise_and(mx::right_shift(bits, u32(23), s), u32(0xFF), s);
+  mx::array normal = mx::not_equal(exponent, u32(0xFF), s);
+  auto bit_set = [&](uint32_t mask) { return mx::not_equal(mx::bitwise_and(bits, u32(mask), s), u32(0), s); };
+  mx::array round_up = mx::array(false);
+  if (round_mode == "up") {
+    round_up = bit_set(0x7FFFFF);
+  } else if (round_mode == "nearest") {
+    mx::array lsb = mx::greater(exponent, u32(0), s);
+    mx::array tail = mx::logical_or(mx::logical_or(bit_set(0x200000), bit_set(0x1FFFFF), s), lsb, s);
+    round_up = mx::logical_and(bit_set(0x400000), tail, s);
+  } else if (round_mode != "down") {
+    throw ctx.error("attribute 'round_mode' must be \"up\", \"down\" or \"nearest\", got \"", round_mode, "\"");
+  }
+  round_up = mx::logical_and(round_up, normal, s);
+  if (saturate) round_up = mx::logical_and(round_up, mx::not_equal(exponent, u32(0xFE), s), s);
+  exponent = mx::add(exponent, mx::astype(round_up, mx::uint32, s), s);
+  // e == 0 is 2^-127, a float32 subnormal (bit 22 set); e == 255 is NaN.
+  mx::array value_bits = mx::where(mx::equal(exponent, u32(0), s), u32(0x00400000u),
+                                   mx::left_shift(exponent, u32(23), s), s);
+  value_bits = mx::where(mx::equal(exponent, u32(0xFF), s), u32(0x7FC00000u), value_bits, s);
+  return mx::view(value_bits, mx::float32, s);
+}
+
+// --- narrow integer targets --------------------------------------------------------
+
+/** Keeps the low `bits` bits (two's complement when signed), as the Cast spec
+ * asks for out-of-range integers; floats truncate toward zero first. */
+mx::array wrap_to_bits(const mx::array& x, int bits, bool is_signed, mx::StreamOrDevice s) {
+  mx::array v = mx::astype(x, mx::int64, s);
+  int64_t modulus = int64_t{1} << bits;
+  v = mx::bitwise_and(v, mx::array(modulus - 1, mx::int64), s);
+  if (is_signed) {
+    mx::array half = mx::array(modulus / 2, mx::int64);
+    v = mx::subtract(mx::bitwise_xor(v, half, s), half, s);
+  }
+  return mx::astype(v, is_signed ? mx::int8 : mx::uint8, s);
+}
+
+// --- strings --------------------------------------------------------------------------
+
+std::string lower(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+/** Parses one string for a cast to a number: plain or scientific notation,
+ * and INF/+INF/-INF/NaN in any case (Cast spec). */
+double parse_number(const NodeContext& ctx, const std::string& text) {
+  std::string key = lower(text);
+  if (key == "true") return 1;
+  if (key == "false") return 0;
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str()) throw ctx.error("cannot parse \"", text, "\" as a number");
+  return v;
+}
+
+mx::array strings_to_numbers(const NodeContext& ctx, const StringTensor& in, mx::Dtype target) {
+  mx::Shape shape = to_shape(ctx, in.shape);
+  int count = static_cast<int>(in.data.size());
+  // Integers parse as integers so that int64 values beyond 2^53 stay exact.
+  if (mx::issubdtype(target, mx::integer)) {
+    std::vector<int64_t> values;
+    for (const std::string& text : in.data) {
+      int64_t v = 0;
+      auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      bool whole = ec == std::errc() && ptr == text.data() + text.size();
+      values.push_back(whole ? v : static_cast<int64_t>(parse_number(ctx, text)));
+    }
+    return mx::astype(mx::reshape(mx::array(values.begin(), {count}, mx::int64), shape, mx::Device::cpu), target,
+                      mx::Device::cpu);
+  }
+  std::vector<double> values;
+  for (const std::string& text : in.data) values.push_back(parse_number(ctx, text));
+  // float32 parses through float32 (strtof) so that no double rounding occurs.
+  if (target == mx::float32) {
+    std::vector<float> floats;
+    for (const std::string& text : in.data) {
+      std::string key = lower(text);
+      bool special = key.find("inf") != std::string::npos || key.find("nan") != std::string::npos ||
+                     key == "true" || key == "false";
+      floats.push_back(special ? static_cast<float>(parse_number(ctx, text)) : std::strtof(text.c_str(), nullptr));
+    }
+    return mx::reshape(mx::array(floats.begin(), {count}, mx::float32), shape, mx::Device::cpu);
+  }
+  return mx::astype(mx::reshape(mx::array(values.begin(), {count}, mx::float64), shape, mx::Device::cpu), target,
+                    mx::Device::cpu);
+}
+
+/** Python repr() spelling of a float from its shortest round-trip digits:
+ * positional for exponents in [-4, 16), scientific otherwise; "nan", "inf".
+ * This is what numpy's astype(str) (the ONNX reference) prints. */
+template <typename F>
+std::string format_float(F v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::array<char, 64> buf{};
+  auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::scientific);
+  std::string sci(buf.data(), end);  // "-4.7892547e-01"
+  std::string sign = sci[0] == '-' ? "-" : "";
+  if (!sign.empty()) sci.erase(0, 1);
+  size_t e_pos = sci.find('e');
+  int exponent = std::stoi(sci.substr(e_pos + 1));
+  std::string digits = sci.substr(0, e_pos);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  int n = static_cast<int>(digits.size());
+  if (exponent < -4 || exponent >= 16) {
+    std::string mantissa = digits.substr(0, 1) + (n > 1 ? "." + digits.substr(1) : "");
+    std::string exp_text = std::to_string(std::abs(exponent));
+    if (exp_text.size() < 2) exp_text = "0" + exp_text;
+    return sign + mantissa + "e" + (exponent < 0 ? "-" : "+") + exp_text;
+  }
+  if (exponent < 0) return sign + "0." + std::string(-exponent - 1, '0') + digits;
+  if (exponent >= n - 1) return sign + digits + std::string(exponent - n + 1, '0') + ".0";
+  return sign + digits.substr(0, exponent + 1) + "." + digits.substr(exponent + 1);
+}
+
+StringTensor numbers_to_strings(const NodeContext& ctx, mx::array x) {
+  if (x.is_tracer()) throw ctx.error("a cast to string needs the values on the host; run this op eagerly");
+  StringTensor out;
+  for (int d : x.shape()) out.shape.push_back(d);
+  mx::array flat = mx::flatten(x, mx::Device::cpu);
+  auto read = [&](mx::Dtype as) {
+    mx::array a = mx::astype(flat, as, mx::Device::cpu);
+    mx::eval(a);
+    return a;
+  };
+  if (x.dtype() == mx::bool_) {
+    mx::array a = read(mx::bool_);
+    for (size_t i = 0; i < a.size(); ++i) out.data.push_back(a.data<bool>()[i] ? "True" : "False");
+  } else if (x.dtype() == mx::uint64) {
+    mx::array a = read(mx::uint64);
+    for (size_t i = 0; i < a.size(); ++i) out.data.push_back(std::to_string(a.data<uint64_t>()[i]));
+  } else if (mx::issubdtype(x.dtype(), mx::integer)) {
+    mx::array a = read(mx::int64);
+    for (size_t i = 0; i < a.size(); ++i) out.data.push_back(std::to_string(a.data<int64_t>()[i]));
+  } else if (x.dtype() == mx::float64) {
+    mx::array a = read(mx::float64);
+    for (size_t i = 0; i < a.size(); ++i) out.data.push_back(format_float(a.data<double>()[i]));
+  } else {
+    mx::array a = read(mx::float32);
+    for (size_t i = 0; i < a.size(); ++i) out.data.push_back(format_float(a.data<float>()[i]));
+  }
+  return out;
+}
+
+// --- the cast ---------------------------------------------------------------------------
+
+struct CastOptions {
+  bool saturate = true;
+  std::string round_mode = "up";
+};
+
+Value cast_value(const NodeContext& ctx, const Value& in, OnnxType to, const CastOptions& options) {
+  if (to == OnnxType::kString) {
+    if (in.is_strings()) return in;
+    return numbers_to_strings(ctx, in.tensor());
+  }
+  std::optional<mx::Dtype> target = to_mlx_dtype(to);
+  if (!target) throw ctx.error("cannot cast to ", onnx_type_name(to));
+  if (in.is_strings()) {
+    if (*target == mx::float32 && to != OnnxType::kFloat) {
+      // Narrow float targets: parse, then round to the narrow format.
+      return cast_value(ctx, strings_to_numbers(ctx, in.strings(), mx::float32), to, options);
+    }
+    return strings_to_numbers(ctx, in.strings(), *target);
+  }
+  const mx::array& x = in.tensor();
+  auto s = ctx.stream();
+  auto as_float32 = [&] { return mx::astype(x, mx::float32, s); };
+  switch (to) {
+    case OnnxType::kFloat8E4M3FN: return round_to_minifloat(as_float32(), kE4M3FN, options.saturate, s);
+    case OnnxType::kFloat8E4M3FNUZ: return round_to_minifloat(as_float32(), kE4M3FNUZ, options.saturate, s);
+    case OnnxType::kFloat8E5M2: return round_to_minifloat(as_float32(), kE5M2, options.saturate, s);
+    case OnnxType::kFloat8E5M2FNUZ: return round_to_minifloat(as_float32(), kE5M2FNUZ, options.saturate, s);
+    // float4e2m1 always saturates (it has neither inf nor NaN).
+    case OnnxType::kFloat4E2M1: return round_to_minifloat(as_float32(), kE2M1, true, s);
+    case OnnxType::kFloat8E8M0: return round_to_e8m0(ctx, as_float32(), options.saturate, options.round_mode);
+    case OnnxType::kInt4: return wrap_to_bits(x, 4, true, s);
+    case OnnxType::kUint4: return wrap_to_bits(x, 4, false, s);
+    case OnnxType::kInt2: return wrap_to_bits(x, 2, true, s);
+    case OnnxType::kUint2: return wrap_to_bits(x, 2, false, s);
+    default: return mx::astype(x, *target, s);
+  }
+}
+
+/** Cast 1-5 names the target type with a string ("FLOAT", "INT64", ...). */
+OnnxType type_from_name(const NodeContext& ctx, const std::string& name) {
+  std::string key = lower(name);
+  for (int t = 1; t <= static_cast<int>(OnnxType::kInt2); ++t) {
+    if (key == onnx_type_name(static_cast<OnnxType>(t))) return static_cast<OnnxType>(t);
+  }
+  // onnx_type_name spells float32/float64 where the attribute says FLOAT/DOUBLE.
+  static const std::vector<std::pair<std::string, OnnxType>> kAliases = {
+      {"float", OnnxType::kFloat}, {"double", OnnxType::kDouble}, {"float16", OnnxType::kFloat16}};
+  for (const auto& [alias, type] : kAliases) {
+    if (key == alias) return type;
+  }
+  throw ctx.error("unknown type name '", name, "' in attribute 'to'");
+}
+
+OpOutputs cast_v1(NodeContext& ctx) {
+  std::string name = ctx.attr_string("to", "");
+  return {cast_value(ctx, ctx.value(0), type_from_name(ctx, name), {})};
+}
+
+CastOptions options_from(const NodeContext& ctx) {
+  return {ctx.attr_int("saturate", 1) != 0, ctx.attr_string("round_mode", "up")};
+}
+
+OpOutputs cast_op(NodeContext& ctx) {
+  auto to = static_cast<OnnxType>(ctx.required_int("to"));
+  if (!ctx.has_input(0)) throw ctx.error("input 0 is required but missing");
+  return {cast_value(ctx, ctx.value(0), to, options_from(ctx))};
+}
+
+// CastLike takes the target type from its second input. A widened narrow type
+// (float8 held as float32, int4 as int8) cannot be told apart from the wide
+// one here, so the target is the wide type.
+OpOutputs cast_like(NodeContext& ctx) {
+  const Value& like = ctx.value(1);
+  if (!ctx.has_input(0) || like.is_none()) throw ctx.error("needs two inputs");
+  OnnxType to = like.is_strings() ? OnnxType::kString : to_onnx_type(like.tensor().dtype());
+  return {cast_value(ctx, ctx.value(0), to, options_from(ctx))};
+}
+
+}  // namespace
+
+void register_cast(OpRegistry& r) {
+  r.add({
+      {"Cast", kOnnx, 1, 5, cast_v1},
+      // 6: `to` becomes an int; 19: `saturate` for float8; 24: `round_mode`
+      // for float8e8m0. Absent attributes take the defaults, so one function
+      // serves all.
+      {"Cast", kOnnx, 6, 18, cast_op},
+      {"Cast", kOnnx, 19, kOpen, cast_op},
+      {"CastLike", kOnnx, 15, 18, cast_like},
+      {"CastLike", kOnnx, 19, kOpen, cast_like},
+  });
+}
 
 }  // namespace transmuter

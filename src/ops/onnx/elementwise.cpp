@@ -1,5 +1,10 @@
-// Elementwise arithmetic, comparison and logic operators.
+// Elementwise arithmetic, math, comparison and logic operators, plus Where,
+// Clip, the variadic Sum/Mean/Min/Max and Identity.
 // https://onnx.ai/onnx/operators/ (Add, Sub, Mul, Div, ...)
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include <mlx/mlx.h>
 
 #include "ops/node_context.h"
@@ -7,6 +12,15 @@
 
 namespace transmuter {
 namespace {
+
+using BinaryFn = mx::array (*)(const mx::array&, const mx::array&, mx::StreamOrDevice);
+using UnaryFn = mx::array (*)(const mx::array&, mx::StreamOrDevice);
+
+/** A 0-d array holding `v` in the dtype of `like`, so that mixing it in does
+ * not promote float16 to float32 or int8 to int32. */
+mx::array scalar_like(const mx::array& like, double v) { return mx::array(v, like.dtype()); }
+
+bool is_signed_integer(mx::Dtype t) { return mx::issubdtype(t, mx::signedinteger); }
 
 // Before opset 7, binary ops broadcast only when `broadcast=1`, aligning B to
 // A starting at `axis` (default: trailing alignment, like numpy).
@@ -18,19 +32,294 @@ mx::array legacy_broadcast(const NodeContext& ctx, const mx::array& a, mx::array
   return mx::reshape(b, shape, ctx.stream());
 }
 
-template <mx::array (*Fn)(const mx::array&, const mx::array&, mx::StreamOrDevice)>
-OpOutputs binary(NodeContext& ctx) {
-  const mx::array& a = ctx.input(0);
-  mx::array b = ctx.opset() < 7 ? legacy_broadcast(ctx, a, ctx.input(1)) : ctx.input(1);
-  return {Fn(a, b, ctx.stream())};
+/** Input 1 of a binary op, aligned to input 0 the way the opset asks. */
+mx::array second_operand(const NodeContext& ctx) {
+  return ctx.opset() < 7 ? legacy_broadcast(ctx, ctx.input(0), ctx.input(1)) : ctx.input(1);
 }
+
+template <BinaryFn Fn>
+OpOutputs binary(NodeContext& ctx) {
+  return {Fn(ctx.input(0), second_operand(ctx), ctx.stream())};
+}
+
+template <UnaryFn Fn>
+OpOutputs unary(NodeContext& ctx) {
+  return {Fn(ctx.input(0), ctx.stream())};
+}
+
+// --- arithmetic ---------------------------------------------------------------
+
+/** Integer division that truncates toward zero like C (ONNX Div on integers);
+ * MLX's integer floor_divide rounds toward negative infinity. */
+mx::array truncating_divide(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  mx::array floored = mx::floor_divide(a, b, s);
+  if (!is_signed_integer(floored.dtype())) return floored;
+  mx::array zero = scalar_like(floored, 0);
+  mx::array inexact = mx::not_equal(mx::remainder(a, b, s), zero, s);
+  mx::array signs_differ = mx::not_equal(mx::less(a, zero, s), mx::less(b, zero, s), s);
+  mx::array fix = mx::logical_and(inexact, signs_differ, s);
+  return mx::where(fix, mx::add(floored, scalar_like(floored, 1), s), floored, s);
+}
+
+OpOutputs div_op(NodeContext& ctx) {
+  const mx::array& a = ctx.input(0);
+  mx::array b = second_operand(ctx);
+  if (mx::issubdtype(a.dtype(), mx::integer)) return {truncating_divide(a, b, ctx.stream())};
+  return {mx::divide(a, b, ctx.stream())};
+}
+
+// Pow's output has the dtype of the base X; the exponent may have another
+// type (opset 12+). An integer base with a float exponent is computed in the
+// float type and converted back (truncating, as the ONNX reference does).
+OpOutputs pow_op(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  mx::array y = second_operand(ctx);
+  auto s = ctx.stream();
+  bool x_float = mx::issubdtype(x.dtype(), mx::floating);
+  bool y_float = mx::issubdtype(y.dtype(), mx::floating);
+  if (!x_float && y_float) {
+    return {mx::astype(mx::power(mx::astype(x, y.dtype(), s), y, s), x.dtype(), s)};
+  }
+  return {mx::power(x, mx::astype(y, x.dtype(), s), s)};
+}
+
+/** C fmod: the remainder has the sign of the dividend. Built from MLX's
+ * remainder on magnitudes, where it is exact and equals fmod. */
+mx::array c_fmod(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  return mx::multiply(mx::sign(a, s), mx::remainder(mx::abs(a, s), mx::abs(b, s), s), s);
+}
+
+/** Python-style modulo: the remainder has the sign of the divisor; a zero
+ * result takes the sign of the divisor too (Mod-28 float rules). */
+mx::array floor_mod(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  mx::array r = mx::remainder(a, b, s);
+  if (!mx::issubdtype(r.dtype(), mx::floating)) return r;
+  mx::array zero = scalar_like(r, 0.0);
+  mx::array signed_zero = mx::where(mx::less(b, zero, s), scalar_like(r, -0.0), zero, s);
+  return mx::where(mx::equal(r, zero, s), signed_zero, r, s);
+}
+
+OpOutputs mod_op(NodeContext& ctx) {
+  int64_t fmod = ctx.attr_int("fmod", 0);
+  if (fmod != 0 && fmod != 1) throw ctx.error("attribute 'fmod' must be 0 or 1, got ", fmod);
+  const mx::array& a = ctx.input(0);
+  const mx::array& b = ctx.input(1);
+  return {fmod == 1 ? c_fmod(a, b, ctx.stream()) : floor_mod(a, b, ctx.stream())};
+}
+
+// Opset 28 defines what older versions left undefined: a shift by a negative
+// amount or by at least the bit width gives what sign extension alone gives
+// (-1 for a right shift of a negative value, else 0).
+OpOutputs bitshift_op(NodeContext& ctx) {
+  std::string direction = ctx.attr_string("direction", "");
+  if (direction != "LEFT" && direction != "RIGHT") {
+    throw ctx.error("attribute 'direction' must be \"LEFT\" or \"RIGHT\", got \"", direction, "\"");
+  }
+  const mx::array& x = ctx.input(0);
+  const mx::array& y = ctx.input(1);
+  auto s = ctx.stream();
+  mx::array zero = scalar_like(y, 0);
+  mx::array width = scalar_like(y, static_cast<double>(x.itemsize() * 8));
+  mx::array in_range = mx::logical_and(mx::greater_equal(y, zero, s), mx::less(y, width, s), s);
+  mx::array amount = mx::where(in_range, y, zero, s);
+  bool left = direction == "LEFT";
+  mx::array shifted = left ? mx::left_shift(x, amount, s) : mx::right_shift(x, amount, s);
+  mx::array fill = scalar_like(x, 0);
+  if (!left && is_signed_integer(x.dtype())) {
+    fill = mx::where(mx::less(x, fill, s), scalar_like(x, -1), fill, s);
+  }
+  return {mx::astype(mx::where(in_range, shifted, fill, s), x.dtype(), s)};
+}
+
+// --- comparison and logic -----------------------------------------------------
+
+/** Numpy-style broadcast of two string tensors' shapes; throws via ctx. */
+std::vector<int64_t> broadcast_shapes(const NodeContext& ctx, const std::vector<int64_t>& a,
+                                      const std::vector<int64_t>& b) {
+  size_t rank = std::max(a.size(), b.size());
+  std::vector<int64_t> out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (da != db && da != 1 && db != 1) throw ctx.error("shapes do not broadcast: ", da, " vs ", db);
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+/** Flat index into a tensor of `shape` for the broadcast position `index`
+ * (a multi-index over the output shape of rank >= shape.size()). */
+size_t broadcast_offset(const std::vector<int64_t>& shape, const std::vector<int64_t>& index) {
+  size_t lead = index.size() - shape.size();
+  size_t offset = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    offset = offset * shape[i] + (shape[i] == 1 ? 0 : index[lead + i]);
+  }
+  return offset;
+}
+
+// Equal accepts string tensors from opset 19; they live on the host, so the
+// comparison runs there and yields an ordinary bool tensor.
+mx::array equal_strings(const NodeContext& ctx, const StringTensor& a, const StringTensor& b) {
+  std::vector<int64_t> shape = broadcast_shapes(ctx, a.shape, b.shape);
+  size_t count = 1;
+  for (int64_t d : shape) count *= d;
+  std::vector<int64_t> index(shape.size(), 0);
+  std::vector<bool> result(count);
+  for (size_t flat = 0; flat < count; ++flat) {
+    result[flat] = a.data[broadcast_offset(a.shape, index)] == b.data[broadcast_offset(b.shape, index)];
+    for (size_t d = shape.size(); d-- > 0;) {  // advance the multi-index
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  std::vector<uint8_t> bytes(result.begin(), result.end());
+  mx::array flat = mx::array(bytes.begin(), mx::Shape{static_cast<int>(count)}, mx::uint8);
+  return mx::astype(mx::reshape(flat, to_shape(ctx, shape), mx::Device::cpu), mx::bool_, mx::Device::cpu);
+}
+
+OpOutputs equal_op(NodeContext& ctx) {
+  const Value& a = ctx.value(0);
+  const Value& b = ctx.value(1);
+  if (a.is_strings() || b.is_strings()) {
+    if (!a.is_strings() || !b.is_strings()) {
+      throw ctx.error("cannot compare ", a.describe(), " with ", b.describe());
+    }
+    return {equal_strings(ctx, a.strings(), b.strings())};
+  }
+  return binary<mx::equal>(ctx);
+}
+
+// --- math ----------------------------------------------------------------------
+
+OpOutputs isinf_op(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  bool positive = ctx.attr_int("detect_positive", 1) != 0;
+  bool negative = ctx.attr_int("detect_negative", 1) != 0;
+  if (positive && negative) return {mx::isinf(x, s)};
+  if (positive) return {mx::isposinf(x, s)};
+  if (negative) return {mx::isneginf(x, s)};
+  return {mx::zeros(x.shape(), mx::bool_, s)};
+}
+
+// Clip 1-10 reads its bounds from attributes (absent bound: no clamp); from
+// opset 11 they are optional inputs. min > max gives max everywhere, as
+// numpy.clip does (the ONNX reference).
+mx::array clamp(const mx::array& x, const std::optional<mx::array>& lo, const std::optional<mx::array>& hi,
+                mx::StreamOrDevice s) {
+  mx::array out = x;
+  if (lo) out = mx::maximum(out, mx::astype(*lo, x.dtype(), s), s);
+  if (hi) out = mx::minimum(out, mx::astype(*hi, x.dtype(), s), s);
+  return out;
+}
+
+OpOutputs clip_v1(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  std::optional<mx::array> lo, hi;
+  if (ctx.has_attr("min")) lo = scalar_like(x, ctx.attr_float("min", 0));
+  if (ctx.has_attr("max")) hi = scalar_like(x, ctx.attr_float("max", 0));
+  return {clamp(x, lo, hi, ctx.stream())};
+}
+
+OpOutputs clip_v11(NodeContext& ctx) {
+  return {clamp(ctx.input(0), ctx.optional_input(1), ctx.optional_input(2), ctx.stream())};
+}
+
+// --- variadic -------------------------------------------------------------------
+
+template <BinaryFn Fn>
+mx::array fold_inputs(const NodeContext& ctx) {
+  if (ctx.num_inputs() == 0) throw ctx.error("needs at least one input");
+  mx::array acc = ctx.input(0);
+  for (size_t i = 1; i < ctx.num_inputs(); ++i) acc = Fn(acc, ctx.input(i), ctx.stream());
+  return acc;
+}
+
+template <BinaryFn Fn>
+OpOutputs variadic(NodeContext& ctx) {
+  return {fold_inputs<Fn>(ctx)};
+}
+
+OpOutputs mean_op(NodeContext& ctx) {
+  mx::array sum = fold_inputs<mx::add>(ctx);
+  return {mx::divide(sum, scalar_like(sum, static_cast<double>(ctx.num_inputs())), ctx.stream())};
+}
+
+// Identity passes any value through: tensors, and from opset 14/16 sequences
+// and optionals.
+OpOutputs identity_op(NodeContext& ctx) { return {ctx.value(0)}; }
 
 }  // namespace
 
 void register_elementwise(OpRegistry& r) {
   r.add({
+      // Binary arithmetic: opset < 7 has the broadcast/axis attributes.
       {"Add", kOnnx, 1, 6, binary<mx::add>},
       {"Add", kOnnx, 7, kOpen, binary<mx::add>},
+      {"Sub", kOnnx, 1, 6, binary<mx::subtract>},
+      {"Sub", kOnnx, 7, kOpen, binary<mx::subtract>},
+      {"Mul", kOnnx, 1, 6, binary<mx::multiply>},
+      {"Mul", kOnnx, 7, kOpen, binary<mx::multiply>},
+      {"Div", kOnnx, 1, 6, div_op},
+      {"Div", kOnnx, 7, kOpen, div_op},
+      {"Pow", kOnnx, 1, 6, pow_op},
+      {"Pow", kOnnx, 7, kOpen, pow_op},
+      // Mod 28 extends fmod=0 (floor semantics) to floating types.
+      {"Mod", kOnnx, 10, 27, mod_op},
+      {"Mod", kOnnx, 28, kOpen, mod_op},
+      // BitShift 28 defines out-of-range shift amounts.
+      {"BitShift", kOnnx, 11, 27, bitshift_op},
+      {"BitShift", kOnnx, 28, kOpen, bitshift_op},
+      // Comparison and logic.
+      {"Equal", kOnnx, 1, 6, equal_op},
+      {"Equal", kOnnx, 7, kOpen, equal_op},
+      {"Less", kOnnx, 1, 6, binary<mx::less>},
+      {"Less", kOnnx, 7, kOpen, binary<mx::less>},
+      {"Greater", kOnnx, 1, 6, binary<mx::greater>},
+      {"Greater", kOnnx, 7, kOpen, binary<mx::greater>},
+      {"LessOrEqual", kOnnx, 12, kOpen, binary<mx::less_equal>},
+      {"GreaterOrEqual", kOnnx, 12, kOpen, binary<mx::greater_equal>},
+      {"And", kOnnx, 1, 6, binary<mx::logical_and>},
+      {"And", kOnnx, 7, kOpen, binary<mx::logical_and>},
+      {"Or", kOnnx, 1, 6, binary<mx::logical_or>},
+      {"Or", kOnnx, 7, kOpen, binary<mx::logical_or>},
+      {"Xor", kOnnx, 1, 6, binary<mx::logical_xor>},
+      {"Xor", kOnnx, 7, kOpen, binary<mx::logical_xor>},
+      {"Not", kOnnx, 1, kOpen, unary<mx::logical_not>},
+      {"Where", kOnnx, 9, kOpen,
+       [](NodeContext& ctx) -> OpOutputs {
+         return {mx::where(ctx.input(0), ctx.input(1), ctx.input(2), ctx.stream())};
+       }},
+      // Unary math.
+      {"Sqrt", kOnnx, 1, kOpen, unary<mx::sqrt>},
+      {"Reciprocal", kOnnx, 1, kOpen, unary<mx::reciprocal>},
+      {"Neg", kOnnx, 1, kOpen, unary<mx::negative>},
+      {"Abs", kOnnx, 1, kOpen, unary<mx::abs>},
+      {"Exp", kOnnx, 1, kOpen, unary<mx::exp>},
+      {"Log", kOnnx, 1, kOpen, unary<mx::log>},
+      {"Tanh", kOnnx, 1, kOpen, unary<mx::tanh>},
+      {"Sin", kOnnx, 7, kOpen, unary<mx::sin>},
+      {"Cos", kOnnx, 7, kOpen, unary<mx::cos>},
+      {"Erf", kOnnx, 9, kOpen, unary<mx::erf>},
+      {"Sign", kOnnx, 9, kOpen, unary<mx::sign>},
+      {"Floor", kOnnx, 1, kOpen, unary<mx::floor>},
+      {"Ceil", kOnnx, 1, kOpen, unary<mx::ceil>},
+      // Round half to even, like MLX's round.
+      {"Round", kOnnx, 11, kOpen, [](NodeContext& ctx) -> OpOutputs {
+         return {mx::round(ctx.input(0), 0, ctx.stream())};
+       }},
+      {"IsNaN", kOnnx, 9, kOpen, unary<mx::isnan>},
+      {"IsInf", kOnnx, 10, kOpen, isinf_op},
+      {"Clip", kOnnx, 1, 10, clip_v1},
+      {"Clip", kOnnx, 11, kOpen, clip_v11},
+      // Variadic: 1..N inputs, numpy broadcasting from opset 8 (a superset of
+      // the same-shape rule before it).
+      {"Sum", kOnnx, 1, kOpen, variadic<mx::add>},
+      {"Min", kOnnx, 1, kOpen, variadic<mx::minimum>},
+      {"Max", kOnnx, 1, kOpen, variadic<mx::maximum>},
+      {"Mean", kOnnx, 1, kOpen, mean_op},
+      {"Identity", kOnnx, 1, kOpen, identity_op},
   });
 }
 

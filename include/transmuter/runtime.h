@@ -1,0 +1,87 @@
+// Running a model: eagerly (run) or through mx::compile (compile).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <mlx/device.h>
+
+#include "transmuter/model.h"
+#include "transmuter/value.h"
+
+namespace transmuter {
+
+/** Named inputs. Tensors convert implicitly: `{{"input_ids", ids}}`. */
+using Inputs = std::unordered_map<std::string, Value>;
+
+/** Outputs in the model's declared order. Arrays are lazy MLX arrays:
+ * evaluate them (mx::eval) or feed them to further MLX code. */
+struct Outputs {
+  std::vector<std::string> names;
+  std::vector<Value> values;
+
+  /** The output called `name`; throws transmuter::Error if there is none. */
+  const Value& at(const std::string& name) const;
+  /** Shortcut for at(name).tensor(). */
+  const mx::array& tensor(const std::string& name) const;
+  size_t size() const { return values.size(); }
+};
+
+struct RunOptions {
+  /** Where ops run; default: the GPU when MLX has one, else the CPU. */
+  std::optional<mx::Device> device;
+};
+
+/** Runs the graph once, eagerly: ops build a lazy MLX graph, and values that
+ * an op needs on the host (shapes, NonZero...) are evaluated as it goes.
+ * `params` replaces the model's initializers of the same name (this is how
+ * mx::value_and_grad differentiates with respect to weights). */
+Outputs run(const Model& model, const Params& params, const Inputs& inputs,
+            const RunOptions& options = {});
+
+struct CompileOptions {
+  /** Inputs whose values are fixed per call site and read on the host (they
+   * join the cache key). */
+  std::vector<std::string> static_inputs;
+  /** Compiled plans kept, keyed by input shapes, dtypes and static values. */
+  size_t cache_size = 8;
+  std::optional<mx::Device> device;
+};
+
+/** Counters of a CompiledModel's plan cache. */
+struct CompileStats {
+  size_t plans_built = 0;   // cache misses
+  size_t cache_hits = 0;
+  size_t evictions = 0;
+  size_t segments = 0;      // compiled segments in the last plan used
+  size_t graph_breaks = 0;  // eager nodes between them in the last plan used
+};
+
+/** A model compiled for repeated calls. The graph is split at graph breaks
+ * (ops that need values computed from data); each run of nodes between breaks
+ * is one mx::compile'd function. */
+class CompiledModel {
+ public:
+  Outputs operator()(const Inputs& inputs);
+  const CompileStats& stats() const;
+
+  struct State;
+  explicit CompiledModel(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+/** Compiles `model`; builds (and caches) the plan for `example_inputs`. */
+CompiledModel compile(const Model& model, const Inputs& example_inputs,
+                      const CompileOptions& options = {});
+
+/** The device used when none is given: GPU when available, else CPU. */
+mx::Device default_device();
+
+}  // namespace transmuter

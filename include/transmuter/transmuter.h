@@ -1,0 +1,9 @@
+// Transmuter: run ONNX models on MLX. Umbrella header.
+#pragma once
+
+#include "transmuter/dtype.h"
+#include "transmuter/error.h"
+#include "transmuter/model.h"
+#include "transmuter/runtime.h"
+#include "transmuter/value.h"
+#include "transmuter/value_info.h"

@@ -1,0 +1,64 @@
+#include "onnx/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "transmuter/error.h"
+
+namespace transmuter {
+
+namespace {
+
+// Closes the descriptor on every path out of the constructor; the mapping
+// stays valid after close.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+[[noreturn]] void fail(const std::filesystem::path& path, const char* what) {
+  throw ModelFormatError(str(path.string(), ": cannot ", what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+MappedFile::MappedFile(std::filesystem::path path) : path_(std::move(path)) {
+  FileDescriptor fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path_, "open");
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) fail(path_, "stat");
+  if (!S_ISREG(info.st_mode)) {
+    throw ModelFormatError(str(path_.string(), ": not a regular file"));
+  }
+  size_ = static_cast<size_t>(info.st_size);
+  if (size_ == 0) return;  // mmap rejects length 0; an empty file has no bytes
+  // MAP_PRIVATE + PROT_WRITE: MLX may write into a buffer it believes it
+  // owns (donation); copy-on-write keeps that away from the file.
+  void* mapped = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.get(), 0);
+  if (mapped == MAP_FAILED) fail(path_, "mmap");
+  data_ = static_cast<uint8_t*>(mapped);
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+std::shared_ptr<MappedFile> MappedFile::open(std::filesystem::path path) {
+  return std::make_shared<MappedFile>(std::move(path));
+}
+
+}  // namespace transmuter

@@ -1,0 +1,39 @@
+// A whole file mapped into memory, read-only in spirit but writable in fact.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+
+namespace transmuter {
+
+/** RAII mmap of a whole file. The mapping is MAP_PRIVATE with
+ * PROT_READ|PROT_WRITE: arrays that alias it may be donated by MLX and
+ * written to; such writes stay private copy-on-write pages and never reach
+ * the file. An empty file gives size() == 0 and a null data(). */
+class MappedFile {
+ public:
+  /** Maps `path`; throws ModelFormatError when it cannot be opened or mapped. */
+  explicit MappedFile(std::filesystem::path path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  /** Maps `path` into a shared_ptr, the form tensors use to keep it alive. */
+  static std::shared_ptr<MappedFile> open(std::filesystem::path path);
+
+  const uint8_t* data() const { return data_; }
+  uint8_t* mutable_data() { return data_; }
+  size_t size() const { return size_; }
+  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace transmuter

@@ -1,0 +1,46 @@
+// Splits a graph into compiled segments and eager graph breaks.
+//
+// A value is *traced* when it depends on the data of a non-static graph input;
+// under mx::compile it is a placeholder whose values cannot be read. Shape and
+// Size cut that dependency (shapes are concrete while tracing) unless their
+// input's shape itself depends on data (an output of a graph break). A node is
+// a graph break when its row is eager_only or when one of its host_inputs is
+// traced; it then runs eagerly between two compiled segments.
+#pragma once
+
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace transmuter {
+
+/** One step of a plan: a run of nodes compiled together, or one eager node. */
+struct Step {
+  size_t begin = 0;
+  size_t end = 0;  // exclusive
+  bool eager = false;
+  // For compiled steps: traced tensors read from earlier steps (the compiled
+  // function's inputs) and produced for later steps (its outputs).
+  std::vector<std::string> traced_inputs;
+  std::vector<std::string> traced_outputs;
+  // Values produced here that do not depend on data (shapes, constants,
+  // non-tensors): captured once while tracing and reused on later calls.
+  std::vector<std::string> host_outputs;
+};
+
+struct SegmentLayout {
+  std::vector<Step> steps;
+  size_t compiled_segments = 0;
+  size_t graph_breaks = 0;
+};
+
+/** Names a node reads, including outer-scope names used inside its subgraphs. */
+std::vector<std::string> node_reads(const Node& node);
+
+/** Splits `graph` for the given static inputs (their values are host values). */
+SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& static_inputs);
+
+}  // namespace transmuter

@@ -1,0 +1,47 @@
+// Executes graph nodes one by one. MLX is lazy, so running the nodes builds
+// an array graph; values an op reads on the host are evaluated on demand.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <mlx/device.h>
+
+#include "graph/graph.h"
+#include "transmuter/model.h"
+#include "transmuter/runtime.h"
+#include "transmuter/value.h"
+
+namespace transmuter {
+
+/** Name -> value bindings of one scope. Lookups fall back to the enclosing
+ * scope, which is how subgraphs see the names of their parent graph. */
+class Environment {
+ public:
+  explicit Environment(const Environment* parent = nullptr) : parent_(parent) {}
+
+  /** The value bound to `name` here or in an enclosing scope, or nullptr. */
+  const Value* find(const std::string& name) const;
+  void set(const std::string& name, Value value);
+
+ private:
+  std::unordered_map<std::string, Value> values_;
+  const Environment* parent_;
+};
+
+/** Binds the graph's initializers, replacing those named in `overrides`. */
+void bind_initializers(const Graph& graph, const Params* overrides, Environment& env);
+
+/** Runs nodes [begin, end) of `graph`, reading and writing `env`. */
+void run_nodes(const Graph& graph, size_t begin, size_t end, Environment& env, mx::Device device);
+
+/** Runs a subgraph (If/Loop/Scan body) whose declared inputs take `inputs`;
+ * names of `outer` stay visible. Returns the body's declared outputs. */
+std::vector<Value> run_subgraph(const Graph& body, const std::vector<Value>& inputs,
+                                const Environment& outer, mx::Device device);
+
+/** The graph's declared outputs, read from `env`, in declared order. */
+Outputs collect_outputs(const Graph& graph, const Environment& env);
+
+}  // namespace transmuter

@@ -1,0 +1,46 @@
+#include <mlx/mlx.h>
+
+#include "runtime/inputs.h"
+#include "runtime/interpreter.h"
+#include "runtime/model_state.h"
+#include "transmuter/error.h"
+#include "transmuter/runtime.h"
+
+namespace transmuter {
+
+const Value& Outputs::at(const std::string& name) const {
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return values[i];
+  }
+  throw Error(str("the model has no output '", name, "'"));
+}
+
+const mx::array& Outputs::tensor(const std::string& name) const { return at(name).tensor(); }
+
+mx::Device default_device() {
+  return mx::is_available(mx::Device::gpu) ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu);
+}
+
+Outputs collect_outputs(const Graph& graph, const Environment& env) {
+  Outputs out;
+  for (const ValueInfo& info : graph.outputs) {
+    const Value* v = env.find(info.name);
+    if (v == nullptr) throw Error(str("graph output '", info.name, "' was not computed"));
+    out.names.push_back(info.name);
+    out.values.push_back(*v);
+  }
+  return out;
+}
+
+Outputs run(const Model& model, const Params& params, const Inputs& inputs, const RunOptions& options) {
+  const Graph& graph = model.graph();
+  validate_inputs(graph, inputs);
+  mx::Device device = options.device.value_or(default_device());
+  Environment env;
+  bind_initializers(graph, &params, env);
+  for (const auto& [name, value] : inputs) env.set(name, value);
+  run_nodes(graph, 0, graph.nodes.size(), env, device);
+  return collect_outputs(graph, env);
+}
+
+}  // namespace transmuter

