@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "graph/graph.h"
 #include "npy.h"
+#include "ops/registry.h"
 #include "transmuter/transmuter.h"
 
 namespace fs = std::filesystem;
@@ -263,6 +264,26 @@ int bench_main(const Args& args) {
   return 0;
 }
 
+// Markdown table of every registered operator: docs/operators.md.
+int operators_main() {
+  std::cout << "# Operators\n\n"
+               "Generated from the registry by `transmuter operators` (scripts/gen_operator_docs);\n"
+               "a test fails when this file is stale. *Host inputs* are read on the host: when one is\n"
+               "computed from input data, the op is a graph break under `compile`. *Eager* ops always\n"
+               "run between compiled segments.\n\n"
+               "| Domain | Operator | Versions | Host inputs | Eager | Restrictions |\n"
+               "|---|---|---|---|---|---|\n";
+  for (const OpRow* row : builtin_registry().rows()) {
+    std::string host;
+    for (int h : row->host_inputs) host += (host.empty() ? "" : ", ") + std::to_string(h);
+    std::string versions = row->until == kOpen ? str(row->since, "+") : str(row->since, "-", row->until);
+    std::cout << "| " << (row->domain.empty() ? "ai.onnx" : std::string(row->domain)) << " | " << row->op_type << " | "
+              << versions << " | " << host << " | " << (row->eager_only ? "yes" : "") << " | " << row->restrictions
+              << " |\n";
+  }
+  return 0;
+}
+
 void usage() {
   std::cerr << "usage:\n"
                "  transmuter info MODEL\n"
@@ -287,6 +308,7 @@ int main(int argc, char** argv) {
     if (command == "run") return run_main(args);
     if (command == "bench") return bench_main(args);
     if (command == "conformance") return cli::conformance_main(args);
+    if (command == "operators") return operators_main();
     usage();
     return 2;
   } catch (const std::exception& e) {

@@ -40,6 +40,9 @@ struct OpRow {
   // True when the op must always run eagerly (data-dependent output shape,
   // or it consumes/produces sequences, strings, optionals).
   bool eager_only = false;
+  // What the implementation does not cover (dtypes, attribute values), for
+  // docs/operators.md. Empty: the whole spec of these versions.
+  std::string_view restrictions = {};
 };
 
 class OpRegistry {

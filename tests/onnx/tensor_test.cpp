@@ -52,7 +52,7 @@ template <typename T>
 std::vector<T> values_of(const mx::array& a) {
   mx::array c = mx::contiguous(a);
   mx::eval(c);
-  return {c.data<T>(), c.data<T>() + c.size()};
+  return std::vector<T>(c.data<T>(), c.data<T>() + c.size());
 }
 
 std::vector<int> shape_of(const mx::array& a) { return {a.shape().begin(), a.shape().end()}; }

@@ -1,8 +1,199 @@
+// Convolutions: Conv and ConvTranspose, on mx::conv_general.
+// https://onnx.ai/onnx/operators/onnx__Conv.html
+// https://onnx.ai/onnx/operators/onnx__ConvTranspose.html
+//
+// ONNX is channels-first (x: [N, C, D1, ...], Conv weight: [M, C/group, k1, ...]);
+// MLX is channels-last (x: [N, D1, ..., C], weight: [M, k1, ..., C/group]), so
+// each op transposes in and out; MLX fuses or elides the copies where it can.
+#include <numeric>
+#include <stdexcept>
+
+#include <mlx/mlx.h>
+
 #include "ops/node_context.h"
+#include "ops/onnx/conv_pool_attributes.h"
 #include "ops/registry.h"
 
 namespace transmuter {
+namespace {
 
-void register_conv(OpRegistry& r) { (void)r; }
+std::vector<int> to_ints(const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); }
+
+// [N, C, D...] -> [N, D..., C]
+mx::array channels_last(const mx::array& x, mx::StreamOrDevice s) {
+  std::vector<int> perm = {0};
+  for (int i = 2; i < static_cast<int>(x.ndim()); ++i) perm.push_back(i);
+  perm.push_back(1);
+  return mx::transpose(x, perm, s);
+}
+
+// [N, D..., C] -> [N, C, D...]
+mx::array channels_first(const mx::array& y, mx::StreamOrDevice s) {
+  std::vector<int> perm = {0, static_cast<int>(y.ndim()) - 1};
+  for (int i = 1; i < static_cast<int>(y.ndim()) - 1; ++i) perm.push_back(i);
+  return mx::transpose(y, perm, s);
+}
+
+// Adds a per-output-channel bias B of shape [M] to y: [N, M, D...].
+mx::array add_bias(const NodeContext& ctx, mx::array y, mx::StreamOrDevice s) {
+  auto bias = ctx.optional_input(2);
+  if (!bias) return y;
+  if (bias->ndim() != 1 || bias->shape(0) != y.shape(1)) {
+    throw ctx.error("bias must have shape [", y.shape(1), "], got ", bias->ndim(), "-D");
+  }
+  mx::Shape shape(y.ndim() - 1, 1);
+  shape[0] = y.shape(1);
+  return mx::add(y, mx::reshape(*bias, shape, s), s);
+}
+
+std::vector<int64_t> spatial_dims(const mx::array& a) {
+  return std::vector<int64_t>(a.shape().begin() + 2, a.shape().end());
+}
+
+void check_operands(const NodeContext& ctx, const mx::array& x, const mx::array& w) {
+  if (x.ndim() < 3) throw ctx.error("input must have rank >= 3 ([N, C, D1, ...]), got ", x.ndim());
+  if (w.ndim() != x.ndim()) throw ctx.error("weight rank ", w.ndim(), " differs from input rank ", x.ndim());
+}
+
+// Conv: v11 allows kernel_shape to be omitted and inferred from W; v22 adds
+// bfloat16. Asymmetric pads go straight to conv_general (padding_lo/hi).
+OpOutputs conv(NodeContext& ctx) {
+  auto s = ctx.stream();
+  const mx::array& x = ctx.input(0);
+  const mx::array& w = ctx.input(1);
+  check_operands(ctx, x, w);
+  const int spatial = static_cast<int>(x.ndim()) - 2;
+  ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, spatial, spatial_dims(w));
+  if (attrs.kernel_shape != spatial_dims(w)) throw ctx.error("kernel_shape does not match the weight's shape");
+  const int64_t group = ctx.attr_int("group", 1);
+  if (group < 1 || x.shape(1) != w.shape(1) * group || w.shape(0) % group != 0) {
+    throw ctx.error("channels do not match: input ", x.shape(1), ", weight ", w.shape(0), "x", w.shape(1),
+                    ", group ", group);
+  }
+  WindowGeometry g = resolve_window(ctx, attrs, spatial_dims(x));
+  mx::array y = [&] {
+    try {
+      return mx::conv_general(channels_last(x, s), channels_last(w, s), to_ints(attrs.strides),
+                              to_ints(g.pad_begin), to_ints(g.pad_end), to_ints(attrs.dilations), {},
+                              static_cast<int>(group), false, s);
+    } catch (const std::invalid_argument& e) {
+      throw ctx.error(e.what());
+    }
+  }();
+  return {add_bias(ctx, channels_first(y, s), s)};
+}
+
+// Per-axis pads of a transposed convolution: cropped off the begin and end of
+// the full output (stride * (in - 1) + extent + output_padding). Negative
+// values extend the output with zeros instead.
+struct TransposedPads {
+  std::vector<int64_t> begin;
+  std::vector<int64_t> end;
+};
+
+int64_t floor_half(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
+
+// output_shape (or auto_pad SAME_*, which asks for in * stride) fixes the
+// pads: total = stride * (in - 1) + output_padding + extent - output_shape,
+// split as the spec says (the odd element at the end for SAME_UPPER, at the
+// beginning otherwise). Without either, the pads attribute applies.
+TransposedPads transposed_pads(const NodeContext& ctx, const ConvPoolAttributes& attrs,
+                               const std::vector<int64_t>& in, const std::vector<int64_t>& output_padding) {
+  const size_t rank = in.size();
+  std::vector<int64_t> output_shape = ctx.attr_ints("output_shape");
+  if (output_shape.size() == rank + 2) output_shape.erase(output_shape.begin(), output_shape.begin() + 2);
+  const bool same = attrs.auto_pad == "SAME_UPPER" || attrs.auto_pad == "SAME_LOWER";
+  if (output_shape.empty() && same) {
+    for (size_t i = 0; i < rank; ++i) output_shape.push_back(in[i] * attrs.strides[i]);
+  }
+  TransposedPads p;
+  if (output_shape.empty()) {
+    if (attrs.auto_pad == "VALID") return {std::vector<int64_t>(rank, 0), std::vector<int64_t>(rank, 0)};
+    p.begin.assign(attrs.pads.begin(), attrs.pads.begin() + rank);
+    p.end.assign(attrs.pads.begin() + rank, attrs.pads.end());
+    return p;
+  }
+  if (output_shape.size() != rank) throw ctx.error("output_shape must have ", rank, " values");
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t total = attrs.strides[i] * (in[i] - 1) + output_padding[i] + attrs.window_extent(i) - output_shape[i];
+    int64_t half = floor_half(total);
+    p.begin.push_back(attrs.auto_pad == "SAME_UPPER" ? half : total - half);
+    p.end.push_back(total - p.begin.back());
+  }
+  return p;
+}
+
+// ConvTranspose as a convolution of the stride-dilated input with the
+// flipped kernel, padded by extent - 1 on both sides to get the full output,
+// then cropped by the pads (or zero-extended where pads are negative).
+// W: [C, M/group, k...] -> MLX [M, k..., C/group].
+OpOutputs conv_transpose(NodeContext& ctx) {
+  auto s = ctx.stream();
+  const mx::array& x = ctx.input(0);
+  const mx::array& w = ctx.input(1);
+  check_operands(ctx, x, w);
+  const int spatial = static_cast<int>(x.ndim()) - 2;
+  ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, spatial, spatial_dims(w));
+  if (attrs.kernel_shape != spatial_dims(w)) throw ctx.error("kernel_shape does not match the weight's shape");
+  const int group = static_cast<int>(ctx.attr_int("group", 1));
+  const int in_channels = x.shape(1);
+  if (group < 1 || w.shape(0) != in_channels || in_channels % group != 0) {
+    throw ctx.error("channels do not match: input ", in_channels, ", weight ", w.shape(0), ", group ", group);
+  }
+  std::vector<int64_t> output_padding = ctx.attr_ints("output_padding", std::vector<int64_t>(spatial, 0));
+  if (static_cast<int>(output_padding.size()) != spatial) throw ctx.error("output_padding must have ", spatial, " values");
+  TransposedPads pads = transposed_pads(ctx, attrs, spatial_dims(x), output_padding);
+
+  // [C, M/g, k...] -> [g, C/g, M/g, k...] -> [g, M/g, k..., C/g] -> [M, k..., C/g]
+  const int out_per_group = w.shape(1);
+  mx::Shape grouped = {group, in_channels / group, out_per_group};
+  grouped.insert(grouped.end(), w.shape().begin() + 2, w.shape().end());
+  std::vector<int> perm = {0, 2};
+  for (int i = 0; i < spatial; ++i) perm.push_back(3 + i);
+  perm.push_back(1);
+  mx::Shape mlx_shape = {group * out_per_group};
+  mlx_shape.insert(mlx_shape.end(), w.shape().begin() + 2, w.shape().end());
+  mlx_shape.push_back(in_channels / group);
+  mx::array weight = mx::reshape(mx::transpose(mx::reshape(w, grouped, s), perm, s), mlx_shape, s);
+
+  std::vector<int> lo, hi;
+  mx::Shape crop_start(spatial + 2, 0);
+  mx::Shape crop_stop;
+  for (int i = 0; i < spatial; ++i) {
+    const int64_t full_pad = attrs.window_extent(i) - 1;
+    const int64_t want_lo = full_pad - pads.begin[i];
+    const int64_t want_hi = full_pad - pads.end[i] + output_padding[i];
+    lo.push_back(static_cast<int>(std::max<int64_t>(want_lo, 0)));
+    hi.push_back(static_cast<int>(std::max<int64_t>(want_hi, 0)));
+    crop_start[1 + i] = static_cast<int>(std::max<int64_t>(-want_lo, 0));
+  }
+  mx::array y = [&] {
+    try {
+      return mx::conv_general(channels_last(x, s), weight, {}, lo, hi, to_ints(attrs.dilations),
+                              to_ints(attrs.strides), group, true, s);
+    } catch (const std::invalid_argument& e) {
+      throw ctx.error(e.what());
+    }
+  }();
+  // Negative padding amounts (pads larger than extent - 1) crop the result.
+  crop_stop = y.shape();
+  bool crop = false;
+  for (int i = 0; i < spatial; ++i) {
+    const int64_t want_hi = attrs.window_extent(i) - 1 - pads.end[i] + output_padding[i];
+    crop_stop[1 + i] -= static_cast<int>(std::max<int64_t>(-want_hi, 0));
+    crop = crop || crop_start[1 + i] > 0 || want_hi < 0;
+  }
+  if (crop) y = mx::slice(y, crop_start, crop_stop, s);
+  return {add_bias(ctx, channels_first(y, s), s)};
+}
+
+}  // namespace
+
+void register_conv(OpRegistry& r) {
+  r.add({
+      {"Conv", kOnnx, 1, kOpen, conv},
+      {"ConvTranspose", kOnnx, 1, kOpen, conv_transpose},
+  });
+}
 
 }  // namespace transmuter

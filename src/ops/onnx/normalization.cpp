@@ -65,12 +65,10 @@ OpOutputs layer_normalization(NodeContext& ctx) {
   const float epsilon = ctx.attr_float("epsilon", 1e-5f);
   const bool wants_stats = ctx.output_requested(1) || ctx.output_requested(2);
 
-  const bool fast_dtype = x.dtype() == mx::float32 || x.dtype() == mx::float16 || x.dtype() == mx::bfloat16;
+  // fast::layer_norm accumulates in float32, which is what stash_type=1 asks.
+  const bool float32_stats = x.dtype() == mx::float32 || stash_dtype(ctx, x.dtype()) == mx::float32;
   const bool one_d_params = scale.ndim() == 1 && (!bias || bias->ndim() == 1);
-  if (axis == rank - 1 && !wants_stats && fast_dtype && one_d_params && stash_dtype(ctx, x.dtype()) != x.dtype()) {
-    return {mx::fast::layer_norm(x, scale, bias, epsilon, s)};
-  }
-  if (axis == rank - 1 && !wants_stats && x.dtype() == mx::float32 && one_d_params) {
+  if (axis == rank - 1 && !wants_stats && float32_stats && one_d_params) {
     return {mx::fast::layer_norm(x, scale, bias, epsilon, s)};
   }
 

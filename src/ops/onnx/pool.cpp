@@ -1,8 +1,253 @@
+// Pooling: MaxPool (with its optional Indices output), AveragePool,
+// GlobalAveragePool, GlobalMaxPool.
+// https://onnx.ai/onnx/operators/onnx__MaxPool.html
+// https://onnx.ai/onnx/operators/onnx__AveragePool.html
+//
+// A pool over kernel k1 x ... x kd is composed of one strided slice of the
+// padded input per kernel offset: slice j holds, for every output position,
+// the input element under offset j of its window. Max and sum are then
+// elementwise folds over the slices. This works for any number of spatial
+// axes, strides, dilations, pads and ceil_mode, is plain MLX ops (so it
+// traces under mx::compile), and everything that depends on shapes alone
+// (divisors, indices) is computed on the host.
+#include <functional>
+#include <limits>
+#include <numeric>
+
+#include <mlx/mlx.h>
+
 #include "ops/node_context.h"
+#include "ops/onnx/conv_pool_attributes.h"
 #include "ops/registry.h"
 
 namespace transmuter {
+namespace {
 
-void register_pool(OpRegistry& r) { (void)r; }
+// The smallest value of `dtype` (-inf for floats): padding that never wins a max.
+mx::array lowest_of(mx::Dtype dtype) {
+  if (mx::issubdtype(dtype, mx::inexact)) return mx::array(-std::numeric_limits<double>::infinity(), dtype);
+  return mx::array(mx::iinfo(dtype).min, dtype);
+}
+
+int64_t product(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+// Calls `fn(offset)` for every kernel offset (one index per spatial axis),
+// in row-major order: the order in which the reference scans a window, which
+// decides ties for Indices.
+void for_each_offset(const std::vector<int64_t>& kernel, const std::function<void(const std::vector<int64_t>&)>& fn) {
+  std::vector<int64_t> offset(kernel.size(), 0);
+  for (int64_t n = product(kernel); n > 0; --n) {
+    fn(offset);
+    for (size_t i = kernel.size(); i-- > 0;) {
+      if (++offset[i] < kernel[i]) break;
+      offset[i] = 0;
+    }
+  }
+}
+
+// The pooling problem, resolved: input, attributes, window geometry.
+struct Pooling {
+  mx::array x;  // [N, C, D...]
+  ConvPoolAttributes attrs;
+  WindowGeometry geometry;
+  std::vector<int64_t> input;  // D...
+
+  size_t rank() const { return input.size(); }
+  // Input coordinate of offset `k` of the window at output position `o` along axis i.
+  int64_t coordinate(size_t i, int64_t o, int64_t k) const {
+    return o * attrs.strides[i] - geometry.pad_begin[i] + k * attrs.dilations[i];
+  }
+};
+
+Pooling make_pooling(const NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  if (x.ndim() < 3) throw ctx.error("input must have rank >= 3 ([N, C, D1, ...]), got ", x.ndim());
+  std::vector<int64_t> input(x.shape().begin() + 2, x.shape().end());
+  ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, static_cast<int>(input.size()));
+  WindowGeometry geometry = resolve_window(ctx, attrs, input);
+  return {x, attrs, geometry, input};
+}
+
+// One [N, C, out...] slice per kernel offset, in row-major offset order. The
+// input is padded with `pad_value` so that every window lies inside it
+// (ceil_mode windows may reach past the declared end pads).
+std::vector<mx::array> window_slices(const Pooling& p, const mx::array& pad_value, mx::StreamOrDevice s) {
+  const size_t rank = p.rank();
+  std::vector<int> axes;
+  mx::Shape low, high;
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t needed = (p.geometry.output[i] - 1) * p.attrs.strides[i] + p.attrs.window_extent(i);
+    axes.push_back(static_cast<int>(i + 2));
+    low.push_back(static_cast<int>(p.geometry.pad_begin[i]));
+    high.push_back(static_cast<int>(std::max<int64_t>(0, needed - p.input[i] - p.geometry.pad_begin[i])));
+  }
+  mx::array padded = mx::pad(p.x, axes, low, high, pad_value, "constant", s);
+
+  std::vector<mx::array> slices;
+  for_each_offset(p.attrs.kernel_shape, [&](const std::vector<int64_t>& offset) {
+    mx::Shape start(rank + 2, 0), stop = padded.shape(), strides(rank + 2, 1);
+    for (size_t i = 0; i < rank; ++i) {
+      start[i + 2] = static_cast<int>(offset[i] * p.attrs.dilations[i]);
+      stop[i + 2] = static_cast<int>(start[i + 2] + (p.geometry.output[i] - 1) * p.attrs.strides[i] + 1);
+      strides[i + 2] = static_cast<int>(p.attrs.strides[i]);
+    }
+    slices.push_back(mx::slice(padded, start, stop, strides, s));
+  });
+  return slices;
+}
+
+mx::Shape output_shape(const Pooling& p, bool with_batch_and_channels) {
+  mx::Shape shape;
+  if (with_batch_and_channels) shape = {p.x.shape(0), p.x.shape(1)};
+  else shape = {1, 1};
+  for (int64_t o : p.geometry.output) shape.push_back(static_cast<int>(o));
+  return shape;
+}
+
+// --- AveragePool ------------------------------------------------------------------
+
+// How many elements each window averages, [1, 1, out...]: positions inside
+// the input (count_include_pad=0) or inside input + declared pads
+// (count_include_pad=1); never the extra reach of ceil_mode windows.
+mx::array window_counts(const Pooling& p, bool count_include_pad) {
+  const size_t rank = p.rank();
+  std::vector<std::vector<float>> per_axis(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t lo = count_include_pad ? -p.geometry.pad_begin[i] : 0;
+    const int64_t hi = p.input[i] + (count_include_pad ? p.geometry.pad_end[i] : 0);
+    for (int64_t o = 0; o < p.geometry.output[i]; ++o) {
+      int64_t n = 0;
+      for (int64_t k = 0; k < p.attrs.kernel_shape[i]; ++k) {
+        int64_t c = p.coordinate(i, o, k);
+        n += (c >= lo && c < hi) ? 1 : 0;
+      }
+      per_axis[i].push_back(static_cast<float>(n));
+    }
+  }
+  std::vector<float> counts(static_cast<size_t>(product(p.geometry.output)));
+  for (size_t flat = 0; flat < counts.size(); ++flat) {
+    float n = 1;
+    size_t rest = flat;
+    for (size_t i = rank; i-- > 0;) {
+      n *= per_axis[i][rest % p.geometry.output[i]];
+      rest /= p.geometry.output[i];
+    }
+    counts[flat] = n;
+  }
+  // Exact in float32: a count is at most the window size.
+  return mx::array(counts.data(), output_shape(p, false), mx::float32);
+}
+
+// AveragePool: v7 count_include_pad, v10 ceil_mode, v19 dilations, v22 bfloat16.
+OpOutputs average_pool(NodeContext& ctx) {
+  auto s = ctx.stream();
+  Pooling p = make_pooling(ctx);
+  const bool count_include_pad = ctx.attr_int("count_include_pad", 0) != 0;
+  std::vector<mx::array> slices = window_slices(p, mx::array(0, p.x.dtype()), s);
+  mx::array sum = slices[0];
+  for (size_t j = 1; j < slices.size(); ++j) sum = mx::add(sum, slices[j], s);
+  mx::array counts = mx::astype(window_counts(p, count_include_pad), p.x.dtype(), s);
+  return {mx::astype(mx::divide(sum, counts, s), p.x.dtype(), s)};
+}
+
+// --- MaxPool ------------------------------------------------------------------------
+
+// Flat input index of each window element, [K, 1, 1, out...] int64, per
+// kernel offset: within one [D...] image, row-major (storage_order=0) or
+// column-major (storage_order=1). Padding positions get -1; they never win.
+mx::array spatial_index_table(const Pooling& p, bool column_major) {
+  const size_t rank = p.rank();
+  const int64_t outputs = product(p.geometry.output);
+  std::vector<int64_t> table;
+  table.reserve(static_cast<size_t>(outputs * product(p.attrs.kernel_shape)));
+  std::vector<int64_t> out_index(rank);
+  for_each_offset(p.attrs.kernel_shape, [&](const std::vector<int64_t>& offset) {
+    for (int64_t flat = 0; flat < outputs; ++flat) {
+      int64_t rest = flat;
+      for (size_t i = rank; i-- > 0;) {
+        out_index[i] = rest % p.geometry.output[i];
+        rest /= p.geometry.output[i];
+      }
+      int64_t index = 0, scale = 1;
+      bool inside = true;
+      for (size_t step = 0; step < rank; ++step) {
+        size_t i = column_major ? step : rank - 1 - step;  // fastest-varying axis first
+        int64_t c = p.coordinate(i, out_index[i], offset[i]);
+        inside = inside && c >= 0 && c < p.input[i];
+        index += c * scale;
+        scale *= p.input[i];
+      }
+      table.push_back(inside ? index : -1);
+    }
+  });
+  mx::Shape shape = output_shape(p, false);
+  shape.insert(shape.begin(), static_cast<int>(product(p.attrs.kernel_shape)));
+  return mx::array(table.data(), shape, mx::int64);
+}
+
+// The Indices output: flat indices into the whole [N, C, D...] input of the
+// element each max came from (the first of equal maxima, as the reference).
+mx::array max_indices(const Pooling& p, const std::vector<mx::array>& slices, bool column_major,
+                      mx::StreamOrDevice s) {
+  mx::array winner = mx::expand_dims(mx::argmax(mx::stack(slices, s), 0, false, s), 0, s);
+  mx::array table = spatial_index_table(p, column_major);
+  mx::Shape broadcast = winner.shape();
+  broadcast[0] = table.shape(0);
+  mx::array spatial = mx::take_along_axis(mx::broadcast_to(table, broadcast, s), mx::astype(winner, mx::int32, s), 0, s);
+  spatial = mx::squeeze(spatial, 0, s);
+  // Offset of image (n, c) in the flat input: (n * C + c) * prod(D).
+  const int64_t image = product(p.input);
+  const int images = p.x.shape(0) * p.x.shape(1);
+  mx::Shape base_shape(p.x.ndim(), 1);
+  base_shape[0] = p.x.shape(0);
+  base_shape[1] = p.x.shape(1);
+  mx::array base = mx::multiply(mx::arange(0, images, 1, mx::int64, s), mx::array(image, mx::int64), s);
+  return mx::add(spatial, mx::reshape(base, base_shape, s), s);
+}
+
+// MaxPool: v8 Indices output and storage_order, v10 ceil_mode and dilations,
+// v12 int8/uint8, v22 bfloat16.
+OpOutputs max_pool(NodeContext& ctx) {
+  auto s = ctx.stream();
+  Pooling p = make_pooling(ctx);
+  std::vector<mx::array> slices = window_slices(p, lowest_of(p.x.dtype()), s);
+  mx::array result = slices[0];
+  for (size_t j = 1; j < slices.size(); ++j) result = mx::maximum(result, slices[j], s);
+  if (!ctx.output_requested(1)) return {result};
+  const bool column_major = ctx.attr_int("storage_order", 0) != 0;
+  return {result, max_indices(p, slices, column_major, s)};
+}
+
+// --- Global pools ----------------------------------------------------------------------
+
+std::vector<int> spatial_axes(const NodeContext& ctx, const mx::array& x) {
+  if (x.ndim() < 3) throw ctx.error("input must have rank >= 3 ([N, C, D1, ...]), got ", x.ndim());
+  std::vector<int> axes(x.ndim() - 2);
+  std::iota(axes.begin(), axes.end(), 2);
+  return axes;
+}
+
+OpOutputs global_average_pool(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  return {mx::mean(x, spatial_axes(ctx, x), true, ctx.stream())};
+}
+
+OpOutputs global_max_pool(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  return {mx::max(x, spatial_axes(ctx, x), true, ctx.stream())};
+}
+
+}  // namespace
+
+void register_pool(OpRegistry& r) {
+  r.add({
+      {"MaxPool", kOnnx, 1, kOpen, max_pool},
+      {"AveragePool", kOnnx, 1, kOpen, average_pool},
+      {"GlobalAveragePool", kOnnx, 1, kOpen, global_average_pool},  // v22: bfloat16
+      {"GlobalMaxPool", kOnnx, 1, kOpen, global_max_pool},          // v22: bfloat16
+  });
+}
 
 }  // namespace transmuter

@@ -1,0 +1,45 @@
+// Link check (CTest `blas_is_openblas`), not a benchmark: in a binary linked to
+// `transmuter`, the global symbol cblas_sgemm must be defined by libopenblas.
+//
+// libmlx.so leaves cblas_sgemm undefined and lists the wheel's reference
+// libblas as a dependency. The dynamic linker binds it to the first definition
+// in the global search order, which is what dlsym(RTLD_DEFAULT) returns; the
+// `transmuter` target links OpenBLAS (with --no-as-needed) before mlx so that
+// the first definition is OpenBLAS's. If the link order regresses, MLX's fp32
+// matmul silently falls back to reference BLAS (~30x slower, docs/performance.md).
+
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+int main() {
+  void* address = dlsym(RTLD_DEFAULT, "cblas_sgemm");
+  if (address == nullptr) {
+    std::cerr << "FAIL: cblas_sgemm is not defined in this process\n";
+    return 1;
+  }
+  Dl_info info{};
+  if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) {
+    std::cerr << "FAIL: dladdr cannot name the library that defines cblas_sgemm\n";
+    return 1;
+  }
+  std::error_code ec;
+  std::string library = std::filesystem::canonical(info.dli_fname, ec).string();
+  if (ec) library = info.dli_fname;
+  // Identify OpenBLAS by what it exports, not by file name: Debian also ships OpenBLAS
+  // as openblas-pthread/libblas.so.3, and the wheel's reference BLAS is libblas-<hash>.so.
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  void* config = handle ? dlsym(handle, "openblas_get_config") : nullptr;
+  Dl_info config_info{};
+  bool same_library = config != nullptr && dladdr(config, &config_info) != 0 &&
+                      std::string(config_info.dli_fname) == std::string(info.dli_fname);
+  if (handle) dlclose(handle);
+  if (!same_library) {
+    std::cerr << "FAIL: cblas_sgemm resolves to " << library << ", which is not OpenBLAS (no openblas_get_config)\n";
+    return 1;
+  }
+  std::cout << "OK: cblas_sgemm resolves to " << library << "\n";
+  return 0;
+}

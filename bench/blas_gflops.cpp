@@ -1,0 +1,250 @@
+// fp32 matmul throughput of MLX's CPU backend, and of cblas_sgemm called
+// directly, in whatever BLAS the process binds `cblas_sgemm` to.
+//
+// The same source is built twice (bench/CMakeLists.txt):
+//   blas_gflops_reference  links only `mlx`: the wheel's reference BLAS, as shipped;
+//   blas_gflops            links `transmuter`: OpenBLAS is linked ahead of MLX, so
+//                          MLX's cblas_sgemm calls bind to OpenBLAS.
+// The direct call goes through dlsym(RTLD_DEFAULT, "cblas_sgemm"), the same global
+// symbol lookup that resolves libmlx's undefined cblas_sgemm, so it is the ceiling
+// MLX can reach with that BLAS.
+//
+// usage: blas_gflops [--warmup N] [--runs N] [--max-seconds S] [--json FILE]
+// Prints one row per size: GFLOPS (2*M*N*K / median time) of mx::matmul and of the
+// direct call, and their ratio.
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mlx/mlx.h"
+
+namespace mx = mlx::core;
+
+namespace {
+
+// CBLAS enum values are fixed by the CBLAS standard (cblas.h).
+constexpr int kCblasRowMajor = 101;
+constexpr int kCblasNoTrans = 111;
+using SgemmFn = void (*)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
+                         int lda, const float* b, int ldb, float beta, float* c, int ldc);
+
+struct GemmShape {
+  int m, k, n;
+  std::string label;  // what the shape stands for
+};
+
+struct Options {
+  int warmup = 2;
+  int runs = 10;
+  double max_seconds = 8.0;  // per measurement; stops early (after >= 3 runs) on slow BLAS
+  std::string json_path;
+};
+
+struct Timing {
+  double median_ms = 0;
+  int runs = 0;
+};
+
+struct Row {
+  GemmShape shape;
+  Timing mlx, direct;
+  double max_abs_diff = 0;  // mx::matmul vs the direct call, same inputs
+};
+
+double gflops(const GemmShape& s, double ms) { return 2.0 * s.m * s.n * s.k / (ms * 1e6); }
+
+// Median wall time of `once`, after `warmup` untimed calls.
+Timing measure(const std::function<void()>& once, const Options& opt) {
+  for (int i = 0; i < opt.warmup; ++i) once();
+  std::vector<double> ms;
+  auto start = std::chrono::steady_clock::now();
+  while (static_cast<int>(ms.size()) < opt.runs) {
+    auto t0 = std::chrono::steady_clock::now();
+    once();
+    auto t1 = std::chrono::steady_clock::now();
+    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    double spent = std::chrono::duration<double>(t1 - start).count();
+    if (ms.size() >= 3 && spent > opt.max_seconds) break;
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], static_cast<int>(ms.size())};
+}
+
+std::vector<float> random_floats(size_t count, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(count);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+Row bench_shape(const GemmShape& s, SgemmFn sgemm, const Options& opt) {
+  std::vector<float> a = random_floats(static_cast<size_t>(s.m) * s.k, 1);
+  std::vector<float> b = random_floats(static_cast<size_t>(s.k) * s.n, 2);
+  std::vector<float> c(static_cast<size_t>(s.m) * s.n);
+
+  mx::array xa(a.data(), {s.m, s.k}, mx::float32);
+  mx::array xb(b.data(), {s.k, s.n}, mx::float32);
+  mx::eval(xa, xb);
+
+  Row row{s, {}, {}, 0};
+  // What a user of MLX pays: build the op and evaluate it (allocation included).
+  row.mlx = measure([&] { mx::eval(mx::matmul(xa, xb)); }, opt);
+  row.direct = measure(
+      [&] {
+        sgemm(kCblasRowMajor, kCblasNoTrans, kCblasNoTrans, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n,
+              0.0f, c.data(), s.n);
+      },
+      opt);
+
+  mx::array out = mx::matmul(xa, xb);
+  out.eval();
+  const float* got = out.data<float>();
+  for (size_t i = 0; i < c.size(); ++i) {
+    row.max_abs_diff = std::max(row.max_abs_diff, static_cast<double>(std::fabs(got[i] - c[i])));
+  }
+  return row;
+}
+
+// Shared object that defines `symbol` in this process, or "(not found)".
+std::string library_of(const char* symbol) {
+  void* address = dlsym(RTLD_DEFAULT, symbol);
+  Dl_info info{};
+  if (address == nullptr || dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "(not found)";
+  std::error_code ec;
+  auto real = std::filesystem::canonical(info.dli_fname, ec);
+  return ec ? std::string(info.dli_fname) : real.string();
+}
+
+// OpenBLAS reports its thread count and kernel; reference BLAS has neither call.
+struct BlasThreads {
+  std::string env;
+  int threads = 1;
+  std::string config;
+};
+
+BlasThreads blas_threads() {
+  BlasThreads t;
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  t.env = env ? env : "(unset)";
+  using IntFn = int (*)();
+  using TextFn = char* (*)();
+  if (auto get = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))) t.threads = get();
+  if (auto config = reinterpret_cast<TextFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) t.config = config();
+  if (auto core = reinterpret_cast<TextFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"))) {
+    t.config += std::string(" core=") + core();
+  }
+  if (t.config.empty()) t.config = "not OpenBLAS (single-threaded reference BLAS)";
+  return t;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+void write_json(const std::string& path, const std::string& binary, const std::string& blas_lib,
+                const BlasThreads& threads, const std::vector<Row>& rows) {
+  std::ofstream f(path);
+  f << std::setprecision(6) << "{\n  \"binary\": \"" << json_escape(binary) << "\",\n  \"cblas_sgemm_library\": \""
+    << json_escape(blas_lib) << "\",\n  \"openblas_num_threads_env\": \"" << json_escape(threads.env)
+    << "\",\n  \"blas_threads\": " << threads.threads << ",\n  \"blas_config\": \"" << json_escape(threads.config)
+    << "\",\n  \"results\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    f << "    {\"m\": " << r.shape.m << ", \"k\": " << r.shape.k << ", \"n\": " << r.shape.n << ", \"label\": \""
+      << r.shape.label << "\", \"mlx_median_ms\": " << r.mlx.median_ms << ", \"mlx_runs\": " << r.mlx.runs
+      << ", \"mlx_gflops\": " << gflops(r.shape, r.mlx.median_ms) << ", \"direct_median_ms\": " << r.direct.median_ms
+      << ", \"direct_runs\": " << r.direct.runs << ", \"direct_gflops\": " << gflops(r.shape, r.direct.median_ms)
+      << ", \"mlx_over_direct\": " << r.direct.median_ms / r.mlx.median_ms
+      << ", \"max_abs_diff\": " << r.max_abs_diff << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+}
+
+Options parse_options(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument("missing value after " + arg);
+      return argv[++i];
+    };
+    if (arg == "--warmup") opt.warmup = std::stoi(next());
+    else if (arg == "--runs") opt.runs = std::max(1, std::stoi(next()));
+    else if (arg == "--max-seconds") opt.max_seconds = std::stod(next());
+    else if (arg == "--json") opt.json_path = next();
+    else throw std::invalid_argument("unknown argument " + arg +
+                                     "\nusage: blas_gflops [--warmup N] [--runs N] [--max-seconds S] [--json FILE]");
+  }
+  return opt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  try {
+    opt = parse_options(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  auto sgemm = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
+  if (sgemm == nullptr) {
+    std::cerr << "cblas_sgemm is not loaded in this process\n";
+    return 1;
+  }
+  mx::set_default_device(mx::Device::cpu);
+
+  std::string blas_lib = library_of("cblas_sgemm");
+  BlasThreads threads = blas_threads();
+  std::cout << "binary: " << argv[0] << "\n"
+            << "cblas_sgemm resolves to: " << blas_lib << "\n"
+            << "OPENBLAS_NUM_THREADS: " << threads.env << "  BLAS threads: " << threads.threads << "\n"
+            << "BLAS config: " << threads.config << "\n"
+            << "warmup " << opt.warmup << ", median of up to " << opt.runs << " runs (fewer when a run set exceeds "
+            << opt.max_seconds << " s)\n\n";
+
+  const std::vector<GemmShape> shapes = {
+      {1024, 1024, 1024, "square 1024"},
+      {512, 512, 512, "square 512"},
+      {2048, 2048, 2048, "square 2048"},
+      {128, 384, 1536, "BERT-small FFN, seq 128"},
+  };
+  std::vector<Row> rows;
+  std::cout << std::left << std::setw(18) << "MxKxN" << std::right << std::setw(12) << "mlx GFLOPS" << std::setw(14)
+            << "direct GFLOPS" << std::setw(12) << "mlx/direct" << std::setw(12) << "max|diff|" << "\n";
+  for (const GemmShape& s : shapes) {
+    Row r = bench_shape(s, sgemm, opt);
+    rows.push_back(r);
+    std::ostringstream dims;
+    dims << s.m << "x" << s.k << "x" << s.n;
+    std::cout << std::left << std::setw(18) << dims.str() << std::right << std::fixed << std::setprecision(1)
+              << std::setw(12) << gflops(s, r.mlx.median_ms) << std::setw(14) << gflops(s, r.direct.median_ms)
+              << std::setprecision(3) << std::setw(12) << r.direct.median_ms / r.mlx.median_ms << std::scientific
+              << std::setprecision(1) << std::setw(12) << r.max_abs_diff << std::defaultfloat << "  (" << s.label
+              << "; runs " << r.mlx.runs << "/" << r.direct.runs << ")\n"
+              << std::flush;
+  }
+  if (!opt.json_path.empty()) write_json(opt.json_path, argv[0], blas_lib, threads, rows);
+  return 0;
+}

@@ -1,0 +1,481 @@
+#include "onnx/model_file.h"
+
+#include <gtest/gtest.h>
+#include <mlx/mlx.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "support/proto_writer.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ProtoWriter;
+namespace proto = testing::proto;
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ModelFormatError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ModelFormatError";
+  return {};
+}
+
+std::span<const uint8_t> span_of(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+ModelFile load(const ProtoWriter& model) { return read_model_bytes(span_of(model.data()), ""); }
+
+template <typename T>
+std::vector<T> values_of(const mx::array& a) {
+  mx::array c = mx::contiguous(a);
+  mx::eval(c);
+  return std::vector<T>(c.data<T>(), c.data<T>() + c.size());
+}
+
+// Y = X + W (W an initializer), Z = Relu(Y); X has a symbolic batch dim.
+ProtoWriter small_model() {
+  proto::GraphParts g;
+  g.name = "main";
+  g.nodes = {proto::node("Add", {"X", "W"}, {"Y"}, "add"), proto::node("Relu", {"Y"}, {"Z"}, "relu")};
+  g.initializers = {proto::raw_tensor("W", OnnxType::kFloat, {3}, proto::raw({1.f, -2.f, 3.f}))};
+  g.inputs = {proto::value_info("X", OnnxType::kFloat, {-1, 3})};
+  g.outputs = {proto::value_info("Z", OnnxType::kFloat, {-1, 3})};
+  g.value_infos = {proto::value_info("Y", OnnxType::kFloat, {-1, 3})};
+  ProtoWriter m = proto::model(proto::graph(g), {{"", 17}, {"com.microsoft", 1}}, 8);
+  m.message(14, ProtoWriter().string(1, "author").string(2, "tests"));
+  return m;
+}
+
+TEST(ModelFile, ParsesModelFieldsGraphAndOpsets) {
+  const ModelFile m = load(small_model());
+  EXPECT_EQ(m.ir_version, 8);
+  EXPECT_EQ(m.producer_name, "proto_writer");
+  EXPECT_EQ(m.producer_version, "1.0");
+  EXPECT_EQ(m.metadata.at("author"), "tests");
+  const Graph& g = *m.graph;
+  EXPECT_EQ(g.name, "main");
+  EXPECT_EQ(g.opsets.at(""), 17);
+  EXPECT_EQ(g.opsets.at("com.microsoft"), 1);
+  ASSERT_EQ(g.nodes.size(), 2u);
+  EXPECT_EQ(g.nodes[0].op_type, "Add");
+  EXPECT_EQ(g.nodes[0].name, "add");
+  EXPECT_EQ(g.nodes[0].inputs, (std::vector<std::string>{"X", "W"}));
+  EXPECT_EQ(g.nodes[0].outputs, (std::vector<std::string>{"Y"}));
+  EXPECT_EQ(g.nodes[0].opset, 17);
+  ASSERT_EQ(g.inputs.size(), 1u);
+  EXPECT_EQ(g.inputs[0].name, "X");
+  EXPECT_EQ(g.inputs[0].kind, ValueInfo::Kind::kTensor);
+  EXPECT_EQ(g.inputs[0].elem_type, OnnxType::kFloat);
+  ASSERT_TRUE(g.inputs[0].has_shape);
+  ASSERT_EQ(g.inputs[0].shape.size(), 2u);
+  EXPECT_FALSE(g.inputs[0].shape[0].value.has_value());
+  EXPECT_EQ(g.inputs[0].shape[0].symbol, "N");
+  EXPECT_EQ(g.inputs[0].shape[1].value, 3);
+  EXPECT_EQ(g.outputs[0].name, "Z");
+  EXPECT_EQ(g.value_info[0].name, "Y");
+  EXPECT_EQ(values_of<float>(g.initializers.at("W").tensor()), (std::vector<float>{1, -2, 3}));
+}
+
+TEST(ModelFile, AiOnnxDomainIsTheDefaultDomainAndNodesGetTheirDomainsOpset) {
+  proto::GraphParts g;
+  g.nodes = {proto::node("Relu", {"X"}, {"Y"}, "r", "ai.onnx"),
+             proto::node("FastGelu", {"Y"}, {"Z"}, "gelu", "com.microsoft"),
+             proto::node("Mystery", {"Z"}, {"Q"}, "m", "org.unknown")};
+  g.inputs = {proto::value_info("X", OnnxType::kFloat, {2})};
+  g.outputs = {proto::value_info("Q", OnnxType::kFloat, {2})};
+  const ModelFile m = load(proto::model(proto::graph(g), {{"ai.onnx", 13}, {"com.microsoft", 1}}));
+  EXPECT_EQ(m.graph->opsets.at(""), 13);
+  EXPECT_EQ(m.graph->nodes[0].domain, "");
+  EXPECT_EQ(m.graph->nodes[0].opset, 13);
+  EXPECT_EQ(m.graph->nodes[1].domain, "com.microsoft");
+  EXPECT_EQ(m.graph->nodes[1].opset, 1);
+  EXPECT_EQ(m.graph->nodes[2].opset, 0) << "a domain the model does not import";
+}
+
+TEST(ModelFile, InitializersListedAsInputsAreNotInputs) {
+  proto::GraphParts g;
+  g.nodes = {proto::node("Add", {"X", "W"}, {"Y"})};
+  g.initializers = {proto::raw_tensor("W", OnnxType::kFloat, {1}, proto::raw({1.f}))};
+  g.inputs = {proto::value_info("X", OnnxType::kFloat, {1}), proto::value_info("W", OnnxType::kFloat, {1})};
+  g.outputs = {proto::value_info("Y", OnnxType::kFloat, {1})};
+  const ModelFile m = load(proto::model(proto::graph(g), {{"", 3}}, 3));
+  ASSERT_EQ(m.graph->inputs.size(), 1u);
+  EXPECT_EQ(m.graph->inputs[0].name, "X");
+  EXPECT_TRUE(m.graph->initializers.contains("W"));
+}
+
+TEST(ModelFile, NodesOutOfOrderAreSorted) {
+  proto::GraphParts g;
+  g.nodes = {proto::node("Relu", {"Y"}, {"Z"}, "second"), proto::node("Neg", {"X"}, {"Y"}, "first")};
+  g.inputs = {proto::value_info("X", OnnxType::kFloat, {1})};
+  g.outputs = {proto::value_info("Z", OnnxType::kFloat, {1})};
+  const ModelFile m = load(proto::model(proto::graph(g)));
+  EXPECT_EQ(m.graph->nodes[0].name, "first");
+  EXPECT_EQ(m.graph->nodes[1].name, "second");
+}
+
+TEST(ModelFile, EveryAttributeKind) {
+  proto::GraphParts branch;
+  branch.name = "then";
+  branch.nodes = {proto::node("Identity", {"X"}, {"T"}, "inner")};
+  branch.outputs = {proto::value_info("T", OnnxType::kFloat, {1})};
+  const ProtoWriter sub = proto::graph(branch);
+
+  ProtoWriter tensors_attr;
+  tensors_attr.string(1, "tensors").varint(20, 9);
+  tensors_attr.message(10, proto::raw_tensor("t0", OnnxType::kInt64, {1}, proto::raw<int64_t>({5})));
+  tensors_attr.message(10, proto::raw_tensor("t1", OnnxType::kInt64, {1}, proto::raw<int64_t>({6})));
+  ProtoWriter graphs_attr;
+  graphs_attr.string(1, "graphs").varint(20, 10).message(11, sub).message(11, sub);
+  ProtoWriter typeless_int;  // old producers leave `type` unset
+  typeless_int.string(1, "typeless").int64(3, 9);
+  ProtoWriter type_proto_attr;
+  type_proto_attr.string(1, "tp").varint(20, 13).message(14, proto::tensor_type(OnnxType::kFloat, {1}));
+
+  ProtoWriter node = proto::with_attributes(
+      proto::node("Custom", {"X"}, {"Y"}, "all_attrs"),
+      {proto::attr_float("f", 0.25f), proto::attr_int("i", -3), proto::attr_string("s", "text"),
+       proto::attr_tensor("t", proto::raw_tensor("tv", OnnxType::kFloat, {2}, proto::raw({1.f, 2.f}))),
+       proto::attr_graph("g", sub), proto::attr_floats("floats", {1.5f, 2.5f}),
+       proto::attr_ints("ints", {1, -2, 3}), proto::attr_strings("strings", {"a", "bc"}), tensors_attr,
+       graphs_attr, typeless_int, type_proto_attr, proto::attr_ref("ref", "outer", 2)});
+  proto::GraphParts g;
+  g.nodes = {node};
+  g.inputs = {proto::value_info("X", OnnxType::kFloat, {1})};
+  g.outputs = {proto::value_info("Y", OnnxType::kFloat, {1})};
+  const ModelFile m = load(proto::model(proto::graph(g), {{"", 11}}));
+  const Node& n = m.graph->nodes.at(0);
+
+  EXPECT_EQ(n.find_attribute("f")->type, AttrType::kFloat);
+  EXPECT_EQ(n.find_attribute("f")->f, 0.25f);
+  EXPECT_EQ(n.find_attribute("i")->type, AttrType::kInt);
+  EXPECT_EQ(n.find_attribute("i")->i, -3);
+  EXPECT_EQ(n.find_attribute("s")->s, "text");
+  EXPECT_EQ(values_of<float>(n.find_attribute("t")->t.tensor()), (std::vector<float>{1, 2}));
+  const Attribute* ga = n.find_attribute("g");
+  ASSERT_EQ(ga->type, AttrType::kGraph);
+  ASSERT_TRUE(ga->g);
+  EXPECT_EQ(ga->g->name, "then");
+  EXPECT_EQ(ga->g->nodes.at(0).opset, 11) << "subgraphs share the model's opsets";
+  EXPECT_EQ(ga->g->opsets.at(""), 11);
+  EXPECT_EQ(n.find_attribute("floats")->floats, (std::vector<float>{1.5f, 2.5f}));
+  EXPECT_EQ(n.find_attribute("ints")->ints, (std::vector<int64_t>{1, -2, 3}));
+  EXPECT_EQ(n.find_attribute("strings")->strings, (std::vector<std::string>{"a", "bc"}));
+  const Attribute* ta = n.find_attribute("tensors");
+  ASSERT_EQ(ta->tensors.size(), 2u);
+  EXPECT_EQ(values_of<int64_t>(ta->tensors[1].tensor()), (std::vector<int64_t>{6}));
+  EXPECT_EQ(n.find_attribute("graphs")->graphs.size(), 2u);
+  EXPECT_EQ(n.find_attribute("typeless")->type, AttrType::kInt);
+  EXPECT_EQ(n.find_attribute("typeless")->i, 9);
+  EXPECT_EQ(n.find_attribute("tp")->type, AttrType::kTypeProto);
+  EXPECT_EQ(n.find_attribute("ref")->ref_attr_name, "outer");
+}
+
+TEST(ModelFile, SequenceOptionalAndMapTypes) {
+  ProtoWriter seq_type = ProtoWriter().message(4, ProtoWriter().message(1, proto::tensor_type(OnnxType::kInt64, {2})));
+  ProtoWriter opt_type = ProtoWriter().message(9, ProtoWriter().message(1, proto::tensor_type(OnnxType::kFloat, {})));
+  ProtoWriter map_type = ProtoWriter().message(
+      5, ProtoWriter().varint(1, 8).message(2, proto::tensor_type(OnnxType::kFloat, {})));
+  proto::GraphParts g;
+  g.nodes = {proto::node("Identity", {"S"}, {"S2"})};
+  g.inputs = {proto::value_info("S", seq_type), proto::value_info("O", opt_type),
+              proto::value_info("M", map_type)};
+  g.outputs = {proto::value_info("S2", seq_type)};
+  const ModelFile m = load(proto::model(proto::graph(g)));
+  const auto& in = m.graph->inputs;
+  ASSERT_EQ(in.size(), 3u);
+  EXPECT_EQ(in[0].kind, ValueInfo::Kind::kSequence);
+  EXPECT_EQ(in[0].elem_type, OnnxType::kInt64);
+  ASSERT_EQ(in[0].shape.size(), 1u);
+  EXPECT_EQ(in[0].shape[0].value, 2);
+  EXPECT_EQ(in[1].kind, ValueInfo::Kind::kOptional);
+  EXPECT_EQ(in[1].elem_type, OnnxType::kFloat);
+  EXPECT_EQ(in[2].kind, ValueInfo::Kind::kMap);
+}
+
+TEST(ModelFile, SparseInitializerIsDensified) {
+  ProtoWriter sparse;
+  sparse.message(1, proto::raw_tensor("S", OnnxType::kFloat, {1}, proto::raw({4.f})));
+  sparse.message(2, proto::raw_tensor("", OnnxType::kInt64, {1}, proto::raw<int64_t>({2})));
+  sparse.packed_int64s(3, {3});
+  proto::GraphParts parts;
+  parts.nodes = {proto::node("Identity", {"S"}, {"Y"})};
+  parts.outputs = {proto::value_info("Y", OnnxType::kFloat, {3})};
+  ProtoWriter g = proto::graph(parts);
+  g.message(15, sparse);
+  const ModelFile m = load(proto::model(g));
+  EXPECT_EQ(values_of<float>(m.graph->initializers.at("S").tensor()), (std::vector<float>{0, 0, 4}));
+}
+
+TEST(ModelFile, ModelLocalFunctionsAreInlined) {
+  // custom.AddTwice(x) = x + y + y with attribute-free body.
+  ProtoWriter function;
+  function.string(1, "AddTwice").string(4, "x").string(4, "y").string(5, "out");
+  function.message(7, proto::node("Add", {"x", "y"}, {"tmp"}, "first"));
+  function.message(7, proto::node("Add", {"tmp", "y"}, {"out"}, "second"));
+  function.message(9, proto::opset("", 14));
+  function.string(10, "custom");
+  proto::GraphParts g;
+  g.nodes = {proto::node("AddTwice", {"A", "B"}, {"C"}, "call", "custom")};
+  g.inputs = {proto::value_info("A", OnnxType::kFloat, {1}), proto::value_info("B", OnnxType::kFloat, {1})};
+  g.outputs = {proto::value_info("C", OnnxType::kFloat, {1})};
+  const ModelFile m =
+      load(proto::model(proto::graph(g), {{"", 17}, {"custom", 1}}, 8, {function}));
+  const auto& nodes = m.graph->nodes;
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].op_type, "Add");
+  EXPECT_EQ(nodes[0].inputs, (std::vector<std::string>{"A", "B"}));
+  EXPECT_EQ(nodes[0].opset, 14) << "body nodes use the function's opset_import";
+  EXPECT_EQ(nodes[1].inputs.at(0), nodes[0].outputs.at(0));
+  EXPECT_EQ(nodes[1].outputs, (std::vector<std::string>{"C"}));
+}
+
+// -------------------------------------------------------------- bad input
+
+TEST(ModelFile, BadWireTypeNamesThePath) {
+  proto::GraphParts g;
+  ProtoWriter graph = proto::graph(g);
+  graph.tag(5, 6);  // an initializer field with invalid wire type 6
+  const std::string message = error_of([&] { load(proto::model(graph)); });
+  EXPECT_NE(message.find("<model bytes>: graph: field 5 has invalid wire type 6"), std::string::npos)
+      << message;
+}
+
+TEST(ModelFile, InitializerErrorNamesTheInitializer) {
+  proto::GraphParts g;
+  g.initializers = {proto::raw_tensor("a", OnnxType::kFloat, {1}, proto::raw({1.f})),
+                    proto::raw_tensor("w", OnnxType::kFloat, {2}, proto::raw({1.f}))};
+  const std::string message = error_of([&] { load(proto::model(proto::graph(g))); });
+  EXPECT_NE(message.find("graph.initializer[1] 'w': raw_data has 4 bytes, expected 8"), std::string::npos)
+      << message;
+}
+
+TEST(ModelFile, TruncatedInitializerNamesTheField) {
+  // A TensorProto whose raw_data (field 9) declares more bytes than exist:
+  // name first, as serializers write it.
+  ProtoWriter tensor;
+  tensor.int64(1, 4).varint(2, 1).string(8, "w");
+  tensor.tag(9, 2).put_varint(16);
+  tensor.raw("short");
+  ProtoWriter graph;
+  graph.message(5, tensor);
+  const std::string message = error_of([&] { load(proto::model(graph)); });
+  EXPECT_NE(message.find("graph.initializer[0] 'w': truncated length-delimited field 9"),
+            std::string::npos)
+      << message;
+}
+
+TEST(ModelFile, MissingGraphAndUnknownInput) {
+  EXPECT_NE(error_of([&] { load(ProtoWriter().int64(1, 8)); }).find("model has no graph"),
+            std::string::npos);
+  proto::GraphParts g;
+  g.nodes = {proto::node("Relu", {"nowhere"}, {"Y"}, "relu")};
+  const std::string message = error_of([&] { load(proto::model(proto::graph(g))); });
+  EXPECT_NE(message.find("node 'relu' (Relu): input 'nowhere'"), std::string::npos) << message;
+}
+
+TEST(ModelFile, DuplicateInitializer) {
+  proto::GraphParts g;
+  g.initializers = {proto::raw_tensor("w", OnnxType::kFloat, {1}, proto::raw({1.f})),
+                    proto::raw_tensor("w", OnnxType::kFloat, {1}, proto::raw({1.f}))};
+  EXPECT_NE(error_of([&] { load(proto::model(proto::graph(g))); }).find("duplicate initializer 'w'"),
+            std::string::npos);
+}
+
+TEST(ModelFile, EveryTruncationLoadsOrThrowsAnError) {
+  const std::string full = small_model().data();
+  for (size_t length = 0; length < full.size(); ++length) {
+    try {
+      read_model_bytes(span_of(full.substr(0, length)), "");
+    } catch (const Error&) {
+    }
+  }
+  SUCCEED();
+}
+
+// Random bytes and mutations of a valid model: each must load or throw
+// transmuter::Error; any other exception, crash or hang fails.
+TEST(ModelFile, FuzzRandomAndMutatedInputs) {
+  std::mt19937 rng(20240601);
+  const std::string seed_model = small_model().data();
+  int loaded = 0, rejected = 0;
+  for (int iteration = 0; iteration < 4000; ++iteration) {
+    std::string input;
+    const int mode = iteration % 4;
+    if (mode == 0) {
+      input.resize(rng() % 256);
+      for (char& c : input) c = static_cast<char>(rng());
+    } else {
+      input = seed_model;
+      const int edits = 1 + static_cast<int>(rng() % 4);
+      for (int e = 0; e < edits && !input.empty(); ++e) {
+        const size_t at = rng() % input.size();
+        switch (mode) {
+          case 1: input[at] = static_cast<char>(rng()); break;
+          case 2: input[at] = static_cast<char>(input[at] ^ (1 << (rng() % 8))); break;
+          default:
+            if (rng() % 2) {
+              input.erase(at, 1 + rng() % 8);
+            } else {
+              input.insert(at, 1, static_cast<char>(rng()));
+            }
+        }
+      }
+    }
+    try {
+      read_model_bytes(span_of(input), "");
+      ++loaded;
+    } catch (const Error&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      FAIL() << "iteration " << iteration << ": non-transmuter exception: " << e.what();
+    }
+  }
+  EXPECT_EQ(loaded + rejected, 4000);
+  EXPECT_GT(rejected, 0);
+}
+
+// ------------------------------------------------------------------ files
+
+class ModelFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("transmuter_model_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+            "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path write(const std::string& name, const std::string& bytes) {
+    const fs::path path = dir_ / name;
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return path;
+  }
+
+  fs::path dir_;
+};
+
+// The address ranges /proc/self/maps lists for `path`.
+std::vector<std::pair<uintptr_t, uintptr_t>> mappings_of(const fs::path& path) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const std::string canonical = fs::canonical(path).string();
+  while (std::getline(maps, line)) {
+    if (line.size() < canonical.size() || line.compare(line.size() - canonical.size(), canonical.size(), canonical) != 0) {
+      continue;
+    }
+    std::istringstream fields(line);
+    std::string range;
+    fields >> range;
+    const size_t dash = range.find('-');
+    ranges.emplace_back(std::stoull(range.substr(0, dash), nullptr, 16),
+                        std::stoull(range.substr(dash + 1), nullptr, 16));
+  }
+  return ranges;
+}
+
+TEST_F(ModelFiles, InitializerAliasesTheFileMapping) {
+  // Pad the model with doc_string (field 6) until raw_data is 4-aligned in the file.
+  const std::string payload = proto::raw({10.f, 20.f, 30.f, 40.f});
+  fs::path path;
+  for (int pad = 0; pad < 4; ++pad) {
+    proto::GraphParts g;
+    g.nodes = {proto::node("Identity", {"W"}, {"Y"})};
+    g.initializers = {proto::raw_tensor("W", OnnxType::kFloat, {4}, payload)};
+    g.outputs = {proto::value_info("Y", OnnxType::kFloat, {4})};
+    ProtoWriter m;
+    m.string(6, std::string(static_cast<size_t>(pad), 'd'));
+    m.raw(proto::model(proto::graph(g)).data());
+    if (m.data().find(payload) % 4 == 0) {
+      path = write("model.onnx", m.data());
+      break;
+    }
+  }
+  ASSERT_FALSE(path.empty());
+  const ModelFile model = read_model_file(path);
+  EXPECT_EQ(model.path, path);
+  const mx::array& w = model.graph->initializers.at("W").tensor();
+  const auto address = reinterpret_cast<uintptr_t>(w.data<void>());
+  bool inside = false;
+  for (auto [begin, end] : mappings_of(path)) inside |= address >= begin && address < end;
+  EXPECT_TRUE(inside) << "initializer data should lie in the mmap of " << path;
+  EXPECT_EQ(values_of<float>(w), (std::vector<float>{10, 20, 30, 40}));
+}
+
+TEST_F(ModelFiles, ExternalDataNextToTheModel) {
+  write("weights.bin", proto::raw({1.f, 2.f}));
+  proto::GraphParts g;
+  g.nodes = {proto::node("Identity", {"W"}, {"Y"})};
+  g.initializers = {proto::external_tensor("W", OnnxType::kFloat, {2}, "weights.bin", 0, 8)};
+  g.outputs = {proto::value_info("Y", OnnxType::kFloat, {2})};
+  const fs::path path = write("model.onnx", proto::model(proto::graph(g)).data());
+  const ModelFile model = read_model_file(path);
+  EXPECT_EQ(values_of<float>(model.graph->initializers.at("W").tensor()), (std::vector<float>{1, 2}));
+}
+
+TEST_F(ModelFiles, EmptyAndMissingFiles) {
+  const fs::path empty = write("empty.onnx", "");
+  EXPECT_NE(error_of([&] { read_model_file(empty); }).find("model has no graph"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_model_file(dir_ / "missing.onnx"); }).find("cannot open"),
+            std::string::npos);
+}
+
+TEST_F(ModelFiles, ValueFilesTensorSequenceOptional) {
+  ValueInfo tensor_info;
+  tensor_info.kind = ValueInfo::Kind::kTensor;
+  const fs::path t = write("input_0.pb", proto::raw_tensor("x", OnnxType::kInt32, {2}, proto::raw<int32_t>({3, 4})).data());
+  EXPECT_EQ(values_of<int32_t>(read_value_file(t, tensor_info).tensor()), (std::vector<int32_t>{3, 4}));
+
+  ValueInfo seq_info;
+  seq_info.kind = ValueInfo::Kind::kSequence;
+  ProtoWriter seq;
+  seq.string(1, "s").varint(2, 1);
+  seq.message(3, proto::raw_tensor("", OnnxType::kFloat, {1}, proto::raw({1.f})));
+  seq.message(3, proto::raw_tensor("", OnnxType::kFloat, {2}, proto::raw({2.f, 3.f})));
+  const Value s = read_value_file(write("seq.pb", seq.data()), seq_info);
+  ASSERT_TRUE(s.is_sequence());
+  ASSERT_EQ(s.sequence_items().size(), 2u);
+  EXPECT_EQ(values_of<float>(s.sequence_items()[1].tensor()), (std::vector<float>{2, 3}));
+
+  ValueInfo opt_info;
+  opt_info.kind = ValueInfo::Kind::kOptional;
+  ProtoWriter empty_opt;
+  empty_opt.string(1, "o").varint(2, 1);
+  EXPECT_TRUE(read_value_file(write("opt0.pb", empty_opt.data()), opt_info).is_none());
+  ProtoWriter full_opt;
+  full_opt.string(1, "o").varint(2, 1).message(3, proto::raw_tensor("", OnnxType::kInt64, {}, proto::raw<int64_t>({7})));
+  EXPECT_EQ(values_of<int64_t>(read_value_file(write("opt1.pb", full_opt.data()), opt_info).tensor()),
+            (std::vector<int64_t>{7}));
+  ProtoWriter seq_opt;
+  seq_opt.string(1, "o").varint(2, 3).message(5, ProtoWriter().varint(2, 1));
+  const Value empty_seq = read_value_file(write("opt2.pb", seq_opt.data()), opt_info);
+  ASSERT_TRUE(empty_seq.is_sequence());
+  EXPECT_TRUE(empty_seq.sequence_items().empty());
+}
+
+// Optional: a model written by the onnx Python package, when one is provided.
+TEST(ModelFile, ParsesAModelWrittenByOnnxWhenProvided) {
+  const char* sample = std::getenv("TRANSMUTER_ONNX_SAMPLE");
+  if (sample == nullptr || !fs::exists(sample)) GTEST_SKIP() << "TRANSMUTER_ONNX_SAMPLE not set";
+  const ModelFile model = read_model_file(sample);
+  EXPECT_GT(model.ir_version, 0);
+  EXPECT_FALSE(model.graph->nodes.empty());
+  for (const Node& node : model.graph->nodes) EXPECT_FALSE(node.op_type.empty());
+}
+
+}  // namespace
+}  // namespace transmuter
