@@ -210,24 +210,38 @@ void eval_outputs(const Outputs& outputs) {
 }
 
 // A callable that runs the model once in the chosen mode.
-std::function<Outputs()> make_runner(const Model& model, const PreparedInputs& prepared, const Args& args) {
+struct Runner {
+  std::function<Outputs()> run_once;
+  std::shared_ptr<CompiledModel> compiled;  // null in eager mode
+};
+
+Runner make_runner(const Model& model, const PreparedInputs& prepared, const Args& args) {
   mx::Device device = parse_device(args);
   if (parse_mode(args) == "eager") {
-    return [model, prepared, device]() { return run(model, model.params(), prepared.inputs, {device}); };
+    return {[model, prepared, device]() { return run(model, model.params(), prepared.inputs, {device}); }, nullptr};
   }
   CompileOptions options;
   options.static_inputs = prepared.static_names;
   options.device = device;
   auto compiled = std::make_shared<CompiledModel>(compile(model, {}, options));
-  return [compiled, prepared]() { return (*compiled)(prepared.inputs); };
+  return {[compiled, prepared]() { return (*compiled)(prepared.inputs); }, compiled};
+}
+
+void print_compile_stats(const Runner& runner) {
+  if (!runner.compiled) return;
+  const CompileStats& s = runner.compiled->stats();
+  std::cerr << "compiled: " << s.segments << " segment(s), " << s.graph_breaks << " graph break(s), "
+            << s.plans_built << " plan(s) built, " << s.cache_hits << " cache hit(s)\n";
 }
 
 int run_main(const Args& args) {
   if (args.positional.size() != 1) throw Error("usage: transmuter run MODEL [--input NAME=FILE.npy]... [--output-dir DIR]");
   Model model = load(args.positional[0]);
   PreparedInputs prepared = prepare_inputs(model, args);
-  Outputs outputs = make_runner(model, prepared, args)();
+  Runner runner = make_runner(model, prepared, args);
+  Outputs outputs = runner.run_once();
   eval_outputs(outputs);
+  print_compile_stats(runner);
   fs::path dir = args.get("output-dir", ".");
   fs::create_directories(dir);
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -247,15 +261,16 @@ int bench_main(const Args& args) {
   if (args.positional.size() != 1) throw Error("usage: transmuter bench MODEL [--mode eager|compiled] [--warmup N] [--runs N]");
   Model model = load(args.positional[0]);
   PreparedInputs prepared = prepare_inputs(model, args);
-  auto runner = make_runner(model, prepared, args);
+  Runner runner = make_runner(model, prepared, args);
   int warmup = args.get_int("warmup", 3), runs = std::max(1, args.get_int("runs", 10));
-  for (int i = 0; i < warmup; ++i) eval_outputs(runner());
+  for (int i = 0; i < warmup; ++i) eval_outputs(runner.run_once());
   std::vector<double> ms;
   for (int i = 0; i < runs; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    eval_outputs(runner());
+    eval_outputs(runner.run_once());
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
+  print_compile_stats(runner);
   std::sort(ms.begin(), ms.end());
   double mean = 0;
   for (double m : ms) mean += m / ms.size();

@@ -531,7 +531,7 @@ Value read_optional_proto(Bytes bytes, const MessagePath& path, const TensorSour
 ModelFile read_model_file(const fs::path& path) {
   std::shared_ptr<MappedFile> file = MappedFile::open(path);
   ExternalDataStore external(folder_of(path));
-  ModelProtoReader reader(TensorSource{file, &external});
+  ModelProtoReader reader(TensorSource{{file, file->bytes()}, &external});
   MessagePath root(path.string());
   ModelFile model = reader.read_model(file->bytes(), root);
   model.path = path;
@@ -541,7 +541,7 @@ ModelFile read_model_file(const fs::path& path) {
 ModelFile read_model_bytes(std::span<const uint8_t> bytes, const fs::path& base_dir,
                            std::shared_ptr<const void> keep_alive) {
   ExternalDataStore external(base_dir);
-  ModelProtoReader reader(TensorSource{std::move(keep_alive), &external});
+  ModelProtoReader reader(TensorSource{{std::move(keep_alive), bytes}, &external});
   MessagePath root("<model bytes>");
   return reader.read_model(bytes, root);
 }
@@ -549,7 +549,7 @@ ModelFile read_model_bytes(std::span<const uint8_t> bytes, const fs::path& base_
 Value read_value_file(const fs::path& path, const ValueInfo& declared) {
   std::shared_ptr<MappedFile> file = MappedFile::open(path);
   ExternalDataStore external(folder_of(path));
-  const TensorSource source{file, &external};
+  const TensorSource source{{file, file->bytes()}, &external};
   MessagePath root(path.string());
   switch (declared.kind) {
     case ValueInfo::Kind::kSequence: return read_sequence_proto(file->bytes(), root, source);

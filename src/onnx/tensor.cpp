@@ -357,23 +357,52 @@ mx::array unpack_bits(std::span<const uint8_t> bytes, uint64_t count, OnnxType t
   return out.into_array(shape, is_signed ? mx::int8 : mx::uint8);
 }
 
-// Wraps memory owned by `owner` as an array, or returns nullopt when it
-// cannot be aliased (misaligned, empty, no owner).
+// True when this MLX build's allocator keeps a size_t header right before
+// the data (Buffer::raw_ptr() == ptr() + sizeof(size_t)): the CPU-only
+// CommonAllocator does. Probed once on a real allocation, not assumed.
+bool allocator_uses_size_header() {
+  static const bool uses_header = [] {
+    mx::allocator::Data probe = mx::allocator::malloc(1);
+    mx::allocator::Buffer buffer = probe.buffer();
+    return buffer.raw_ptr() == static_cast<char*>(buffer.ptr()) + sizeof(size_t);
+  }();
+  return uses_header;
+}
+
+// Wraps `bytes`, which lie in `memory.region` kept alive by `memory.owner`,
+// as an array without a copy; nullopt when that is not possible (no owner,
+// empty, misaligned, or an allocator that cannot wrap foreign memory).
 std::optional<mx::array> alias_bytes(std::span<const uint8_t> bytes, const mx::Shape& shape,
-                                     mx::Dtype dtype, const std::shared_ptr<const void>& owner) {
-  if (owner == nullptr || bytes.empty()) return std::nullopt;
+                                     mx::Dtype dtype, const OwnedMemory& memory) {
+  if (memory.owner == nullptr || bytes.empty()) return std::nullopt;
   const auto address = reinterpret_cast<uintptr_t>(bytes.data());
   if (address % mx::size_of(dtype) != 0) return std::nullopt;
-  // The deleter holds the owner (the mapping) for as long as MLX uses the memory.
-  auto keep = owner;
-  return mx::array(const_cast<uint8_t*>(bytes.data()), shape, dtype,
-                   [keep](void*) mutable { keep.reset(); });
+  auto* data = const_cast<uint8_t*>(bytes.data());
+  std::shared_ptr<const void> keep = memory.owner;  // held until MLX lets go of the memory
+
+  // Backends that can wrap foreign memory (Metal) take it through the
+  // public constructor. Without that, the constructor would copy.
+  mx::allocator::Buffer wrapped = mx::allocator::make_buffer(data, bytes.size());
+  if (wrapped.ptr() != nullptr) {
+    mx::allocator::release(wrapped);
+    return mx::array(data, shape, dtype, [keep](void*) {});
+  }
+  // The CPU allocator cannot wrap memory but reads data at Buffer::ptr() +
+  // sizeof(size_t), so a Buffer starting 8 bytes before `data` aliases it.
+  // Those 8 bytes must be readable: they only feed Allocator::size(), which
+  // MLX consults for donation, and a Data with a deleter is never donated
+  // (array::is_donatable requires is_owned()), nor freed by the allocator.
+  const uint8_t* header = bytes.data() - sizeof(size_t);
+  if (!allocator_uses_size_header() || header < memory.region.data()) return std::nullopt;
+  mx::allocator::Data aliased(mx::allocator::Buffer(const_cast<uint8_t*>(header)),
+                              [keep](mx::allocator::Buffer) {});
+  return mx::array(std::move(aliased), shape, dtype);
 }
 
 // Decodes raw little-endian element bytes (raw_data or external data).
 mx::array decode_raw(std::span<const uint8_t> bytes, const char* origin, OnnxType type,
                      const TypeInfo& info, uint64_t count, const std::vector<int64_t>& dims,
-                     const std::shared_ptr<const void>& owner, const MessagePath& path) {
+                     const OwnedMemory& memory, const MessagePath& path) {
   const uint64_t expected = stored_byte_count(info, count);
   if (bytes.size() != expected) {
     path.fail(str(origin, " has ", bytes.size(), " bytes, expected ", expected, " for ",
@@ -382,13 +411,13 @@ mx::array decode_raw(std::span<const uint8_t> bytes, const char* origin, OnnxTyp
   const mx::Shape shape = to_shape(dims);
   switch (info.storage) {
     case Storage::kDirect:
-      if (auto aliased = alias_bytes(bytes, shape, info.dtype, owner)) return *aliased;
+      if (auto aliased = alias_bytes(bytes, shape, info.dtype, memory)) return *aliased;
       return copy_bytes(bytes.data(), bytes.size(), shape, info.dtype);
     case Storage::kBool: {
       bool canonical = true;
       for (uint8_t b : bytes) canonical &= b <= 1;
       if (canonical) {
-        if (auto aliased = alias_bytes(bytes, shape, info.dtype, owner)) return *aliased;
+        if (auto aliased = alias_bytes(bytes, shape, info.dtype, memory)) return *aliased;
       }
       OutputBuffer out(count);
       uint8_t* dst = out.as<uint8_t>();
@@ -522,7 +551,8 @@ mx::array decode_external(const TensorFields& t, OnnxType type, const TypeInfo& 
     path.fail(str("external data '", location, "' is not available when reading from memory"));
   }
   const ExternalDataStore::Bytes data = source.external->read(location, offset, length, path);
-  return decode_raw(data.bytes, "external data", type, info, count, t.dims, data.owner, path);
+  const OwnedMemory memory{data.owner, data.owner->bytes()};
+  return decode_raw(data.bytes, "external data", type, info, count, t.dims, memory, path);
 }
 
 Value decode_strings(const TensorFields& t, uint64_t count, const MessagePath& path) {
@@ -548,7 +578,7 @@ NamedValue read_tensor(std::span<const uint8_t> message, const MessagePath& path
   } else if (info.storage == Storage::kString) {
     out.value = decode_strings(t, count, path);
   } else if (t.raw_data) {
-    out.value = decode_raw(*t.raw_data, "raw_data", type, info, count, t.dims, source.owner, path);
+    out.value = decode_raw(*t.raw_data, "raw_data", type, info, count, t.dims, source.memory, path);
   } else {
     out.value = decode_typed(t, type, info, count, path);
   }

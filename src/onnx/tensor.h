@@ -48,11 +48,18 @@ class ExternalDataStore {
   std::map<std::filesystem::path, std::shared_ptr<const MappedFile>> files_;
 };
 
+/** Memory that arrays may alias: `owner` keeps all of `region` alive. */
+struct OwnedMemory {
+  std::shared_ptr<const void> owner;  // null: nothing may be aliased
+  std::span<const uint8_t> region;
+};
+
 /** Where a TensorProto's bytes live. */
 struct TensorSource {
-  /** Owns the memory the message lies in; null: raw_data is always copied.
-   * The memory must be writable (MLX may donate an input buffer). */
-  std::shared_ptr<const void> owner;
+  /** The memory the messages lie in; raw_data inside it may be aliased.
+   * MLX never writes into aliased memory (it never donates a buffer it does
+   * not own), yet model mappings are writable private pages all the same. */
+  OwnedMemory memory;
   /** Resolves data_location=EXTERNAL; null: external data is an error. */
   ExternalDataStore* external = nullptr;
 };

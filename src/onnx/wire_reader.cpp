@@ -72,12 +72,15 @@ uint64_t WireReader::read_varint_raw(const char* what) {
   for (int i = 0; i < kMaxVarintBytes; ++i) {
     if (pos_ == end_) fail(str("truncated ", what));
     const uint8_t byte = *pos_++;
-    // The 10th byte holds bit 63 only; anything more overflows 64 bits.
-    if (i == kMaxVarintBytes - 1 && byte > 1) fail(str(what, " overflows 64 bits"));
+    if (i == kMaxVarintBytes - 1) {
+      // The 10th byte must end the varint and holds bit 63 only.
+      if ((byte & 0x80) != 0) fail(str(what, " longer than 10 bytes"));
+      if (byte > 1) fail(str(what, " overflows 64 bits"));
+    }
     value |= static_cast<uint64_t>(byte & 0x7F) << (7 * i);
     if ((byte & 0x80) == 0) return value;
   }
-  fail(str(what, " longer than 10 bytes"));
+  fail(str(what, " longer than 10 bytes"));  // unreachable: the 10th byte ends or fails
 }
 
 bool WireReader::next() {

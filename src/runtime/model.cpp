@@ -63,20 +63,26 @@ Params collect_params(const Graph& graph) {
 
 }  // namespace
 
+Model make_model(std::shared_ptr<Graph> graph, const std::string& source, int64_t ir_version,
+                 std::string producer) {
+  check_supported(*graph, source);
+  auto state = std::make_shared<Model::State>();
+  state->ir_version = ir_version;
+  state->producer = std::move(producer);
+  state->params = collect_params(*graph);
+  state->graph = std::move(graph);
+  state->path = source;
+  return Model(state);
+}
+
 Model load(const std::string& source, const LoadOptions& options) {
   if (source.rfind("hf://", 0) == 0) {
     throw Error(str(source, ": hf:// sources need the Hugging Face Hub client, which is not built yet"));
   }
   ModelFile file = read_model_file(std::filesystem::path(source));
-  check_supported(*file.graph, source);
   (void)options;  // load-time passes arrive with src/passes/
-  auto state = std::make_shared<Model::State>();
-  state->graph = file.graph;
-  state->params = collect_params(*file.graph);
-  state->ir_version = file.ir_version;
-  state->producer = file.producer_name + (file.producer_version.empty() ? "" : " " + file.producer_version);
-  state->path = file.path.string();
-  return Model(state);
+  std::string producer = file.producer_name + (file.producer_version.empty() ? "" : " " + file.producer_version);
+  return make_model(file.graph, source, file.ir_version, producer);
 }
 
 }  // namespace transmuter

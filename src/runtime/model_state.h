@@ -17,4 +17,10 @@ struct Model::State {
   std::string path;
 };
 
+/** A Model over an already built graph: binds every node to its registry row
+ * (UnsupportedError listing all that have none) and collects the params.
+ * `source` names the model in messages. */
+Model make_model(std::shared_ptr<Graph> graph, const std::string& source, int64_t ir_version = 0,
+                 std::string producer = "");
+
 }  // namespace transmuter

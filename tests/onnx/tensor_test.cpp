@@ -42,7 +42,7 @@ Decoded decode(const ProtoWriter& w, ExternalDataStore* external = nullptr,
   MessagePath root("t.onnx");
   MessagePath path(root, "initializer", 0, "t");
   std::span<const uint8_t> bytes(buffer->data() + leading_pad, data.size());
-  NamedValue value = read_tensor(bytes, path, TensorSource{buffer, external});
+  NamedValue value = read_tensor(bytes, path, TensorSource{{buffer, *buffer}, external});
   return {buffer, std::move(value)};
 }
 

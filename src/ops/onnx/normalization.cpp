@@ -186,8 +186,8 @@ OpOutputs group_normalization(NodeContext& ctx) {
 
 // --- LpNormalization ---------------------------------------------------------------------
 
-// x / ||x||_p along `axis`, p in {1, 2}. A zero norm gives 0 / 0 as in the
-// reference implementation.
+// x / ||x||_p along `axis`, p in {1, 2}. Where the norm is 0 the result is 0
+// (not 0 / 0), as in the ONNX reference and node tests.
 OpOutputs lp_normalization(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array& x = ctx.input(0);
@@ -198,7 +198,9 @@ OpOutputs lp_normalization(NodeContext& ctx) {
     if (p == 2) return mx::sqrt(mx::sum(mx::square(x, s), axis, true, s), s);
     throw ctx.error("p must be 1 or 2, got ", p);
   }();
-  return {mx::astype(mx::divide(x, norm, s), x.dtype(), s)};
+  mx::array zero = mx::zeros_like(x, s);
+  mx::array y = mx::where(mx::equal(norm, zero, s), zero, mx::divide(x, norm, s), s);
+  return {mx::astype(y, x.dtype(), s)};
 }
 
 }  // namespace

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Transmuter vs ONNX Runtime on one real model, in one run (docs/performance.md).
+
+Measures, on the same machine and in the same run:
+  * load: wall time and peak RSS of a fresh process that loads the model
+    (`transmuter info MODEL`) vs a fresh Python process that creates an ORT
+    InferenceSession (graph optimizations at default ORT_ENABLE_ALL and disabled).
+    Each is also reported minus an "empty" process of the same kind
+    (`transmuter operators`; `python -c "import onnxruntime"`) to separate
+    process start-up and library loading from model loading;
+  * cold start: load + first inference in a fresh process (peak RSS here
+    includes the weights actually touched);
+  * latency at batch 1, sequence 128: `transmuter bench --mode eager|compiled`
+    vs `session.run`, same thread count (ORT intra_op_num_threads = OpenBLAS
+    threads = --threads), reported as transmuter/ORT ratios. The three are
+    measured in interleaved rounds, so a burst of load from other processes
+    does not land on one of them only; the reported latency is the median of
+    the rounds' medians.
+  * agreement: max |transmuter - ORT| of every output, so a fast wrong answer
+    does not go unnoticed.
+
+Run with the project venv:
+    .venv/bin/python bench/model_bench.py --transmuter build/transmuter
+Writes bench/results/<name>.json (raw) and bench/results/<name>.md (tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = REPO_ROOT / ".cache/models/paraphrase-MiniLM-L3-v2/model.onnx"
+VOCAB_SIZE = 30522  # BERT uncased
+ORT_LEVELS = {"default": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+              "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--transmuter", default=str(REPO_ROOT / "build/transmuter"), help="the CLI binary")
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--name", default="minilm_l3_b1_s128", help="results file stem")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads = OPENBLAS_NUM_THREADS")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved latency rounds")
+    p.add_argument("--load-repeats", type=int, default=5, help="fresh processes per load measurement")
+    p.add_argument("--out-dir", default=str(REPO_ROOT / "bench/results"))
+    return p.parse_args()
+
+
+# --- inputs ------------------------------------------------------------------
+
+def make_inputs(batch: int, seq: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"input_ids": rng.integers(0, VOCAB_SIZE, size=(batch, seq), dtype=np.int64),
+            "attention_mask": np.ones((batch, seq), dtype=np.int64)}
+
+
+def save_inputs(inputs: dict[str, np.ndarray], folder: Path) -> list[str]:
+    """Writes NAME.npy files; returns the CLI arguments `--input NAME=FILE`."""
+    args = []
+    for name, array in inputs.items():
+        path = folder / f"{name}.npy"
+        np.save(path, array)
+        args += ["--input", f"{name}={path}"]
+    return args
+
+
+# --- fresh-process measurements ---------------------------------------------
+
+def child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OPENBLAS_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_fresh(cmd: list[str], env: dict[str, str]) -> dict:
+    """Wall time and stdout of one process."""
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, env=env, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return {"wall_s": wall, "stdout": proc.stdout}
+
+
+def run_fresh_rusage(cmd: list[str], env: dict[str, str]) -> dict:
+    """Like run_fresh but with the child's own peak RSS, via os.wait4."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-2000:]}")
+    return {"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024.0, "stdout": stdout}
+
+
+def repeat_fresh(cmd: list[str], env: dict[str, str], repeats: int) -> dict:
+    """Median wall, median peak RSS and, when the child prints `inner_s: X`, its median."""
+    samples = [run_fresh_rusage(cmd, env) for _ in range(repeats)]
+    result = {"cmd": cmd,
+              "wall_s": statistics.median(s["wall_s"] for s in samples),
+              "peak_rss_mib": statistics.median(s["peak_rss_mib"] for s in samples),
+              "wall_s_all": [s["wall_s"] for s in samples]}
+    inner = [float(m.group(1)) for s in samples for m in [re.search(r"inner_s: ([0-9.eE+-]+)", s["stdout"])] if m]
+    if inner:
+        result["inner_s"] = statistics.median(inner)
+    return result
+
+
+ORT_CHILD = """
+import sys, time, numpy as np
+import onnxruntime as ort
+model, level, threads, action = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if action == "import":
+    sys.exit(0)
+so = ort.SessionOptions()
+so.graph_optimization_level = {"default": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                               "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}[level]
+so.intra_op_num_threads = threads
+so.inter_op_num_threads = 1
+t = time.perf_counter()
+sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+if action == "run":
+    feeds = {name: np.load(path) for name, path in (a.split("=", 1) for a in sys.argv[5:])}
+    sess.run(None, feeds)
+print(f"inner_s: {time.perf_counter() - t}")
+"""
+
+
+def ort_child_cmd(model: str, level: str, threads: int, action: str, feeds: list[str] = ()) -> list[str]:
+    return [sys.executable, "-c", ORT_CHILD, model, level, str(threads), action, *feeds]
+
+
+def measure_load(args, input_args: list[str], out_dir: Path) -> dict:
+    env, n = child_env(args.threads), args.load_repeats
+    feeds = [a for a in input_args if a != "--input"]
+    results = {
+        "transmuter_empty": repeat_fresh([args.transmuter, "operators"], env, n),
+        "transmuter_info": repeat_fresh([args.transmuter, "info", args.model], env, n),
+        "ort_empty": repeat_fresh(ort_child_cmd(args.model, "default", args.threads, "import"), env, n),
+    }
+    for level in ORT_LEVELS:
+        results[f"ort_session_{level}"] = repeat_fresh(ort_child_cmd(args.model, level, args.threads, "load"), env, n)
+    for mode in ("eager", "compiled"):
+        cmd = [args.transmuter, "run", args.model, *input_args, "--mode", mode, "--output-dir", str(out_dir / mode)]
+        results[f"transmuter_first_run_{mode}"] = repeat_fresh(cmd, env, n)
+    for level in ORT_LEVELS:
+        results[f"ort_first_run_{level}"] = repeat_fresh(ort_child_cmd(args.model, level, args.threads, "run", feeds),
+                                                        env, n)
+    return results
+
+
+# --- latency -----------------------------------------------------------------
+
+LATENCY_LINE = re.compile(r"latency_ms: mean ([0-9.eE+-]+)\s+median ([0-9.eE+-]+)\s+min ([0-9.eE+-]+)\s+max ([0-9.eE+-]+)")
+
+
+def transmuter_latency(args, input_args: list[str], mode: str) -> dict:
+    cmd = [args.transmuter, "bench", args.model, *input_args, "--mode", mode,
+           "--warmup", str(args.warmup), "--runs", str(args.runs)]
+    out = run_fresh(cmd, child_env(args.threads))["stdout"]
+    m = LATENCY_LINE.search(out)
+    if not m:
+        raise RuntimeError(f"unexpected `transmuter bench` output:\n{out}")
+    mean, median, low, high = map(float, m.groups())
+    return {"mean_ms": mean, "median_ms": median, "min_ms": low, "max_ms": high}
+
+
+def ort_session(model: str, level: str, threads: int) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ORT_LEVELS[level]
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def ort_latency(sess: ort.InferenceSession, inputs: dict[str, np.ndarray], warmup: int, runs: int) -> dict:
+    for _ in range(warmup):
+        sess.run(None, inputs)
+    ms = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        sess.run(None, inputs)
+        ms.append((time.perf_counter() - t) * 1e3)
+    return {"mean_ms": statistics.fmean(ms), "median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms)}
+
+
+def measure_latency(args, inputs: dict[str, np.ndarray], input_args: list[str]) -> dict:
+    sessions = {level: ort_session(args.model, level, args.threads) for level in ORT_LEVELS}
+    rounds: dict[str, list[dict]] = {"transmuter_eager": [], "transmuter_compiled": [],
+                                     **{f"ort_{level}": [] for level in ORT_LEVELS}}
+    for _ in range(args.rounds):
+        rounds["transmuter_eager"].append(transmuter_latency(args, input_args, "eager"))
+        rounds["transmuter_compiled"].append(transmuter_latency(args, input_args, "compiled"))
+        for level, sess in sessions.items():
+            rounds[f"ort_{level}"].append(ort_latency(sess, inputs, args.warmup, args.runs))
+    return {name: {"median_ms": statistics.median(r["median_ms"] for r in runs), "rounds": runs}
+            for name, runs in rounds.items()}
+
+
+# --- agreement ---------------------------------------------------------------
+
+def output_agreement(args, inputs: dict[str, np.ndarray], out_dir: Path) -> dict:
+    """Max abs difference per output between transmuter (files from the first-run step) and ORT."""
+    sess = ort_session(args.model, "default", args.threads)
+    names = [o.name for o in sess.get_outputs()]
+    expected = dict(zip(names, sess.run(None, inputs)))
+    agreement = {}
+    for mode in ("eager", "compiled"):
+        for name, ref in expected.items():
+            path = out_dir / mode / (re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".npy")
+            got = np.load(path)
+            agreement[f"{mode}:{name}"] = float(np.max(np.abs(got.astype(np.float64) - ref))) \
+                if got.shape == ref.shape else f"shape {got.shape} != {ref.shape}"
+    return agreement
+
+
+# --- report ------------------------------------------------------------------
+
+def machine_info(threads: int) -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads_used": threads, "onnxruntime": ort.__version__,
+            "python": platform.python_version(), "loadavg_start": os.getloadavg()}
+
+
+def markdown(results: dict) -> str:
+    load, lat = results["load"], results["latency"]
+    te, oe = load["transmuter_empty"], load["ort_empty"]
+    lines = ["| Fresh process | wall (ms) | minus empty process (ms) | in-process (ms) | peak RSS (MiB) |",
+             "|---|---:|---:|---:|---:|"]
+
+    def row(label, r, empty):
+        inner = f"{r['inner_s'] * 1e3:.0f}" if "inner_s" in r else "-"
+        lines.append(f"| {label} | {r['wall_s'] * 1e3:.0f} | {(r['wall_s'] - empty['wall_s']) * 1e3:.0f} | {inner} "
+                     f"| {r['peak_rss_mib']:.0f} |")
+
+    row("transmuter, empty (`operators`)", te, te)
+    row("transmuter `info` (load)", load["transmuter_info"], te)
+    row("ORT, empty (`import onnxruntime`)", oe, oe)
+    for level in ORT_LEVELS:
+        row(f"ORT session, optimizations {level}", load[f"ort_session_{level}"], oe)
+    for mode in ("eager", "compiled"):
+        row(f"transmuter `run` {mode} (load + 1st inference)", load[f"transmuter_first_run_{mode}"], te)
+    for level in ORT_LEVELS:
+        row(f"ORT session {level} + 1st inference", load[f"ort_first_run_{level}"], oe)
+
+    lines += ["", "| Latency, batch 1 x seq 128 | median (ms) | / ORT default | / ORT disabled |",
+              "|---|---:|---:|---:|"]
+    base_d, base_n = lat["ort_default"]["median_ms"], lat["ort_disabled"]["median_ms"]
+    for name in ("transmuter_eager", "transmuter_compiled", "ort_default", "ort_disabled"):
+        m = lat[name]["median_ms"]
+        lines.append(f"| {name} | {m:.2f} | {m / base_d:.2f} | {m / base_n:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    args = parse_args()
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = make_inputs(args.batch, args.seq)
+    results = {"machine": machine_info(args.threads), "model": args.model, "transmuter": args.transmuter,
+               "batch": args.batch, "seq": args.seq, "warmup": args.warmup, "runs": args.runs, "rounds": args.rounds,
+               "load_repeats": args.load_repeats}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        input_args = save_inputs(inputs, tmp)
+        results["load"] = measure_load(args, input_args, tmp)
+        results["max_abs_diff_vs_ort"] = output_agreement(args, inputs, tmp)
+        results["latency"] = measure_latency(args, inputs, input_args)
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    for r in results["load"].values():
+        r["cmd"] = ["<ORT child script>" if c == ORT_CHILD else c for c in r["cmd"]]
+    table = markdown(results)
+    (out_dir / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out_dir / f"{args.name}.md").write_text(table)
+    print(table)
+    print("max |transmuter - ORT| per output:", json.dumps(results["max_abs_diff_vs_ort"], indent=1))
+    print(f"load average start {results['machine']['loadavg_start']} end {results['machine']['loadavg_end']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

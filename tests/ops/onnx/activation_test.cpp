@@ -1,0 +1,137 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "support/op_test_support.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+namespace {
+
+using testing::float_attr;
+using testing::int_attr;
+using testing::run_op;
+using testing::string_attr;
+using testing::to_doubles;
+
+// float32 results against double formulas: a few float32 ulps.
+constexpr double kTol = 1e-6;
+
+void expect_near(const std::vector<double>& actual, const std::vector<double>& expected, double tol = kTol) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) EXPECT_NEAR(actual[i], expected[i], tol) << "at " << i;
+}
+
+const std::vector<float> kInputs = {-3.f, -0.5f, 0.f, 0.5f, 3.f};
+
+std::vector<double> apply(double (*f)(double)) {
+  std::vector<double> out;
+  for (float x : kInputs) out.push_back(f(x));
+  return out;
+}
+
+std::vector<double> run_on_inputs(const std::string& op, int opset, const std::vector<Attribute>& attrs = {}) {
+  return to_doubles(run_op(op, opset, {mx::array(kInputs.data(), {5})}, attrs)[0].tensor());
+}
+
+TEST(Activation, ReluKeepsIntegerTypes) {
+  auto out = run_op("Relu", 14, {mx::astype(mx::array({-3, 4}), mx::int8)});
+  EXPECT_EQ(out[0].tensor().dtype(), mx::int8);
+  EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{0, 4}));
+}
+
+TEST(Activation, LeakyReluDefaultsAndKeepsFloat16) {
+  expect_near(run_on_inputs("LeakyRelu", 16), apply([](double x) { return x < 0 ? 0.01 * x : x; }));
+  auto f16 = run_op("LeakyRelu", 16, {mx::astype(mx::array({-2.f}), mx::float16)}, {float_attr("alpha", 0.5f)});
+  EXPECT_EQ(f16[0].tensor().dtype(), mx::float16);
+  EXPECT_EQ(to_doubles(f16[0].tensor()), (std::vector<double>{-1}));
+}
+
+TEST(Activation, ExponentialLinearUnits) {
+  expect_near(run_on_inputs("Elu", 6, {float_attr("alpha", 2.f)}),
+              apply([](double x) { return x < 0 ? 2 * (std::exp(x) - 1) : x; }));
+  expect_near(run_on_inputs("Selu", 6), apply([](double x) {
+                return 1.05070102214813232421875 * (x > 0 ? x : 1.67326319217681884765625 * (std::exp(x) - 1));
+              }));
+  expect_near(run_on_inputs("Celu", 12, {float_attr("alpha", 2.f)}),
+              apply([](double x) { return std::max(0.0, x) + std::min(0.0, 2 * (std::exp(x / 2) - 1)); }));
+}
+
+TEST(Activation, HardSigmoidAndHardSwish) {
+  expect_near(run_on_inputs("HardSigmoid", 6),
+              apply([](double x) { return std::clamp(0.2 * x + 0.5, 0.0, 1.0); }));
+  expect_near(run_on_inputs("HardSwish", 14),
+              apply([](double x) { return x * std::clamp(x / 6 + 0.5, 0.0, 1.0); }));
+}
+
+TEST(Activation, SmoothActivations) {
+  expect_near(run_on_inputs("Softplus", 1), apply([](double x) { return std::log1p(std::exp(x)); }));
+  expect_near(run_on_inputs("Softsign", 1), apply([](double x) { return x / (1 + std::abs(x)); }));
+  expect_near(run_on_inputs("Mish", 18), apply([](double x) { return x * std::tanh(std::log1p(std::exp(x))); }));
+  expect_near(run_on_inputs("Sigmoid", 13), apply([](double x) { return 1 / (1 + std::exp(-x)); }));
+  expect_near(run_on_inputs("ThresholdedRelu", 10, {float_attr("alpha", 0.4f)}),
+              apply([](double x) { return x > 0.4 ? x : 0.0; }));
+}
+
+TEST(Activation, SoftplusDoesNotOverflowForLargeInputs) {
+  auto out = run_op("Softplus", 22, {mx::array({100.f, -100.f})});
+  std::vector<double> v = to_doubles(out[0].tensor());
+  EXPECT_FLOAT_EQ(v[0], 100.f);
+  EXPECT_NEAR(v[1], 0.0, 1e-40);
+}
+
+TEST(Activation, GeluExactAndTanhApproximation) {
+  expect_near(run_on_inputs("Gelu", 20), apply([](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }));
+  expect_near(run_on_inputs("Gelu", 20, {string_attr("approximate", "tanh")}), apply([](double x) {
+                return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+              }));
+  try {
+    run_on_inputs("Gelu", 20, {string_attr("approximate", "fast")});
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("[Gelu v20] node 'test_Gelu': attribute 'approximate'"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Activation, PReluLegacySlopeFollowsTheChannelAxis) {
+  // X [1, 2, 2]: channel 0 = {-1, -1}, channel 1 = {-1, -1}; slope per channel.
+  mx::array x = mx::full({1, 2, 2}, -1.f);
+  mx::array slope = mx::array({0.1f, 0.2f});
+  expect_near(to_doubles(run_op("PRelu", 6, {x, slope})[0].tensor()), {-0.1, -0.1, -0.2, -0.2});
+  // From opset 7 the same slope broadcasts numpy-style, along the last axis.
+  expect_near(to_doubles(run_op("PRelu", 16, {x, slope})[0].tensor()), {-0.1, -0.2, -0.1, -0.2});
+}
+
+TEST(Activation, SoftmaxBeforeOpset13NormalizesTheFlattenedTail) {
+  mx::array x = mx::reshape(mx::arange(8.f), {2, 2, 2});
+  // Opset 11, axis 1 (default): each batch row of 4 values sums to 1.
+  mx::array old = run_op("Softmax", 11, {x})[0].tensor();
+  expect_near(to_doubles(mx::sum(old, std::vector<int>{1, 2})), {1, 1});
+  // Opset 13, axis -1 (default): each pair sums to 1.
+  mx::array now = run_op("Softmax", 13, {x})[0].tensor();
+  expect_near(to_doubles(mx::sum(now, -1)), {1, 1, 1, 1});
+  EXPECT_GT(std::abs(to_doubles(old)[0] - to_doubles(now)[0]), 0.1);
+}
+
+TEST(Activation, LogSoftmaxMatchesLogOfSoftmax) {
+  mx::array x = mx::array({1.f, 2.f, 3.f, 1000.f, 1001.f, 1002.f}, {2, 3});
+  std::vector<double> log_soft = to_doubles(run_op("LogSoftmax", 13, {x})[0].tensor());
+  double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
+  expect_near(log_soft, {1 - lse, 2 - lse, 3 - lse, 1 - lse, 2 - lse, 3 - lse}, 1e-5);
+  // Opset 1-12 with axis 0 normalizes over everything.
+  std::vector<double> all = to_doubles(run_op("LogSoftmax", 12, {mx::array({0.f, 0.f}, {1, 2})}, {int_attr("axis", 0)})[0].tensor());
+  expect_near(all, {std::log(0.5), std::log(0.5)});
+}
+
+TEST(Activation, SoftmaxRejectsAnAxisOutOfRange) {
+  try {
+    run_op("Softmax", 13, {mx::zeros({2, 2})}, {int_attr("axis", 2)});
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("axis 2 out of range for rank 2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace transmuter

@@ -1,0 +1,128 @@
+#include <gtest/gtest.h>
+
+#include <mlx/mlx.h>
+
+#include "runtime/compiler.h"
+#include "support/graph_builder.h"
+#include "support/op_test_support.h"
+#include "transmuter/transmuter.h"
+
+namespace transmuter {
+namespace {
+
+using testing::GraphBuilder;
+using testing::to_doubles;
+
+// out = ReduceSum(Cast(NonZero(Relu(x)))): NonZero has a data-dependent
+// shape, so it runs eagerly between two compiled segments.
+Model nonzero_model() {
+  Attribute to_float = testing::int_attr("to", static_cast<int64_t>(OnnxType::kFloat));
+  return GraphBuilder()
+      .input("x", OnnxType::kFloat, {-1})
+      .node("Relu", {"x"}, {"r"})
+      .node("NonZero", {"r"}, {"nz"})
+      .node("Cast", {"nz"}, {"f"}, {to_float})
+      .node("ReduceSum", {"f"}, {"s"})
+      .output("s")
+      .build();
+}
+
+TEST(Compile, MatchesEagerAndCachesPlans) {
+  Model model = GraphBuilder()
+                    .input("x", OnnxType::kFloat, {-1})
+                    .node("Exp", {"x"}, {"e"})
+                    .node("Softmax", {"e"}, {"y"})
+                    .output("y")
+                    .build();
+  mx::array x3 = mx::array({0.1f, 0.2f, -0.3f});
+  CompiledModel compiled = compile(model, {{"x", x3}}, {{}, 8, mx::Device::cpu});
+  EXPECT_EQ(compiled.stats().plans_built, 1u);
+  EXPECT_EQ(compiled.stats().segments, 1u);
+  EXPECT_EQ(compiled.stats().graph_breaks, 0u);
+  auto eager = to_doubles(run(model, model.params(), {{"x", x3}}, {mx::Device::cpu}).tensor("y"));
+  auto comp = to_doubles(compiled({{"x", x3}}).tensor("y"));
+  ASSERT_EQ(eager.size(), comp.size());
+  for (size_t i = 0; i < eager.size(); ++i) EXPECT_NEAR(eager[i], comp[i], 1e-6);
+  EXPECT_EQ(compiled.stats().cache_hits, 1u);
+  compiled({{"x", mx::zeros({5})}});
+  EXPECT_EQ(compiled.stats().plans_built, 2u);
+}
+
+TEST(Compile, EvictsLeastRecentlyUsedPlan) {
+  Model model = GraphBuilder().input("x", OnnxType::kFloat, {-1}).node("Neg", {"x"}, {"y"}).output("y").build();
+  CompiledModel compiled = compile(model, {}, {{}, 2, mx::Device::cpu});
+  compiled({{"x", mx::zeros({1})}});
+  compiled({{"x", mx::zeros({2})}});
+  compiled({{"x", mx::zeros({1})}});  // hit: {1} becomes most recent
+  compiled({{"x", mx::zeros({3})}});  // evicts {2}
+  EXPECT_EQ(compiled.stats().evictions, 1u);
+  compiled({{"x", mx::zeros({1})}});  // still cached
+  EXPECT_EQ(compiled.stats().cache_hits, 2u);
+  compiled({{"x", mx::zeros({2})}});  // rebuilt
+  EXPECT_EQ(compiled.stats().plans_built, 4u);
+}
+
+TEST(Compile, GraphBreakAroundDataDependentShape) {
+  Model model = nonzero_model();
+  CompiledModel compiled = compile(model, {}, {{}, 8, mx::Device::cpu});
+  // Nonzero positions of relu([1,-1,2,0]) are 0 and 2.
+  EXPECT_EQ(to_doubles(compiled({{"x", mx::array({1.f, -1.f, 2.f, 0.f})}}).tensor("s")), std::vector<double>{2});
+  EXPECT_EQ(compiled.stats().segments, 2u);
+  EXPECT_EQ(compiled.stats().graph_breaks, 1u);
+  // Same input shape (plan cache hit) but a different NonZero count: the
+  // second segment must see the new shape, not a stale trace.
+  EXPECT_EQ(to_doubles(compiled({{"x", mx::array({1.f, 1.f, 1.f, 1.f})}}).tensor("s")), std::vector<double>{6});
+  EXPECT_EQ(compiled.stats().cache_hits, 1u);
+}
+
+// y = Reshape(x, shape) where `shape` is a graph input.
+Model reshape_model() {
+  return GraphBuilder()
+      .input("x", OnnxType::kFloat, {6})
+      .input("shape", OnnxType::kInt64, {2})
+      .node("Reshape", {"x", "shape"}, {"y"})
+      .output("y")
+      .build();
+}
+
+TEST(Compile, ShapeFromDataIsAGraphBreak) {
+  Model model = reshape_model();
+  CompiledModel compiled = compile(model, {}, {{}, 8, mx::Device::cpu});
+  Outputs out = compiled({{"x", mx::arange(6.f)}, {"shape", mx::array({2, 3}, mx::int64)}});
+  EXPECT_EQ(out.tensor("y").shape(), (mx::Shape{2, 3}));
+  EXPECT_EQ(compiled.stats().graph_breaks, 1u);
+  out = compiled({{"x", mx::arange(6.f)}, {"shape", mx::array({3, 2}, mx::int64)}});
+  EXPECT_EQ(out.tensor("y").shape(), (mx::Shape{3, 2}));
+}
+
+TEST(Compile, StaticInputsAreHostValuesAndJoinTheCacheKey) {
+  Model model = reshape_model();
+  CompileOptions options{{"shape"}, 8, mx::Device::cpu};
+  CompiledModel compiled = compile(model, {}, options);
+  Outputs out = compiled({{"x", mx::arange(6.f)}, {"shape", mx::array({2, 3}, mx::int64)}});
+  EXPECT_EQ(out.tensor("y").shape(), (mx::Shape{2, 3}));
+  EXPECT_EQ(compiled.stats().graph_breaks, 0u);
+  out = compiled({{"x", mx::arange(6.f)}, {"shape", mx::array({3, 2}, mx::int64)}});
+  EXPECT_EQ(out.tensor("y").shape(), (mx::Shape{3, 2}));
+  EXPECT_EQ(compiled.stats().plans_built, 2u);
+}
+
+TEST(Compile, UnknownStaticInputIsAnError) {
+  EXPECT_THROW(compile(reshape_model(), {}, {{"nope"}, 8, mx::Device::cpu}), InputError);
+}
+
+TEST(Segments, ShapeOfTracedValueIsAHostValue) {
+  // Reshape(x, Shape(x)) needs no break: shapes are concrete while tracing.
+  Model model = GraphBuilder()
+                    .input("x", OnnxType::kFloat, {-1, 2})
+                    .node("Shape", {"x"}, {"s"})
+                    .node("Reshape", {"x", "s"}, {"y"})
+                    .output("y")
+                    .build();
+  SegmentLayout layout = plan_segments(model.graph(), {});
+  EXPECT_EQ(layout.graph_breaks, 0u);
+  EXPECT_EQ(layout.compiled_segments, 1u);
+}
+
+}  // namespace
+}  // namespace transmuter

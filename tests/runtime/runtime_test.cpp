@@ -1,0 +1,118 @@
+#include <gtest/gtest.h>
+
+#include <mlx/mlx.h>
+
+#include "support/graph_builder.h"
+#include "support/op_test_support.h"
+#include "transmuter/transmuter.h"
+
+namespace transmuter {
+namespace {
+
+using testing::GraphBuilder;
+using testing::to_doubles;
+
+// y = Relu(x @ w + b)
+Model dense_relu() {
+  return GraphBuilder()
+      .input("x", OnnxType::kFloat, {-1, 2})
+      .initializer("w", mx::array({1.f, -1.f, 2.f, 0.5f}, {2, 2}))
+      .initializer("b", mx::array({0.f, 1.f}))
+      .node("MatMul", {"x", "w"}, {"xw"})
+      .node("Add", {"xw", "b"}, {"z"})
+      .node("Relu", {"z"}, {"y"})
+      .output("y")
+      .build();
+}
+
+TEST(Run, ComputesTheGraph) {
+  Model model = dense_relu();
+  Outputs out = run(model, model.params(), {{"x", mx::array({1.f, 1.f, -1.f, 0.f}, {2, 2})}}, {mx::Device::cpu});
+  ASSERT_EQ(out.names, std::vector<std::string>{"y"});
+  // [1,1]@w = [3, -0.5] + b = [3, 0.5]; [-1,0]@w = [-1, 1] + b = [-1, 2] -> relu
+  EXPECT_EQ(to_doubles(out.tensor("y")), (std::vector<double>{3, 0.5, 0, 2}));
+}
+
+TEST(Run, ParamsReplaceInitializers) {
+  Model model = dense_relu();
+  Params params = model.params();
+  params.insert_or_assign("b", mx::array({10.f, 10.f}));
+  Outputs out = run(model, params, {{"x", mx::zeros({1, 2})}}, {mx::Device::cpu});
+  EXPECT_EQ(to_doubles(out.tensor("y")), (std::vector<double>{10, 10}));
+}
+
+TEST(Run, GradientFlowsToParams) {
+  Model model = dense_relu();
+  mx::array x = mx::array({1.f, 2.f}, {1, 2});
+  // loss = sum(y); with all pre-activations positive, dloss/dw[i][j] = x[i].
+  auto loss = [&](const std::vector<mx::array>& w) {
+    Params params = model.params();
+    params.insert_or_assign("w", w[0]);
+    params.insert_or_assign("b", mx::array({5.f, 5.f}));
+    return std::vector<mx::array>{mx::sum(run(model, params, {{"x", x}}, {mx::Device::cpu}).tensor("y"))};
+  };
+  auto [values, grads] = mx::value_and_grad(loss)({model.params().at("w")});
+  EXPECT_EQ(to_doubles(grads[0]), (std::vector<double>{1, 1, 2, 2}));
+}
+
+TEST(Run, RejectsWrongDtype) {
+  Model model = dense_relu();
+  try {
+    run(model, model.params(), {{"x", mx::zeros({1, 2}, mx::int32)}});
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("input 'x': expected dtype float32, got int32"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Run, RejectsWrongFixedDimension) {
+  Model model = dense_relu();
+  EXPECT_THROW(run(model, model.params(), {{"x", mx::zeros({1, 3})}}), InputError);
+  EXPECT_THROW(run(model, model.params(), {{"x", mx::zeros({2})}}), InputError);
+}
+
+TEST(Run, RejectsMissingAndUnknownInputs) {
+  Model model = dense_relu();
+  EXPECT_THROW(run(model, model.params(), {}), InputError);
+  EXPECT_THROW(run(model, model.params(), {{"x", mx::zeros({1, 2})}, {"nope", mx::zeros({1})}}), InputError);
+}
+
+TEST(Run, MlxErrorsNameTheNode) {
+  Model model = GraphBuilder()
+                    .input("a", OnnxType::kFloat, {2, 3})
+                    .input("b", OnnxType::kFloat, {2, 3})
+                    .node("MatMul", {"a", "b"}, {"c"})
+                    .output("c")
+                    .build();
+  try {
+    Outputs out = run(model, model.params(), {{"a", mx::zeros({2, 3})}, {"b", mx::zeros({2, 3})}});
+    mx::eval(out.tensor("c"));
+    FAIL();
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'MatMul_0'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Load, ListsEveryUnsupportedOp) {
+  try {
+    GraphBuilder()
+        .input("x", OnnxType::kFloat, {2})
+        .node("NoSuchOp", {"x"}, {"y"})
+        .node("AlsoMissing", {"y"}, {"z"})
+        .output("z")
+        .build();
+    FAIL();
+  } catch (const UnsupportedError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("2 operator(s) have no implementation"), std::string::npos) << m;
+    EXPECT_NE(m.find("ai.onnx NoSuchOp (opset 18)"), std::string::npos) << m;
+    EXPECT_NE(m.find("ai.onnx AlsoMissing (opset 18)"), std::string::npos) << m;
+  }
+}
+
+TEST(Load, MissingFileIsAModelError) {
+  EXPECT_THROW(load("/nonexistent/model.onnx"), Error);
+}
+
+}  // namespace
+}  // namespace transmuter

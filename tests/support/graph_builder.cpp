@@ -1,0 +1,48 @@
+#include "support/graph_builder.h"
+
+namespace transmuter::testing {
+
+GraphBuilder& GraphBuilder::input(const std::string& name, OnnxType type, std::vector<int64_t> dims) {
+  ValueInfo info;
+  info.name = name;
+  info.kind = ValueInfo::Kind::kTensor;
+  info.elem_type = type;
+  info.has_shape = true;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    Dim d;
+    if (dims[i] >= 0) d.value = dims[i];
+    else d.symbol = "d" + std::to_string(i);
+    info.shape.push_back(d);
+  }
+  graph_->inputs.push_back(info);
+  return *this;
+}
+
+GraphBuilder& GraphBuilder::initializer(const std::string& name, mx::array value) {
+  graph_->initializers[name] = value;
+  return *this;
+}
+
+GraphBuilder& GraphBuilder::node(const std::string& op_type, std::vector<std::string> inputs,
+                                 std::vector<std::string> outputs, std::vector<Attribute> attributes) {
+  Node n;
+  n.name = op_type + "_" + std::to_string(graph_->nodes.size());
+  n.op_type = op_type;
+  n.inputs = std::move(inputs);
+  n.outputs = std::move(outputs);
+  n.attributes = std::move(attributes);
+  n.opset = static_cast<int>(graph_->opsets[""]);
+  graph_->nodes.push_back(std::move(n));
+  return *this;
+}
+
+GraphBuilder& GraphBuilder::output(const std::string& name) {
+  ValueInfo info;
+  info.name = name;
+  graph_->outputs.push_back(info);
+  return *this;
+}
+
+Model GraphBuilder::build() const { return make_model(std::make_shared<Graph>(*graph_), "test-graph"); }
+
+}  // namespace transmuter::testing

@@ -1,0 +1,31 @@
+// Builds small graphs in C++ for runtime tests, without model files.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+#include "runtime/model_state.h"
+
+namespace transmuter::testing {
+
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(int64_t opset = 18) : graph_(std::make_shared<Graph>()) { graph_->opsets[""] = opset; }
+
+  /** Declares a tensor input; dims < 0 are symbolic ("d0", "d1", ...). */
+  GraphBuilder& input(const std::string& name, OnnxType type, std::vector<int64_t> dims);
+  GraphBuilder& initializer(const std::string& name, mx::array value);
+  GraphBuilder& node(const std::string& op_type, std::vector<std::string> inputs, std::vector<std::string> outputs,
+                     std::vector<Attribute> attributes = {});
+  GraphBuilder& output(const std::string& name);
+
+  /** The Model (ops resolved against the built-in registry). */
+  Model build() const;
+
+ private:
+  std::shared_ptr<Graph> graph_;
+};
+
+}  // namespace transmuter::testing
