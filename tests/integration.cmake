@@ -9,3 +9,9 @@ add_test(NAME model_tests
 set_tests_properties(model_tests PROPERTIES
   ENVIRONMENT "TRANSMUTER_BIN=$<TARGET_FILE:transmuter_cli>"
   TIMEOUT 1800)
+
+# The downstream example builds against the installed package and runs.
+add_test(NAME example_embed_minilm COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/build_example)
+set_tests_properties(example_embed_minilm PROPERTIES
+  ENVIRONMENT "TRANSMUTER_BUILD_DIR=${CMAKE_BINARY_DIR}"
+  PASS_REGULAR_EXPRESSION "embedding: 384 dims.*norm: 1")
