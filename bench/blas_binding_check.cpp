@@ -1,12 +1,14 @@
 // Link check (CTest `blas_is_openblas`), not a benchmark: in a binary linked to
-// `transmuter`, the global symbol cblas_sgemm must be defined by libopenblas.
+// `transmuter`, the global symbol cblas_sgemm must be defined by OpenBLAS.
 //
 // libmlx.so leaves cblas_sgemm undefined and lists the wheel's reference
-// libblas as a dependency. The dynamic linker binds it to the first definition
-// in the global search order, which is what dlsym(RTLD_DEFAULT) returns; the
-// `transmuter` target links OpenBLAS (with --no-as-needed) before mlx so that
-// the first definition is OpenBLAS's. If the link order regresses, MLX's fp32
-// matmul silently falls back to reference BLAS (~30x slower, docs/performance.md).
+// libblas as its own dependency. The dynamic linker binds it to the first
+// definition in the global search order (breadth-first: the executable, its
+// direct dependencies, then theirs), which is also what dlsym(RTLD_DEFAULT)
+// returns. The `transmuter` target makes OpenBLAS a direct dependency with
+// --no-as-needed (nothing in the binary calls it by name), so it comes before
+// the reference libblas. If that regresses, MLX's fp32 matmul silently falls
+// back to reference BLAS (docs/performance.md).
 
 #include <dlfcn.h>
 
@@ -14,7 +16,18 @@
 #include <iostream>
 #include <string>
 
+#include "mlx/mlx.h"
+
+namespace mx = mlx::core;
+
 int main() {
+  // An fp32 matmul through MLX, so that libmlx and the reference libblas it depends on are
+  // loaded, as in any real binary: the check is then about which of the two wins.
+  float total = mx::sum(mx::matmul(mx::ones({2, 3}), mx::ones({3, 2}))).item<float>();
+  if (total != 12.0f) {
+    std::cerr << "FAIL: sum(matmul(ones(2,3), ones(3,2))) = " << total << ", expected 12\n";
+    return 1;
+  }
   void* address = dlsym(RTLD_DEFAULT, "cblas_sgemm");
   if (address == nullptr) {
     std::cerr << "FAIL: cblas_sgemm is not defined in this process\n";

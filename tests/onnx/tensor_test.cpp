@@ -124,6 +124,23 @@ TEST(Tensor, ZeroCopyKeepsTheOwnerAlive) {
   EXPECT_TRUE(watch.expired()) << "the buffer must be released with the array";
 }
 
+TEST(Tensor, AliasedArraysWorkInMlxOpsAndCompile) {
+  const std::string payload = proto::raw({1.f, 2.f, 3.f, 4.f});
+  const auto w = proto::raw_tensor("w", OnnxType::kFloat, {2, 2}, payload);
+  std::vector<uint8_t> probe(64);
+  const size_t pad = pad_for(w, payload, 4, true, probe);
+  mx::array a = decode(w, nullptr, pad).value.value.tensor();  // the array alone keeps the buffer
+  // [[1,2],[3,4]] @ [[1,2],[3,4]] = [[7,10],[15,22]]; + 1 elementwise.
+  EXPECT_EQ(values_of<float>(mx::add(mx::matmul(a, a), mx::array(1.f))),
+            (std::vector<float>{8, 11, 16, 23}));
+  EXPECT_EQ(values_of<float>(mx::transpose(a)), (std::vector<float>{1, 3, 2, 4}));
+  auto square = mx::compile([](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{mx::multiply(in[0], in[0])};
+  });
+  EXPECT_EQ(values_of<float>(square({a})[0]), (std::vector<float>{1, 4, 9, 16}));
+  EXPECT_EQ(values_of<float>(a), (std::vector<float>{1, 2, 3, 4})) << "inputs are never written";
+}
+
 TEST(Tensor, MisalignedRawDataIsCopied) {
   const std::string payload = proto::raw({1.f, 2.f, 3.f, 4.f});
   const auto w = proto::raw_tensor("w", OnnxType::kFloat, {4}, payload);

@@ -37,7 +37,7 @@ mx::array numpy_matmul(const NodeContext& ctx, mx::array a, mx::array b) {
   if (a.shape(-1) != b.shape(-2)) {
     throw ctx.error("inner dimensions differ: ", a.shape(-1), " and ", b.shape(-2));
   }
-  mx::array out = is_integral(a.dtype()) ? integer_matmul(a, b, s) : (a.dtype()==mx::bfloat16||a.dtype()==mx::float16) ? mx::astype(mx::matmul(mx::astype(a,mx::float32,s), mx::astype(b,mx::float32,s), s), a.dtype(), s) : mx::matmul(a, b, s);
+  mx::array out = is_integral(a.dtype()) ? integer_matmul(a, b, s) : mx::matmul(a, b, s);
   if (vector_b) out = mx::squeeze(out, -1, s);
   if (vector_a) out = mx::squeeze(out, vector_b ? -1 : -2, s);
   return out;

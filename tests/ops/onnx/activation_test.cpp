@@ -118,7 +118,8 @@ TEST(Activation, LogSoftmaxMatchesLogOfSoftmax) {
   mx::array x = mx::array({1.f, 2.f, 3.f, 1000.f, 1001.f, 1002.f}, {2, 3});
   std::vector<double> log_soft = to_doubles(run_op("LogSoftmax", 13, {x})[0].tensor());
   double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
-  expect_near(log_soft, {1 - lse, 2 - lse, 3 - lse, 1 - lse, 2 - lse, 3 - lse}, 1e-5);
+  // Row 2 goes through values near 1000, where a float32 ulp is 6e-5.
+  expect_near(log_soft, {1 - lse, 2 - lse, 3 - lse, 1 - lse, 2 - lse, 3 - lse}, 1e-4);
   // Opset 1-12 with axis 0 normalizes over everything.
   std::vector<double> all = to_doubles(run_op("LogSoftmax", 12, {mx::array({0.f, 0.f}, {1, 2})}, {int_attr("axis", 0)})[0].tensor());
   expect_near(all, {std::log(0.5), std::log(0.5)});
