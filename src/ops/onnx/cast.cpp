@@ -169,24 +169,45 @@ mx::array strings_to_numbers(const NodeContext& ctx, const StringTensor& in, mx:
                     mx::Device::cpu);
 }
 
-/** Python repr() spelling of a float from its shortest round-trip digits:
- * positional for exponents in [-4, 16), scientific otherwise; "nan", "inf".
- * This is what numpy's astype(str) (the ONNX reference) prints. */
-template <typename F>
-std::string format_float(F v) {
+/** Shortest decimal digits that read back as `v` in its own type, in
+ * scientific form ("4.7892547e-01"). float16 has no to_chars overload, so its
+ * digits are the fewest that round-trip through float16. */
+std::string shortest_scientific(double v, mx::Dtype dtype) {
+  std::array<char, 64> buf{};
+  char* end = buf.data();
+  if (dtype == mx::float64) {
+    end = std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::scientific).ptr;
+  } else if (dtype == mx::float16) {
+    for (int precision = 0; precision < 8; ++precision) {
+      end = std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::scientific, precision).ptr;
+      double back = std::strtod(std::string(buf.data(), end).c_str(), nullptr);
+      if (static_cast<float>(static_cast<mx::float16_t>(static_cast<float>(back))) == static_cast<float>(v)) break;
+    }
+  } else {
+    end = std::to_chars(buf.data(), buf.data() + buf.size(), static_cast<float>(v), std::chars_format::scientific).ptr;
+  }
+  return std::string(buf.data(), end);
+}
+
+/** A float spelled the way numpy's astype(str) (the ONNX reference) spells
+ * it: shortest round-trip digits, positional when 1e-4 <= |v| < cutoff and
+ * scientific with a two-digit exponent otherwise, "nan", "inf". numpy's
+ * cutoff is 1e16 for float64, 1e6 for float32 and 1e3 for float16. */
+std::string format_float(double v, mx::Dtype dtype) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::array<char, 64> buf{};
-  auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::scientific);
-  std::string sci(buf.data(), end);  // "-4.7892547e-01"
-  std::string sign = sci[0] == '-' ? "-" : "";
+  double cutoff = dtype == mx::float64 ? 1e16 : dtype == mx::float16 ? 1e3 : 1e6;
+  std::string sci = shortest_scientific(v, dtype);
+  std::string sign = std::signbit(v) ? "-" : "";
   if (!sign.empty()) sci.erase(0, 1);
   size_t e_pos = sci.find('e');
   int exponent = std::stoi(sci.substr(e_pos + 1));
   std::string digits = sci.substr(0, e_pos);
   digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
   int n = static_cast<int>(digits.size());
-  if (exponent < -4 || exponent >= 16) {
+  bool positional = v == 0 || (std::abs(v) >= 1e-4 && std::abs(v) < cutoff);
+  if (!positional) {
     std::string mantissa = digits.substr(0, 1) + (n > 1 ? "." + digits.substr(1) : "");
     std::string exp_text = std::to_string(std::abs(exponent));
     if (exp_text.size() < 2) exp_text = "0" + exp_text;
@@ -216,12 +237,9 @@ StringTensor numbers_to_strings(const NodeContext& ctx, mx::array x) {
   } else if (mx::issubdtype(x.dtype(), mx::integer)) {
     mx::array a = read(mx::int64);
     for (size_t i = 0; i < a.size(); ++i) out.data.push_back(std::to_string(a.data<int64_t>()[i]));
-  } else if (x.dtype() == mx::float64) {
-    mx::array a = read(mx::float64);
-    for (size_t i = 0; i < a.size(); ++i) out.data.push_back(format_float(a.data<double>()[i]));
   } else {
-    mx::array a = read(mx::float32);
-    for (size_t i = 0; i < a.size(); ++i) out.data.push_back(format_float(a.data<float>()[i]));
+    mx::array a = read(mx::float64);
+    for (size_t i = 0; i < a.size(); ++i) out.data.push_back(format_float(a.data<double>()[i], x.dtype()));
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -290,11 +291,14 @@ OpOutputs one_hot(NodeContext& ctx) {
   mx::array flat_values = mx::flatten(values, ctx.stream());
   mx::array off = mx::take(flat_values, 0, ctx.stream());
   mx::array on = mx::take(flat_values, 1, ctx.stream());
-  mx::array wrapped = wrap_negative(indices, static_cast<int>(depth), ctx.stream());
+  // Integer indices compare as int64 so that narrow types (uint8) cannot
+  // overflow the class range; float indices compare in their own dtype.
+  mx::array ids = mx::issubdtype(indices.dtype(), mx::integer) ? mx::astype(indices, mx::int64, ctx.stream()) : indices;
+  mx::array wrapped = wrap_negative(ids, static_cast<int>(depth), ctx.stream());
   mx::Shape classes_shape(out_rank, 1);
   classes_shape[axis] = static_cast<int>(depth);
   mx::array classes =
-      mx::reshape(mx::arange(0, static_cast<int>(depth), 1, indices.dtype(), ctx.stream()), classes_shape, ctx.stream());
+      mx::reshape(mx::arange(0, static_cast<int>(depth), 1, ids.dtype(), ctx.stream()), classes_shape, ctx.stream());
   mx::array hits = mx::equal(mx::expand_dims(wrapped, axis, ctx.stream()), classes, ctx.stream());
   return {mx::where(hits, on, off, ctx.stream())};
 }
@@ -327,22 +331,25 @@ OpOutputs non_zero(NodeContext& ctx) {
   return {mx::array(coords.begin(), mx::Shape{rank, static_cast<int>(count)}, mx::int64)};
 }
 
+// ONNX allows string tensors here; they are not routed through mx ops yet.
+constexpr std::string_view kNoStrings = "no string tensors";
+
 }  // namespace
 
 void register_indexing(OpRegistry& r) {
   r.add({
-      {"Slice", kOnnx, 1, 9, slice_v1},
-      {"Slice", kOnnx, 10, kOpen, slice_v10, {1, 2, 3, 4}},
-      {"Gather", kOnnx, 1, kOpen, gather},
-      {"GatherElements", kOnnx, 11, kOpen, gather_elements},
-      {"GatherND", kOnnx, 11, kOpen, gather_nd},
+      {"Slice", kOnnx, 1, 9, slice_v1, {}, false, kNoStrings},
+      {"Slice", kOnnx, 10, kOpen, slice_v10, {1, 2, 3, 4}, false, kNoStrings},
+      {"Gather", kOnnx, 1, kOpen, gather, {}, false, kNoStrings},
+      {"GatherElements", kOnnx, 11, kOpen, gather_elements, {}, false, kNoStrings},
+      {"GatherND", kOnnx, 11, kOpen, gather_nd, {}, false, kNoStrings},
       // Scatter is the pre-opset-11 name of ScatterElements (deprecated at 11).
-      {"Scatter", kOnnx, 9, kOpen, scatter_elements},
-      {"ScatterElements", kOnnx, 11, kOpen, scatter_elements},
-      {"ScatterND", kOnnx, 11, kOpen, scatter_nd},
-      {"Trilu", kOnnx, 14, kOpen, trilu, {1}},
-      {"OneHot", kOnnx, 9, kOpen, one_hot, {1}},
-      {"NonZero", kOnnx, 9, kOpen, non_zero, {}, true},
+      {"Scatter", kOnnx, 9, kOpen, scatter_elements, {}, false, kNoStrings},
+      {"ScatterElements", kOnnx, 11, kOpen, scatter_elements, {}, false, kNoStrings},
+      {"ScatterND", kOnnx, 11, kOpen, scatter_nd, {}, false, kNoStrings},
+      {"Trilu", kOnnx, 14, kOpen, trilu, {1}, false, kNoStrings},
+      {"OneHot", kOnnx, 9, kOpen, one_hot, {1}, false, kNoStrings},
+      {"NonZero", kOnnx, 9, kOpen, non_zero, {}, true, kNoStrings},
   });
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -124,18 +125,22 @@ mx::array squeeze_axes(const NodeContext& ctx, const mx::array& x, const std::ve
   return mx::squeeze(x, normalized, ctx.stream());
 }
 
-// Opset 1-12: axes attribute; without it every 1-dim goes.
+// Without axes (or with an empty list, as ONNX Runtime reads it) every
+// 1-dim goes.
+mx::array squeeze_listed_or_all(const NodeContext& ctx, const mx::array& x, const std::vector<int64_t>& axes) {
+  if (axes.empty()) return mx::squeeze(x, ctx.stream());
+  return squeeze_axes(ctx, x, axes);
+}
+
+// Opset 1-12: axes attribute.
 OpOutputs squeeze_v1(NodeContext& ctx) {
-  const mx::array& x = ctx.input(0);
-  if (!ctx.has_attr("axes")) return {mx::squeeze(x, ctx.stream())};
-  return {squeeze_axes(ctx, x, ctx.attr_ints("axes"))};
+  return {squeeze_listed_or_all(ctx, ctx.input(0), ctx.attr_ints("axes"))};
 }
 
 // Opset 13+: axes is optional input 1 (host).
 OpOutputs squeeze_v13(NodeContext& ctx) {
-  const mx::array& x = ctx.input(0);
-  if (!ctx.has_input(1)) return {mx::squeeze(x, ctx.stream())};
-  return {squeeze_axes(ctx, x, ctx.host_ints(1))};
+  std::vector<int64_t> axes = ctx.has_input(1) ? ctx.host_ints(1) : std::vector<int64_t>{};
+  return {squeeze_listed_or_all(ctx, ctx.input(0), axes)};
 }
 
 // Axes index the output, whose rank is input rank + number of axes; they
@@ -459,35 +464,38 @@ OpOutputs space_to_depth(NodeContext& ctx) {
   return {mx::reshape(t, {n, c * b * b, h / b, w / b}, ctx.stream())};
 }
 
+// ONNX allows string tensors here; they are not routed through mx ops yet.
+constexpr std::string_view kNoStrings = "no string tensors";
+
 }  // namespace
 
 void register_shape(OpRegistry& r) {
   r.add({
-      {"Transpose", kOnnx, 1, kOpen, transpose},
-      {"Reshape", kOnnx, 1, 4, reshape_v1},
-      {"Reshape", kOnnx, 5, kOpen, reshape_v5, {1}},
-      {"Flatten", kOnnx, 1, kOpen, flatten},
-      {"Squeeze", kOnnx, 1, 12, squeeze_v1},
-      {"Squeeze", kOnnx, 13, kOpen, squeeze_v13, {1}},
-      {"Unsqueeze", kOnnx, 1, 12, unsqueeze_v1},
-      {"Unsqueeze", kOnnx, 13, kOpen, unsqueeze_v13, {1}},
-      {"Concat", kOnnx, 1, 3, concat_v1},
-      {"Concat", kOnnx, 4, kOpen, concat_v4},
-      {"Split", kOnnx, 1, 1, split_v1, {1}},
-      {"Split", kOnnx, 2, 12, split_v2},
-      {"Split", kOnnx, 13, 17, split_v13, {1}},
-      {"Split", kOnnx, 18, kOpen, split_v18, {1}},
-      {"Shape", kOnnx, 1, kOpen, shape},
-      {"Size", kOnnx, 1, kOpen, size},
-      {"Expand", kOnnx, 8, kOpen, expand, {1}},
-      {"Tile", kOnnx, 1, 5, tile_v1, {1, 2}},
-      {"Tile", kOnnx, 6, kOpen, tile_v6, {1}},
-      {"Pad", kOnnx, 1, 1, pad_v1},
-      {"Pad", kOnnx, 2, 10, pad_v2},
-      {"Pad", kOnnx, 11, 17, pad_v11, {1}},
-      {"Pad", kOnnx, 18, kOpen, pad_v11, {1, 3}},
-      {"DepthToSpace", kOnnx, 1, kOpen, depth_to_space},
-      {"SpaceToDepth", kOnnx, 1, kOpen, space_to_depth},
+      {"Transpose", kOnnx, 1, kOpen, transpose, {}, false, kNoStrings},
+      {"Reshape", kOnnx, 1, 4, reshape_v1, {}, false, kNoStrings},
+      {"Reshape", kOnnx, 5, kOpen, reshape_v5, {1}, false, kNoStrings},
+      {"Flatten", kOnnx, 1, kOpen, flatten, {}, false, kNoStrings},
+      {"Squeeze", kOnnx, 1, 12, squeeze_v1, {}, false, kNoStrings},
+      {"Squeeze", kOnnx, 13, kOpen, squeeze_v13, {1}, false, kNoStrings},
+      {"Unsqueeze", kOnnx, 1, 12, unsqueeze_v1, {}, false, kNoStrings},
+      {"Unsqueeze", kOnnx, 13, kOpen, unsqueeze_v13, {1}, false, kNoStrings},
+      {"Concat", kOnnx, 1, 3, concat_v1, {}, false, kNoStrings},
+      {"Concat", kOnnx, 4, kOpen, concat_v4, {}, false, kNoStrings},
+      {"Split", kOnnx, 1, 1, split_v1, {1}, false, kNoStrings},
+      {"Split", kOnnx, 2, 12, split_v2, {}, false, kNoStrings},
+      {"Split", kOnnx, 13, 17, split_v13, {1}, false, kNoStrings},
+      {"Split", kOnnx, 18, kOpen, split_v18, {1}, false, kNoStrings},
+      {"Shape", kOnnx, 1, kOpen, shape, {}, false, kNoStrings},
+      {"Size", kOnnx, 1, kOpen, size, {}, false, kNoStrings},
+      {"Expand", kOnnx, 8, kOpen, expand, {1}, false, kNoStrings},
+      {"Tile", kOnnx, 1, 5, tile_v1, {1, 2}, false, kNoStrings},
+      {"Tile", kOnnx, 6, kOpen, tile_v6, {1}, false, kNoStrings},
+      {"Pad", kOnnx, 1, 1, pad_v1, {}, false, kNoStrings},
+      {"Pad", kOnnx, 2, 10, pad_v2, {}, false, kNoStrings},
+      {"Pad", kOnnx, 11, 17, pad_v11, {1}, false, kNoStrings},
+      {"Pad", kOnnx, 18, kOpen, pad_v11, {1, 3}, false, kNoStrings},
+      {"DepthToSpace", kOnnx, 1, kOpen, depth_to_space, {}, false, kNoStrings},
+      {"SpaceToDepth", kOnnx, 1, kOpen, space_to_depth, {}, false, kNoStrings},
   });
 }
 

@@ -117,7 +117,13 @@ TEST(Cast, StringsParseToNumbers) {
 TEST(Cast, NumbersFormatAsStrings) {
   Value out = run_op("Cast", 13, {mx::array({0.5f, 1e-7f, 1e6f, NAN, -kInf, 0.1f})}, {to(OnnxType::kString)})[0];
   ASSERT_TRUE(out.is_strings());
-  EXPECT_EQ(out.strings().data, (std::vector<std::string>{"0.5", "1e-07", "1000000.0", "nan", "-inf", "0.1"}));
+  // numpy's spelling: float32 turns scientific from 1e6 (float64 from 1e16).
+  EXPECT_EQ(out.strings().data, (std::vector<std::string>{"0.5", "1e-07", "1e+06", "nan", "-inf", "0.1"}));
+  Value f64 = run_op("Cast", 13, {mx::array({1e6, 123456789.0, 1e-4, -0.0}, mx::float64)}, {to(OnnxType::kString)})[0];
+  EXPECT_EQ(f64.strings().data, (std::vector<std::string>{"1000000.0", "123456789.0", "0.0001", "-0.0"}));
+  Value f16 = run_op("Cast", 13, {mx::astype(mx::array({0.00012345f, 999.f, 1000.f}), mx::float16)},
+                     {to(OnnxType::kString)})[0];
+  EXPECT_EQ(f16.strings().data, (std::vector<std::string>{"0.0001235", "999.0", "1e+03"}));
   Value ints = run_op("Cast", 13, {mx::array({-3, 12})}, {to(OnnxType::kString)})[0];
   EXPECT_EQ(ints.strings().data, (std::vector<std::string>{"-3", "12"}));
 }

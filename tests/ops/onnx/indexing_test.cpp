@@ -137,6 +137,11 @@ TEST(OneHot, AxisNegativeIndicesAndOutOfRange) {
   EXPECT_EQ(out0(axis0).shape(), (mx::Shape{3, 2}));
   EXPECT_EQ(out0(axis0).dtype(), mx::int32);
   EXPECT_EQ(to_ints(out0(axis0)), (std::vector<int64_t>{1, 0, 0, 0, 0, 1}));
+  // uint8 indices must reach classes beyond 255.
+  auto wide = run_op("OneHot", 11, {mx::array({200, 255}, mx::uint8), mx::array(int64_t{300}), mx::array({0.f, 1.f})});
+  EXPECT_EQ(out0(wide).shape(), (mx::Shape{2, 300}));
+  EXPECT_EQ(to_doubles(mx::sum(out0(wide))), (std::vector<double>{2}));
+  EXPECT_EQ(to_doubles(mx::take(mx::flatten(out0(wide)), 300 + 255)), (std::vector<double>{1}));
 }
 
 TEST(NonZero, CoordinatesAsInt64) {

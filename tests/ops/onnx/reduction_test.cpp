@@ -120,10 +120,14 @@ TEST(ArgExtreme, ReturnsInt64AndFirstIndexByDefault) {
 TEST(ArgExtreme, SelectLastIndexPicksTheLastOfEqualExtremes) {
   mx::array x = mx::array({2.f, 5.f, 5.f, 1.f, 1.f, 0.f}, {2, 3});
   auto max = run_op("ArgMax", 13, {x}, {int_attr("axis", 1), int_attr("select_last_index", 1)});
-  auto min = run_op("ArgMin", 13, {x}, {int_attr("axis", 0), int_attr("keepdims", 0), int_attr("select_last_index", 1)});
   EXPECT_EQ(to_ints(max[0].tensor()), (std::vector<int64_t>{2, 1}));
-  EXPECT_EQ(min[0].tensor().shape(), (mx::Shape{3}));
-  EXPECT_EQ(to_ints(min[0].tensor()), (std::vector<int64_t>{1, 1, 1}));
+
+  mx::array y = mx::array({1.f, 0.f, 3.f, 1.f, 0.f, 2.f}, {2, 3});
+  auto first = run_op("ArgMin", 13, {y}, {int_attr("axis", 0), int_attr("keepdims", 0)});
+  auto last = run_op("ArgMin", 13, {y}, {int_attr("axis", 0), int_attr("keepdims", 0), int_attr("select_last_index", 1)});
+  EXPECT_EQ(last[0].tensor().shape(), (mx::Shape{3}));
+  EXPECT_EQ(to_ints(first[0].tensor()), (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(to_ints(last[0].tensor()), (std::vector<int64_t>{1, 1, 1}));
 }
 
 TEST(CumSum, ExclusiveReverseAlongHostAxis) {

@@ -75,6 +75,15 @@ TEST(Squeeze, AxesInputAndAttribute) {
   EXPECT_THROW(run_op("Squeeze", 13, {mx::zeros({1, 3}), i64({1})}), OpError);
 }
 
+TEST(Squeeze, EmptyAxesRemoveAllOnes) {
+  auto out = run_op("Squeeze", 13, {mx::zeros({1, 3, 1}), i64({})});
+  EXPECT_EQ(out0(out).shape(), (mx::Shape{3}));
+}
+
+TEST(Shape, StringTensorsAreAnOpErrorNotACrash) {
+  EXPECT_THROW(run_op("Reshape", 14, {StringTensor{{2}, {"a", "b"}}, i64({2, 1})}), OpError);
+}
+
 TEST(Unsqueeze, UnsortedAndNegativeAxesIndexTheOutput) {
   auto out = run_op("Unsqueeze", 13, {mx::zeros({3, 4, 5}), i64({5, 4, 2})});
   EXPECT_EQ(out0(out).shape(), (mx::Shape{3, 4, 1, 5, 1, 1}));

@@ -1,0 +1,135 @@
+#include <gtest/gtest.h>
+
+#include "support/op_test_support.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+namespace {
+
+using testing::int_attr;
+using testing::ints_attr;
+using testing::run_op;
+using testing::string_attr;
+using testing::to_doubles;
+
+// Float32 sums of a few dozen small integers are exact; allow for
+// reassociation in the convolution kernels anyway.
+constexpr double kTol = 1e-4;
+
+void expect_near(const std::vector<double>& actual, const std::vector<double>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) EXPECT_NEAR(actual[i], expected[i], kTol) << "at " << i;
+}
+
+// Deterministic small integers, so the naive reference below is exact.
+mx::array ramp(mx::Shape shape, int modulus = 7) {
+  int n = 1;
+  for (int d : shape) n *= d;
+  return mx::reshape(mx::astype(mx::remainder(mx::arange(n), mx::array(modulus)), mx::float32), shape);
+}
+
+struct Conv2dCase {
+  int stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, pad_bottom, pad_right, group;
+};
+
+// Direct-loop 2-D convolution in ONNX layout, for comparison.
+std::vector<double> naive_conv2d(const std::vector<double>& x, mx::Shape xs, const std::vector<double>& w, mx::Shape ws,
+                                 const Conv2dCase& c, mx::Shape& out_shape) {
+  const int n = xs[0], ci = xs[1], h = xs[2], wd = xs[3];
+  const int m = ws[0], cg = ws[1], kh = ws[2], kw = ws[3];
+  const int oh = (h + c.pad_top + c.pad_bottom - ((kh - 1) * c.dil_h + 1)) / c.stride_h + 1;
+  const int ow = (wd + c.pad_left + c.pad_right - ((kw - 1) * c.dil_w + 1)) / c.stride_w + 1;
+  out_shape = {n, m, oh, ow};
+  std::vector<double> y(static_cast<size_t>(n) * m * oh * ow, 0.0);
+  const int m_per_group = m / c.group;
+  for (int b = 0; b < n; ++b)
+    for (int o = 0; o < m; ++o)
+      for (int i = 0; i < oh; ++i)
+        for (int j = 0; j < ow; ++j) {
+          double acc = 0;
+          const int g = o / m_per_group;
+          for (int cc = 0; cc < cg; ++cc)
+            for (int p = 0; p < kh; ++p)
+              for (int q = 0; q < kw; ++q) {
+                int yy = i * c.stride_h - c.pad_top + p * c.dil_h;
+                int xx = j * c.stride_w - c.pad_left + q * c.dil_w;
+                if (yy < 0 || yy >= h || xx < 0 || xx >= wd) continue;
+                int channel = g * cg + cc;
+                acc += x[((b * ci + channel) * h + yy) * wd + xx] * w[((o * cg + cc) * kh + p) * kw + q];
+              }
+          y[((b * m + o) * oh + i) * ow + j] = acc;
+        }
+  (void)ci;
+  return y;
+}
+
+TEST(Conv, MatchesDirectLoopsWithGroupsStridesDilationsAndAsymmetricPads) {
+  const Conv2dCase c{2, 1, 1, 2, 1, 0, 2, 1, 2};
+  mx::Shape xs{2, 4, 7, 6}, ws{6, 2, 3, 2};
+  mx::array x = ramp(xs), w = mx::subtract(ramp(ws, 5), mx::array(2.f));
+  auto out = run_op("Conv", 11, {x, w},
+                    {ints_attr("strides", {c.stride_h, c.stride_w}), ints_attr("dilations", {c.dil_h, c.dil_w}),
+                     ints_attr("pads", {c.pad_top, c.pad_left, c.pad_bottom, c.pad_right}), int_attr("group", c.group)});
+  mx::Shape expected_shape;
+  auto expected = naive_conv2d(to_doubles(x), xs, to_doubles(w), ws, c, expected_shape);
+  EXPECT_EQ(out[0].tensor().shape(), expected_shape);
+  expect_near(to_doubles(out[0].tensor()), expected);
+}
+
+TEST(Conv, AddsBiasPerOutputChannel) {
+  auto out = run_op("Conv", 11, {mx::ones({1, 1, 2, 2}), mx::ones({2, 1, 1, 1}), mx::array({10.f, 20.f})});
+  EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{11, 11, 11, 11, 21, 21, 21, 21}));
+}
+
+TEST(Conv, SameUpperAndSameLowerPutTheOddPadOnDifferentSides) {
+  // 1-D, kernel 2, stride 1: one pad element, at the end (UPPER) or start (LOWER).
+  mx::array x = mx::array({1.f, 2.f, 3.f}, {1, 1, 3});
+  mx::array w = mx::array({1.f, 10.f}, {1, 1, 2});
+  auto upper = run_op("Conv", 11, {x, w}, {string_attr("auto_pad", "SAME_UPPER")});
+  auto lower = run_op("Conv", 11, {x, w}, {string_attr("auto_pad", "SAME_LOWER")});
+  EXPECT_EQ(to_doubles(upper[0].tensor()), (std::vector<double>{21, 32, 3}));
+  EXPECT_EQ(to_doubles(lower[0].tensor()), (std::vector<double>{10, 21, 32}));
+}
+
+TEST(Conv, ValidAndThreeSpatialAxes) {
+  auto out = run_op("Conv", 11, {mx::ones({1, 2, 4, 5, 6}), mx::ones({3, 2, 2, 3, 4})},
+                    {string_attr("auto_pad", "VALID"), ints_attr("strides", {2, 2, 1})});
+  EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{1, 3, 2, 2, 3}));
+  EXPECT_EQ(to_doubles(out[0].tensor())[0], 48);
+}
+
+TEST(Conv, ChannelMismatchIsAnError) {
+  EXPECT_THROW(run_op("Conv", 11, {mx::ones({1, 3, 4, 4}), mx::ones({2, 2, 1, 1})}), OpError);
+}
+
+TEST(ConvTranspose, StridedOutputWithPadsCropped) {
+  // 1-D, stride 2, kernel [1, 1, 1]: full output length 2 * (3 - 1) + 3 = 7.
+  mx::array x = mx::array({1.f, 2.f, 3.f}, {1, 1, 3});
+  mx::array w = mx::ones({1, 1, 3});
+  auto full = run_op("ConvTranspose", 11, {x, w}, {ints_attr("strides", {2})});
+  EXPECT_EQ(to_doubles(full[0].tensor()), (std::vector<double>{1, 1, 3, 2, 5, 3, 3}));
+  auto cropped = run_op("ConvTranspose", 11, {x, w}, {ints_attr("strides", {2}), ints_attr("pads", {1, 2})});
+  EXPECT_EQ(to_doubles(cropped[0].tensor()), (std::vector<double>{1, 3, 2, 5}));
+}
+
+TEST(ConvTranspose, OutputShapeExtendsWithZerosAndOutputPaddingAppends) {
+  mx::array x = mx::array({1.f, 2.f}, {1, 1, 2});
+  mx::array w = mx::ones({1, 1, 2});
+  // Full output: [1, 3, 2]; output_shape 4 asks for one more element.
+  auto shaped = run_op("ConvTranspose", 11, {x, w}, {ints_attr("output_shape", {4})});
+  EXPECT_EQ(to_doubles(shaped[0].tensor()), (std::vector<double>{1, 3, 2, 0}));
+  auto padded = run_op("ConvTranspose", 11, {x, w}, {ints_attr("output_padding", {1}), ints_attr("strides", {2})});
+  EXPECT_EQ(to_doubles(padded[0].tensor()), (std::vector<double>{1, 1, 2, 2, 0}));
+}
+
+TEST(ConvTranspose, GroupsKeepChannelsApart) {
+  // Two groups of one input channel, each producing one output channel.
+  mx::array x = mx::array({1.f, 2.f}, {1, 2, 1});
+  mx::array w = mx::array({10.f, 100.f}, {2, 1, 1});
+  auto out = run_op("ConvTranspose", 11, {x, w, mx::array({1.f, 2.f})}, {int_attr("group", 2)});
+  EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{1, 2, 1}));
+  EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{11, 202}));
+}
+
+}  // namespace
+}  // namespace transmuter
