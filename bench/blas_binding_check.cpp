@@ -50,7 +50,8 @@ int main() {
                       std::string(config_info.dli_fname) == std::string(info.dli_fname);
   if (handle) dlclose(handle);
   if (!same_library) {
-    std::cerr << "FAIL: cblas_sgemm resolves to " << library << ", which is not OpenBLAS (no openblas_get_config)\n";
+    std::cerr << "FAIL: cblas_sgemm resolves to " << library
+              << ", which is not OpenBLAS (no openblas_get_config)\n";
     return 1;
   }
   std::cout << "OK: cblas_sgemm resolves to " << library << "\n";

@@ -19,7 +19,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -28,6 +27,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "mlx/mlx.h"
@@ -39,8 +40,8 @@ namespace {
 // CBLAS enum values are fixed by the CBLAS standard (cblas.h).
 constexpr int kCblasRowMajor = 101;
 constexpr int kCblasNoTrans = 111;
-using SgemmFn = void (*)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
-                         int lda, const float* b, int ldb, float beta, float* c, int ldc);
+using SgemmFn = void (*)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                         const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
 
 struct GemmShape {
   int m, k, n;
@@ -49,8 +50,8 @@ struct GemmShape {
 
 struct Options {
   int warmup = 2;
-  int runs = 10;
-  double max_seconds = 8.0;  // per measurement; stops early (after >= 3 runs) on slow BLAS
+  int runs = 20;
+  double max_seconds = 16.0;  // per size; stops early (after >= 3 runs) on slow BLAS
   std::string json_path;
 };
 
@@ -67,21 +68,35 @@ struct Row {
 
 double gflops(const GemmShape& s, double ms) { return 2.0 * s.m * s.n * s.k / (ms * 1e6); }
 
-// Median wall time of `once`, after `warmup` untimed calls.
-Timing measure(const std::function<void()>& once, const Options& opt) {
-  for (int i = 0; i < opt.warmup; ++i) once();
-  std::vector<double> ms;
-  auto start = std::chrono::steady_clock::now();
-  while (static_cast<int>(ms.size()) < opt.runs) {
-    auto t0 = std::chrono::steady_clock::now();
-    once();
-    auto t1 = std::chrono::steady_clock::now();
-    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    double spent = std::chrono::duration<double>(t1 - start).count();
-    if (ms.size() >= 3 && spent > opt.max_seconds) break;
-  }
+double elapsed_ms(const std::function<void()>& once) {
+  auto t0 = std::chrono::steady_clock::now();
+  once();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Timing median_of(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2], static_cast<int>(ms.size())};
+}
+
+// Median wall times of `a` and `b`, after `warmup` untimed calls of each. The timed calls
+// alternate a, b, a, b... so that load from other processes on the shared cores falls on
+// both alike and their ratio stays meaningful.
+std::pair<Timing, Timing> measure_pair(const std::function<void()>& a, const std::function<void()>& b,
+                                       const Options& opt) {
+  for (int i = 0; i < opt.warmup; ++i) {
+    // One call of a second or more has warmed caches and thread pools; more only cost time.
+    if (elapsed_ms(a) + elapsed_ms(b) > 2000.0) break;
+  }
+  std::vector<double> ms_a, ms_b;
+  auto start = std::chrono::steady_clock::now();
+  while (static_cast<int>(ms_a.size()) < opt.runs) {
+    ms_a.push_back(elapsed_ms(a));
+    ms_b.push_back(elapsed_ms(b));
+    double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (ms_a.size() >= 3 && spent > opt.max_seconds) break;
+  }
+  return {median_of(ms_a), median_of(ms_b)};
 }
 
 std::vector<float> random_floats(size_t count, unsigned seed) {
@@ -103,13 +118,12 @@ Row bench_shape(const GemmShape& s, SgemmFn sgemm, const Options& opt) {
 
   Row row{s, {}, {}, 0};
   // What a user of MLX pays: build the op and evaluate it (allocation included).
-  row.mlx = measure([&] { mx::eval(mx::matmul(xa, xb)); }, opt);
-  row.direct = measure(
-      [&] {
-        sgemm(kCblasRowMajor, kCblasNoTrans, kCblasNoTrans, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n,
-              0.0f, c.data(), s.n);
-      },
-      opt);
+  auto mlx_matmul = [&] { mx::eval(mx::matmul(xa, xb)); };
+  auto direct_sgemm = [&] {
+    sgemm(kCblasRowMajor, kCblasNoTrans, kCblasNoTrans, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n,
+          0.0f, c.data(), s.n);
+  };
+  std::tie(row.mlx, row.direct) = measure_pair(mlx_matmul, direct_sgemm, opt);
 
   mx::array out = mx::matmul(xa, xb);
   out.eval();
@@ -128,6 +142,15 @@ std::string library_of(const char* symbol) {
   std::error_code ec;
   auto real = std::filesystem::canonical(info.dli_fname, ec);
   return ec ? std::string(info.dli_fname) : real.string();
+}
+
+// "1.23 4.56 7.89": the machine's 1, 5 and 15 minute load averages (timings are only as
+// good as the machine's idleness; the cores are shared).
+std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string one, five, fifteen;
+  f >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
 }
 
 // OpenBLAS reports its thread count and kernel; reference BLAS has neither call.
@@ -164,16 +187,18 @@ std::string json_escape(const std::string& s) {
 void write_json(const std::string& path, const std::string& binary, const std::string& blas_lib,
                 const BlasThreads& threads, const std::vector<Row>& rows) {
   std::ofstream f(path);
-  f << std::setprecision(6) << "{\n  \"binary\": \"" << json_escape(binary) << "\",\n  \"cblas_sgemm_library\": \""
+  f << std::setprecision(6) << "{\n  \"binary\": \"" << json_escape(binary)
+    << "\",\n  \"load_average_end\": \"" << load_average() << "\",\n  \"cblas_sgemm_library\": \""
     << json_escape(blas_lib) << "\",\n  \"openblas_num_threads_env\": \"" << json_escape(threads.env)
-    << "\",\n  \"blas_threads\": " << threads.threads << ",\n  \"blas_config\": \"" << json_escape(threads.config)
-    << "\",\n  \"results\": [\n";
+    << "\",\n  \"blas_threads\": " << threads.threads << ",\n  \"blas_config\": \""
+    << json_escape(threads.config) << "\",\n  \"results\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    f << "    {\"m\": " << r.shape.m << ", \"k\": " << r.shape.k << ", \"n\": " << r.shape.n << ", \"label\": \""
-      << r.shape.label << "\", \"mlx_median_ms\": " << r.mlx.median_ms << ", \"mlx_runs\": " << r.mlx.runs
-      << ", \"mlx_gflops\": " << gflops(r.shape, r.mlx.median_ms) << ", \"direct_median_ms\": " << r.direct.median_ms
-      << ", \"direct_runs\": " << r.direct.runs << ", \"direct_gflops\": " << gflops(r.shape, r.direct.median_ms)
+    f << "    {\"m\": " << r.shape.m << ", \"k\": " << r.shape.k << ", \"n\": " << r.shape.n
+      << ", \"label\": \"" << r.shape.label << "\", \"mlx_median_ms\": " << r.mlx.median_ms
+      << ", \"mlx_runs\": " << r.mlx.runs << ", \"mlx_gflops\": " << gflops(r.shape, r.mlx.median_ms)
+      << ", \"direct_median_ms\": " << r.direct.median_ms << ", \"direct_runs\": " << r.direct.runs
+      << ", \"direct_gflops\": " << gflops(r.shape, r.direct.median_ms)
       << ", \"mlx_over_direct\": " << r.direct.median_ms / r.mlx.median_ms
       << ", \"max_abs_diff\": " << r.max_abs_diff << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
@@ -188,12 +213,18 @@ Options parse_options(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument("missing value after " + arg);
       return argv[++i];
     };
-    if (arg == "--warmup") opt.warmup = std::stoi(next());
-    else if (arg == "--runs") opt.runs = std::max(1, std::stoi(next()));
-    else if (arg == "--max-seconds") opt.max_seconds = std::stod(next());
-    else if (arg == "--json") opt.json_path = next();
-    else throw std::invalid_argument("unknown argument " + arg +
-                                     "\nusage: blas_gflops [--warmup N] [--runs N] [--max-seconds S] [--json FILE]");
+    if (arg == "--warmup")
+      opt.warmup = std::stoi(next());
+    else if (arg == "--runs")
+      opt.runs = std::max(1, std::stoi(next()));
+    else if (arg == "--max-seconds")
+      opt.max_seconds = std::stod(next());
+    else if (arg == "--json")
+      opt.json_path = next();
+    else
+      throw std::invalid_argument(
+          "unknown argument " + arg +
+          "\nusage: blas_gflops [--warmup N] [--runs N] [--max-seconds S] [--json FILE]");
   }
   return opt;
 }
@@ -221,8 +252,9 @@ int main(int argc, char** argv) {
             << "cblas_sgemm resolves to: " << blas_lib << "\n"
             << "OPENBLAS_NUM_THREADS: " << threads.env << "  BLAS threads: " << threads.threads << "\n"
             << "BLAS config: " << threads.config << "\n"
-            << "warmup " << opt.warmup << ", median of up to " << opt.runs << " runs (fewer when a run set exceeds "
-            << opt.max_seconds << " s)\n\n";
+            << "load average: " << load_average() << "\n"
+            << "warmup " << opt.warmup << ", median of up to " << opt.runs
+            << " alternating runs of each (fewer once a size has taken " << opt.max_seconds << " s)\n\n";
 
   const std::vector<GemmShape> shapes = {
       {1024, 1024, 1024, "square 1024"},
@@ -231,8 +263,9 @@ int main(int argc, char** argv) {
       {128, 384, 1536, "BERT-small FFN, seq 128"},
   };
   std::vector<Row> rows;
-  std::cout << std::left << std::setw(18) << "MxKxN" << std::right << std::setw(12) << "mlx GFLOPS" << std::setw(14)
-            << "direct GFLOPS" << std::setw(12) << "mlx/direct" << std::setw(12) << "max|diff|" << "\n";
+  std::cout << std::left << std::setw(18) << "MxKxN" << std::right << std::setw(12) << "mlx GFLOPS"
+            << std::setw(14) << "direct GFLOPS" << std::setw(12) << "mlx/direct" << std::setw(12)
+            << "max|diff|" << "\n";
   for (const GemmShape& s : shapes) {
     Row r = bench_shape(s, sgemm, opt);
     rows.push_back(r);
@@ -240,9 +273,10 @@ int main(int argc, char** argv) {
     dims << s.m << "x" << s.k << "x" << s.n;
     std::cout << std::left << std::setw(18) << dims.str() << std::right << std::fixed << std::setprecision(1)
               << std::setw(12) << gflops(s, r.mlx.median_ms) << std::setw(14) << gflops(s, r.direct.median_ms)
-              << std::setprecision(3) << std::setw(12) << r.direct.median_ms / r.mlx.median_ms << std::scientific
-              << std::setprecision(1) << std::setw(12) << r.max_abs_diff << std::defaultfloat << "  (" << s.label
-              << "; runs " << r.mlx.runs << "/" << r.direct.runs << ")\n"
+              << std::setprecision(3) << std::setw(12) << r.direct.median_ms / r.mlx.median_ms
+              << std::scientific << std::setprecision(1) << std::setw(12) << r.max_abs_diff
+              << std::defaultfloat << "  (" << s.label << "; runs " << r.mlx.runs << "/" << r.direct.runs
+              << ")\n"
               << std::flush;
   }
   if (!opt.json_path.empty()) write_json(opt.json_path, argv[0], blas_lib, threads, rows);

@@ -26,7 +26,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, numpy_helper
 
-DEFAULT_OUT = Path("/work/main/.cache/onnx-node-tests")
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / ".cache" / "onnx-node-tests"
 STAMP_NAME = ".onnx-version"
 
 

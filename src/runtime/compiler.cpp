@@ -105,8 +105,12 @@ std::string signature_of(const Inputs& inputs, const std::set<std::string>& stat
   std::ostringstream key;
   for (const auto& [name, value] : sorted) {
     key << name << ':';
-    if (!value->is_tensor()) throw InputError(str("input '", name, "': compiled models take tensors, got ",
-                                                  value->describe()));
+    if (!value->is_tensor()) {
+      // Strings, sequences and optionals are read by eager steps only; their
+      // kind and size select the plan, never baked-in contents.
+      key << value->describe() << ';';
+      continue;
+    }
     const mx::array& a = value->tensor();
     key << a.dtype() << '[';
     for (int d : a.shape()) key << d << ',';

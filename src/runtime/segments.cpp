@@ -29,7 +29,12 @@ void collect_outer_reads(const Graph& graph, std::unordered_set<std::string>& de
 struct ValueFlags {
   bool traced = false;         // depends on input data
   bool dynamic_shape = false;  // its shape depends on input data
+  bool non_tensor = false;     // may be a sequence, string tensor or optional
 };
+
+bool is_plain_tensor(const ValueInfo& info) {
+  return info.kind == ValueInfo::Kind::kTensor && info.elem_type != OnnxType::kString;
+}
 
 bool is_shape_query(const Node& node) {
   return node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
@@ -58,7 +63,7 @@ SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& sta
   std::unordered_map<std::string, ValueFlags> flags;
   for (const ValueInfo& in : graph.inputs) {
     bool data = static_inputs.count(in.name) == 0;
-    flags[in.name] = {data, false};
+    flags[in.name] = {data, false, !is_plain_tensor(in)};
   }
   const size_t n = graph.nodes.size();
   std::vector<bool> is_break(n, false);
@@ -71,6 +76,7 @@ SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& sta
       ValueFlags f = flags.count(name) ? flags[name] : ValueFlags{};
       in_flags.traced |= f.traced;
       in_flags.dynamic_shape |= f.dynamic_shape;
+      in_flags.non_tensor |= f.non_tensor;
     }
     bool host_input_traced = false;
     if (node.op != nullptr) {
@@ -80,13 +86,14 @@ SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& sta
         }
       }
     }
-    is_break[i] = (node.op != nullptr && node.op->eager_only) || host_input_traced;
+    // Non-tensor values cannot cross a compiled boundary: their readers run eagerly.
+    is_break[i] = (node.op != nullptr && node.op->eager_only) || host_input_traced || in_flags.non_tensor;
     ValueFlags out;
     if (is_break[i]) {
-      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape};
+      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape, in_flags.non_tensor};
     } else if (is_shape_query(node)) {
       bool input_dynamic = !node.inputs.empty() && flags[node.inputs[0]].dynamic_shape;
-      out = {input_dynamic, false};
+      out = {input_dynamic, false, false};
     } else {
       out = in_flags;
     }

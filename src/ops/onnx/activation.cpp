@@ -37,7 +37,9 @@ mx::array elu(const mx::array& x, float alpha, mx::StreamOrDevice s) {
   return mx::where(mx::less(x, scalar_like(x, 0), s), negative, x, s);
 }
 
-OpOutputs elu_op(NodeContext& ctx) { return {elu(ctx.input(0), ctx.attr_float("alpha", 1.0f), ctx.stream())}; }
+OpOutputs elu_op(NodeContext& ctx) {
+  return {elu(ctx.input(0), ctx.attr_float("alpha", 1.0f), ctx.stream())};
+}
 
 OpOutputs selu(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
@@ -57,7 +59,8 @@ mx::array hard_sigmoid(const mx::array& x, float alpha, float beta, mx::StreamOr
 }
 
 OpOutputs hard_sigmoid_op(NodeContext& ctx) {
-  return {hard_sigmoid(ctx.input(0), ctx.attr_float("alpha", 0.2f), ctx.attr_float("beta", 0.5f), ctx.stream())};
+  return {
+      hard_sigmoid(ctx.input(0), ctx.attr_float("alpha", 0.2f), ctx.attr_float("beta", 0.5f), ctx.stream())};
 }
 
 OpOutputs hard_swish(NodeContext& ctx) {

@@ -50,14 +50,18 @@ constexpr MiniFloat kE2M1{1, 0, 6.0f, false, false, false};
 /** Rounds float32 `x` to the nearest value of `format` (ties to even), as
  * float32. Out of range: the largest finite value when saturating (the Cast-19
  * default), else inf or NaN as the format allows (spec table in Cast-19). */
-mx::array round_to_minifloat(const mx::array& x, const MiniFloat& format, bool saturate, mx::StreamOrDevice s) {
+mx::array round_to_minifloat(const mx::array& x, const MiniFloat& format, bool saturate,
+                             mx::StreamOrDevice s) {
   mx::array bits = mx::view(x, mx::uint32, s);
   mx::array sign = mx::bitwise_and(bits, u32(0x80000000u), s);
-  mx::array biased = mx::astype(mx::bitwise_and(mx::right_shift(bits, u32(23), s), u32(0xFF), s), mx::int32, s);
+  mx::array biased =
+      mx::astype(mx::bitwise_and(mx::right_shift(bits, u32(23), s), u32(0xFF), s), mx::int32, s);
   // Spacing of representable values around x: 2^(exponent - mantissa_bits),
   // with the exponent held at the subnormal floor below the normal range.
-  mx::array exponent = mx::maximum(mx::subtract(biased, mx::array(127), s), mx::array(format.min_exponent), s);
-  mx::array quantum_bits = mx::left_shift(mx::add(exponent, mx::array(127 - format.mantissa_bits), s), mx::array(23), s);
+  mx::array exponent =
+      mx::maximum(mx::subtract(biased, mx::array(127), s), mx::array(format.min_exponent), s);
+  mx::array quantum_bits =
+      mx::left_shift(mx::add(exponent, mx::array(127 - format.mantissa_bits), s), mx::array(23), s);
   mx::array quantum = mx::view(mx::astype(quantum_bits, mx::uint32, s), mx::float32, s);
   mx::array magnitude = mx::abs(x, s);
   mx::array rounded = mx::multiply(mx::round(mx::divide(magnitude, quantum, s), 0, s), quantum, s);
@@ -65,7 +69,8 @@ mx::array round_to_minifloat(const mx::array& x, const MiniFloat& format, bool s
   mx::array overflow = mx::greater(rounded, mx::array(format.max_value), s);
   float overflow_value = format.max_value;
   if (!saturate) {
-    overflow_value = format.has_inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+    overflow_value =
+        format.has_inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
   }
   rounded = mx::where(overflow, mx::array(overflow_value), rounded, s);
   if (!format.has_nan) rounded = mx::where(mx::isnan(rounded, s), mx::array(0.0f), rounded, s);
@@ -77,7 +82,8 @@ mx::array round_to_minifloat(const mx::array& x, const MiniFloat& format, bool s
  * sign is dropped. Rounding of the float32 exponent follows `round_mode`
  * ("up" by default: any fraction rounds away from zero), as in
  * onnx.numpy_helper.to_float8e8m0. */
-mx::array round_to_e8m0(const NodeContext& ctx, const mx::array& x, bool saturate, const std::string& round_mode) {
+mx::array round_to_e8m0(const NodeContext& ctx, const mx::array& x, bool saturate,
+                        const std::string& round_mode) {
   auto s = ctx.stream();
   mx::array bits = mx::view(x, mx::uint32, s);
   mx::array exponent = mx::bitwise_and(mx::right_shift(bits, u32(23), s), u32(0xFF), s);
@@ -91,14 +97,15 @@ mx::array round_to_e8m0(const NodeContext& ctx, const mx::array& x, bool saturat
     mx::array tail = mx::logical_or(mx::logical_or(bit_set(0x200000), bit_set(0x1FFFFF), s), lsb, s);
     round_up = mx::logical_and(bit_set(0x400000), tail, s);
   } else if (round_mode != "down") {
-    throw ctx.error("attribute 'round_mode' must be \"up\", \"down\" or \"nearest\", got \"", round_mode, "\"");
+    throw ctx.error("attribute 'round_mode' must be \"up\", \"down\" or \"nearest\", got \"", round_mode,
+                    "\"");
   }
   round_up = mx::logical_and(round_up, normal, s);
   if (saturate) round_up = mx::logical_and(round_up, mx::not_equal(exponent, u32(0xFE), s), s);
   exponent = mx::add(exponent, mx::astype(round_up, mx::uint32, s), s);
   // e == 0 is 2^-127, a float32 subnormal (bit 22 set); e == 255 is NaN.
-  mx::array value_bits = mx::where(mx::equal(exponent, u32(0), s), u32(0x00400000u),
-                                   mx::left_shift(exponent, u32(23), s), s);
+  mx::array value_bits =
+      mx::where(mx::equal(exponent, u32(0), s), u32(0x00400000u), mx::left_shift(exponent, u32(23), s), s);
   value_bits = mx::where(mx::equal(exponent, u32(0xFF), s), u32(0x7FC00000u), value_bits, s);
   return mx::view(value_bits, mx::float32, s);
 }
@@ -149,8 +156,8 @@ mx::array strings_to_numbers(const NodeContext& ctx, const StringTensor& in, mx:
       bool whole = ec == std::errc() && ptr == text.data() + text.size();
       values.push_back(whole ? v : static_cast<int64_t>(parse_number(ctx, text)));
     }
-    return mx::astype(mx::reshape(mx::array(values.begin(), {count}, mx::int64), shape, mx::Device::cpu), target,
-                      mx::Device::cpu);
+    return mx::astype(mx::reshape(mx::array(values.begin(), {count}, mx::int64), shape, mx::Device::cpu),
+                      target, mx::Device::cpu);
   }
   std::vector<double> values;
   for (const std::string& text : in.data) values.push_back(parse_number(ctx, text));
@@ -161,12 +168,13 @@ mx::array strings_to_numbers(const NodeContext& ctx, const StringTensor& in, mx:
       std::string key = lower(text);
       bool special = key.find("inf") != std::string::npos || key.find("nan") != std::string::npos ||
                      key == "true" || key == "false";
-      floats.push_back(special ? static_cast<float>(parse_number(ctx, text)) : std::strtof(text.c_str(), nullptr));
+      floats.push_back(special ? static_cast<float>(parse_number(ctx, text))
+                               : std::strtof(text.c_str(), nullptr));
     }
     return mx::reshape(mx::array(floats.begin(), {count}, mx::float32), shape, mx::Device::cpu);
   }
-  return mx::astype(mx::reshape(mx::array(values.begin(), {count}, mx::float64), shape, mx::Device::cpu), target,
-                    mx::Device::cpu);
+  return mx::astype(mx::reshape(mx::array(values.begin(), {count}, mx::float64), shape, mx::Device::cpu),
+                    target, mx::Device::cpu);
 }
 
 /** Shortest decimal digits that read back as `v` in its own type, in
@@ -179,12 +187,16 @@ std::string shortest_scientific(double v, mx::Dtype dtype) {
     end = std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::scientific).ptr;
   } else if (dtype == mx::float16) {
     for (int precision = 0; precision < 8; ++precision) {
-      end = std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::scientific, precision).ptr;
+      end =
+          std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::scientific, precision).ptr;
       double back = std::strtod(std::string(buf.data(), end).c_str(), nullptr);
-      if (static_cast<float>(static_cast<mx::float16_t>(static_cast<float>(back))) == static_cast<float>(v)) break;
+      if (static_cast<float>(static_cast<mx::float16_t>(static_cast<float>(back))) == static_cast<float>(v))
+        break;
     }
   } else {
-    end = std::to_chars(buf.data(), buf.data() + buf.size(), static_cast<float>(v), std::chars_format::scientific).ptr;
+    end = std::to_chars(buf.data(), buf.data() + buf.size(), static_cast<float>(v),
+                        std::chars_format::scientific)
+              .ptr;
   }
   return std::string(buf.data(), end);
 }
@@ -269,18 +281,29 @@ Value cast_value(const NodeContext& ctx, const Value& in, OnnxType to, const Cas
   auto s = ctx.stream();
   auto as_float32 = [&] { return mx::astype(x, mx::float32, s); };
   switch (to) {
-    case OnnxType::kFloat8E4M3FN: return round_to_minifloat(as_float32(), kE4M3FN, options.saturate, s);
-    case OnnxType::kFloat8E4M3FNUZ: return round_to_minifloat(as_float32(), kE4M3FNUZ, options.saturate, s);
-    case OnnxType::kFloat8E5M2: return round_to_minifloat(as_float32(), kE5M2, options.saturate, s);
-    case OnnxType::kFloat8E5M2FNUZ: return round_to_minifloat(as_float32(), kE5M2FNUZ, options.saturate, s);
+    case OnnxType::kFloat8E4M3FN:
+      return round_to_minifloat(as_float32(), kE4M3FN, options.saturate, s);
+    case OnnxType::kFloat8E4M3FNUZ:
+      return round_to_minifloat(as_float32(), kE4M3FNUZ, options.saturate, s);
+    case OnnxType::kFloat8E5M2:
+      return round_to_minifloat(as_float32(), kE5M2, options.saturate, s);
+    case OnnxType::kFloat8E5M2FNUZ:
+      return round_to_minifloat(as_float32(), kE5M2FNUZ, options.saturate, s);
     // float4e2m1 always saturates (it has neither inf nor NaN).
-    case OnnxType::kFloat4E2M1: return round_to_minifloat(as_float32(), kE2M1, true, s);
-    case OnnxType::kFloat8E8M0: return round_to_e8m0(ctx, as_float32(), options.saturate, options.round_mode);
-    case OnnxType::kInt4: return wrap_to_bits(x, 4, true, s);
-    case OnnxType::kUint4: return wrap_to_bits(x, 4, false, s);
-    case OnnxType::kInt2: return wrap_to_bits(x, 2, true, s);
-    case OnnxType::kUint2: return wrap_to_bits(x, 2, false, s);
-    default: return mx::astype(x, *target, s);
+    case OnnxType::kFloat4E2M1:
+      return round_to_minifloat(as_float32(), kE2M1, true, s);
+    case OnnxType::kFloat8E8M0:
+      return round_to_e8m0(ctx, as_float32(), options.saturate, options.round_mode);
+    case OnnxType::kInt4:
+      return wrap_to_bits(x, 4, true, s);
+    case OnnxType::kUint4:
+      return wrap_to_bits(x, 4, false, s);
+    case OnnxType::kInt2:
+      return wrap_to_bits(x, 2, true, s);
+    case OnnxType::kUint2:
+      return wrap_to_bits(x, 2, false, s);
+    default:
+      return mx::astype(x, *target, s);
   }
 }
 

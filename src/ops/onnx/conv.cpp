@@ -64,7 +64,8 @@ OpOutputs conv(NodeContext& ctx) {
   check_operands(ctx, x, w);
   const int spatial = static_cast<int>(x.ndim()) - 2;
   ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, spatial, spatial_dims(w));
-  if (attrs.kernel_shape != spatial_dims(w)) throw ctx.error("kernel_shape does not match the weight's shape");
+  if (attrs.kernel_shape != spatial_dims(w))
+    throw ctx.error("kernel_shape does not match the weight's shape");
   const int64_t group = ctx.attr_int("group", 1);
   if (group < 1 || x.shape(1) != w.shape(1) * group || w.shape(0) % group != 0) {
     throw ctx.error("channels do not match: input ", x.shape(1), ", weight ", w.shape(0), "x", w.shape(1),
@@ -115,7 +116,8 @@ TransposedPads transposed_pads(const NodeContext& ctx, const ConvPoolAttributes&
   }
   if (output_shape.size() != rank) throw ctx.error("output_shape must have ", rank, " values");
   for (size_t i = 0; i < rank; ++i) {
-    int64_t total = attrs.strides[i] * (in[i] - 1) + output_padding[i] + attrs.window_extent(i) - output_shape[i];
+    int64_t total =
+        attrs.strides[i] * (in[i] - 1) + output_padding[i] + attrs.window_extent(i) - output_shape[i];
     int64_t half = floor_half(total);
     p.begin.push_back(attrs.auto_pad == "SAME_UPPER" ? half : total - half);
     p.end.push_back(total - p.begin.back());
@@ -134,14 +136,16 @@ OpOutputs conv_transpose(NodeContext& ctx) {
   check_operands(ctx, x, w);
   const int spatial = static_cast<int>(x.ndim()) - 2;
   ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, spatial, spatial_dims(w));
-  if (attrs.kernel_shape != spatial_dims(w)) throw ctx.error("kernel_shape does not match the weight's shape");
+  if (attrs.kernel_shape != spatial_dims(w))
+    throw ctx.error("kernel_shape does not match the weight's shape");
   const int group = static_cast<int>(ctx.attr_int("group", 1));
   const int in_channels = x.shape(1);
   if (group < 1 || w.shape(0) != in_channels || in_channels % group != 0) {
     throw ctx.error("channels do not match: input ", in_channels, ", weight ", w.shape(0), ", group ", group);
   }
   std::vector<int64_t> output_padding = ctx.attr_ints("output_padding", std::vector<int64_t>(spatial, 0));
-  if (static_cast<int>(output_padding.size()) != spatial) throw ctx.error("output_padding must have ", spatial, " values");
+  if (static_cast<int>(output_padding.size()) != spatial)
+    throw ctx.error("output_padding must have ", spatial, " values");
   TransposedPads pads = transposed_pads(ctx, attrs, spatial_dims(x), output_padding);
 
   // [C, M/g, k...] -> [g, C/g, M/g, k...] -> [g, M/g, k..., C/g] -> [M, k..., C/g]
@@ -191,8 +195,8 @@ OpOutputs conv_transpose(NodeContext& ctx) {
 
 void register_conv(OpRegistry& r) {
   r.add({
-      {"Conv", kOnnx, 1, kOpen, conv},
-      {"ConvTranspose", kOnnx, 1, kOpen, conv_transpose},
+      {"Conv", kOnnx, 1, kOpen, conv, {}, false, "1 to 3 spatial axes"},
+      {"ConvTranspose", kOnnx, 1, kOpen, conv_transpose, {}, false, "1 to 3 spatial axes"},
   });
 }
 

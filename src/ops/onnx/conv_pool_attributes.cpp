@@ -57,7 +57,8 @@ ConvPoolAttributes ConvPoolAttributes::read(const NodeContext& ctx, int spatial_
 WindowGeometry resolve_window(const NodeContext& ctx, const ConvPoolAttributes& attrs,
                               const std::vector<int64_t>& input_spatial) {
   const size_t rank = input_spatial.size();
-  WindowGeometry g{std::vector<int64_t>(rank, 0), std::vector<int64_t>(rank, 0), std::vector<int64_t>(rank, 0)};
+  WindowGeometry g{std::vector<int64_t>(rank, 0), std::vector<int64_t>(rank, 0),
+                   std::vector<int64_t>(rank, 0)};
   for (size_t i = 0; i < rank; ++i) {
     const int64_t in = input_spatial[i];
     const int64_t stride = attrs.strides[i];

@@ -306,9 +306,8 @@ void register_elementwise(OpRegistry& r) {
       {"Floor", kOnnx, 1, kOpen, unary<mx::floor>},
       {"Ceil", kOnnx, 1, kOpen, unary<mx::ceil>},
       // Round half to even, like MLX's round.
-      {"Round", kOnnx, 11, kOpen, [](NodeContext& ctx) -> OpOutputs {
-         return {mx::round(ctx.input(0), 0, ctx.stream())};
-       }},
+      {"Round", kOnnx, 11, kOpen,
+       [](NodeContext& ctx) -> OpOutputs { return {mx::round(ctx.input(0), 0, ctx.stream())}; }},
       {"IsNaN", kOnnx, 9, kOpen, unary<mx::isnan>},
       {"IsInf", kOnnx, 10, kOpen, isinf_op},
       {"Clip", kOnnx, 1, 10, clip_v1},

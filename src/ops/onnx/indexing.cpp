@@ -69,7 +69,8 @@ AxisSlice clamp_slice(const NodeContext& ctx, int64_t start, int64_t end, int64_
 }
 
 mx::array slice_tensor(const NodeContext& ctx, const mx::array& x, const std::vector<int64_t>& starts,
-                       const std::vector<int64_t>& ends, std::vector<int64_t> axes, std::vector<int64_t> steps) {
+                       const std::vector<int64_t>& ends, std::vector<int64_t> axes,
+                       std::vector<int64_t> steps) {
   const int rank = rank_of(x);
   if (starts.size() != ends.size()) throw ctx.error(starts.size(), " starts but ", ends.size(), " ends");
   if (axes.empty()) {
@@ -95,7 +96,8 @@ mx::array slice_tensor(const NodeContext& ctx, const mx::array& x, const std::ve
 
 // Opset 1-9: starts, ends, axes are attributes.
 OpOutputs slice_v1(NodeContext& ctx) {
-  return {slice_tensor(ctx, ctx.input(0), ctx.attr_ints("starts"), ctx.attr_ints("ends"), ctx.attr_ints("axes"), {})};
+  return {slice_tensor(ctx, ctx.input(0), ctx.attr_ints("starts"), ctx.attr_ints("ends"),
+                       ctx.attr_ints("axes"), {})};
 }
 
 // Opset 10+: starts, ends, axes?, steps? are inputs 1-4 (host).
@@ -126,7 +128,8 @@ OpOutputs gather_elements(NodeContext& ctx) {
   const mx::array& indices = ctx.input(1);
   require_integer_indices(ctx, indices);
   const int rank = rank_of(data);
-  if (rank_of(indices) != rank) throw ctx.error("indices rank ", indices.ndim(), " differs from data rank ", rank);
+  if (rank_of(indices) != rank)
+    throw ctx.error("indices rank ", indices.ndim(), " differs from data rank ", rank);
   int axis = ctx.normalize_axis(ctx.attr_int("axis", 0), rank);
   mx::Shape stop = indices.shape();
   stop[axis] = data.shape(axis);
@@ -168,7 +171,8 @@ OpOutputs gather_nd(NodeContext& ctx) {
   require_integer_indices(ctx, indices);
   const int r = rank_of(data), q = rank_of(indices);
   const int64_t b = ctx.attr_int("batch_dims", 0);
-  if (q < 1 || b < 0 || b >= std::min(q, r)) throw ctx.error("batch_dims ", b, " invalid for ranks ", r, ", ", q);
+  if (q < 1 || b < 0 || b >= std::min(q, r))
+    throw ctx.error("batch_dims ", b, " invalid for ranks ", r, ", ", q);
   const int batch = static_cast<int>(b);
   const int k = indices.shape(-1);
   if (k < 1 || batch + k > r) throw ctx.error("index tuples of length ", k, " do not fit data of rank ", r);
@@ -177,7 +181,8 @@ OpOutputs gather_nd(NodeContext& ctx) {
   std::vector<mx::array> coords;
   std::vector<int> axes;
   for (int j = 0; j < batch; ++j) {
-    if (data.shape(j) != indices.shape(j)) throw ctx.error("batch dim ", j, " differs between data and indices");
+    if (data.shape(j) != indices.shape(j))
+      throw ctx.error("batch dim ", j, " differs between data and indices");
     coords.push_back(axis_coordinates(tuple_shape, j, indices.dtype(), ctx.stream()));
     axes.push_back(j);
   }
@@ -250,7 +255,8 @@ OpOutputs scatter_nd(NodeContext& ctx) {
   mx::Shape tuple_shape(indices.shape().begin(), indices.shape().end() - 1);
   mx::Shape expected = tuple_shape;
   expected.insert(expected.end(), data.shape().begin() + k, data.shape().end());
-  if (updates.shape() != expected) throw ctx.error("updates shape does not match indices.shape[:-1] + data.shape[k:]");
+  if (updates.shape() != expected)
+    throw ctx.error("updates shape does not match indices.shape[:-1] + data.shape[k:]");
 
   std::vector<int> axes(k);
   for (int i = 0; i < k; ++i) axes[i] = i;
@@ -283,7 +289,8 @@ OpOutputs one_hot(NodeContext& ctx) {
   const mx::array& indices = ctx.input(0);
   const int64_t depth = ctx.host_int(1);
   const mx::array& values = ctx.input(2);
-  if (depth < 1 || depth > std::numeric_limits<int32_t>::max()) throw ctx.error("depth ", depth, " is invalid");
+  if (depth < 1 || depth > std::numeric_limits<int32_t>::max())
+    throw ctx.error("depth ", depth, " is invalid");
   if (values.size() != 2) throw ctx.error("values must hold [off_value, on_value], got ", values.size());
   const int out_rank = rank_of(indices) + 1;
   int axis = ctx.normalize_axis(ctx.attr_int("axis", -1), out_rank);
@@ -293,12 +300,13 @@ OpOutputs one_hot(NodeContext& ctx) {
   mx::array on = mx::take(flat_values, 1, ctx.stream());
   // Integer indices compare as int64 so that narrow types (uint8) cannot
   // overflow the class range; float indices compare in their own dtype.
-  mx::array ids = mx::issubdtype(indices.dtype(), mx::integer) ? mx::astype(indices, mx::int64, ctx.stream()) : indices;
+  mx::array ids =
+      mx::issubdtype(indices.dtype(), mx::integer) ? mx::astype(indices, mx::int64, ctx.stream()) : indices;
   mx::array wrapped = wrap_negative(ids, static_cast<int>(depth), ctx.stream());
   mx::Shape classes_shape(out_rank, 1);
   classes_shape[axis] = static_cast<int>(depth);
-  mx::array classes =
-      mx::reshape(mx::arange(0, static_cast<int>(depth), 1, ids.dtype(), ctx.stream()), classes_shape, ctx.stream());
+  mx::array classes = mx::reshape(mx::arange(0, static_cast<int>(depth), 1, ids.dtype(), ctx.stream()),
+                                  classes_shape, ctx.stream());
   mx::array hits = mx::equal(mx::expand_dims(wrapped, axis, ctx.stream()), classes, ctx.stream());
   return {mx::where(hits, on, off, ctx.stream())};
 }
@@ -308,9 +316,9 @@ OpOutputs one_hot(NodeContext& ctx) {
 // its input on the host.
 OpOutputs non_zero(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
-  mx::array flags = mx::contiguous(mx::flatten(mx::not_equal(x, mx::zeros({}, x.dtype()), mx::Device::cpu),
-                                               mx::Device::cpu),
-                                   false, mx::Device::cpu);
+  mx::array flags = mx::contiguous(
+      mx::flatten(mx::not_equal(x, mx::zeros({}, x.dtype()), mx::Device::cpu), mx::Device::cpu), false,
+      mx::Device::cpu);
   mx::eval(flags);
   const bool* set = flags.data<bool>();
   const int rank = rank_of(x);

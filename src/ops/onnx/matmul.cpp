@@ -53,7 +53,8 @@ OpOutputs gemm(NodeContext& ctx) {
   auto s = ctx.stream();
   mx::array a = ctx.input(0);
   mx::array b = ctx.input(1);
-  if (a.ndim() != 2 || b.ndim() != 2) throw ctx.error("A and B must be matrices, got ranks ", a.ndim(), ", ", b.ndim());
+  if (a.ndim() != 2 || b.ndim() != 2)
+    throw ctx.error("A and B must be matrices, got ranks ", a.ndim(), ", ", b.ndim());
   if (ctx.attr_int("transA", 0) != 0) a = mx::transpose(a, s);
   if (ctx.attr_int("transB", 0) != 0) b = mx::transpose(b, s);
   const float alpha = ctx.attr_float("alpha", 1.0f);
@@ -100,7 +101,14 @@ void register_matmul(OpRegistry& r) {
       // Gemm: v6 drops legacy attrs, v7 numpy broadcast of C, v9/v13 dtypes.
       {"Gemm", kOnnx, 1, 10, gemm},
       {"Gemm", kOnnx, 11, kOpen, gemm},  // C optional
-      {"Einsum", kOnnx, 12, kOpen, einsum},  // v28: bfloat16
+      {"Einsum",
+       kOnnx,
+       12,
+       kOpen,
+       einsum,
+       {},
+       false,  // v28: bfloat16
+       "integer operands computed in float64 on CPU, float32 on GPU (exact below 2^53 / 2^24)"},
   });
 }
 

@@ -87,7 +87,8 @@ OpOutputs layer_normalization(NodeContext& ctx) {
 // Before v9, spatial=0 gives parameters of shape [C, D1, ...] that apply per
 // activation; they broadcast against x as they are.
 mx::array batch_norm_inference(const mx::array& x, const mx::array& scale, const mx::array& bias,
-                               const mx::array& mean, const mx::array& var, float epsilon, mx::StreamOrDevice s) {
+                               const mx::array& mean, const mx::array& var, float epsilon,
+                               mx::StreamOrDevice s) {
   const int rank = static_cast<int>(x.ndim());
   mx::array inv_std = mx::rsqrt(mx::add(per_channel(var, rank, s), mx::array(epsilon, var.dtype()), s), s);
   mx::array factor = mx::multiply(per_channel(scale, rank, s), inv_std, s);
@@ -180,7 +181,8 @@ OpOutputs group_normalization(NodeContext& ctx) {
     scale = mx::repeat(scale, channels / static_cast<int>(groups), 0, s);
     bias = mx::repeat(bias, channels / static_cast<int>(groups), 0, s);
   }
-  mx::array y = mx::add(mx::multiply(normalized, per_channel(scale, rank, s), s), per_channel(bias, rank, s), s);
+  mx::array y =
+      mx::add(mx::multiply(normalized, per_channel(scale, rank, s), s), per_channel(bias, rank, s), s);
   return {mx::astype(y, x.dtype(), s)};
 }
 
@@ -210,7 +212,14 @@ void register_normalization(OpRegistry& r) {
       {"LayerNormalization", kOnnx, 17, kOpen, layer_normalization},
       // v1-v5 is_test/spatial/consumed_inputs, v6 is_test/spatial, v7 spatial,
       // v9 no mode attributes: all inference here. v14 training_mode, v15 dtypes.
-      {"BatchNormalization", kOnnx, 1, 13, batch_normalization_legacy},
+      {"BatchNormalization",
+       kOnnx,
+       1,
+       13,
+       batch_normalization_legacy,
+       {},
+       false,
+       "inference only: training outputs (mean, var, saved_mean, saved_var) are rejected"},
       {"BatchNormalization", kOnnx, 14, kOpen, batch_normalization},
       // v6 drops consumed_inputs; v22 bfloat16.
       {"InstanceNormalization", kOnnx, 1, kOpen, instance_normalization},

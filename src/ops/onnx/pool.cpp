@@ -1,5 +1,5 @@
-// Pooling: MaxPool (with its optional Indices output), AveragePool,
-// GlobalAveragePool, GlobalMaxPool.
+// Pooling: MaxPool (with its optional Indices output), AveragePool, LpPool,
+// GlobalAveragePool, GlobalMaxPool, GlobalLpPool.
 // https://onnx.ai/onnx/operators/onnx__MaxPool.html
 // https://onnx.ai/onnx/operators/onnx__AveragePool.html
 //
@@ -36,7 +36,8 @@ int64_t product(const std::vector<int64_t>& v) {
 // Calls `fn(offset)` for every kernel offset (one index per spatial axis),
 // in row-major order: the order in which the reference scans a window, which
 // decides ties for Indices.
-void for_each_offset(const std::vector<int64_t>& kernel, const std::function<void(const std::vector<int64_t>&)>& fn) {
+void for_each_offset(const std::vector<int64_t>& kernel,
+                     const std::function<void(const std::vector<int64_t>&)>& fn) {
   std::vector<int64_t> offset(kernel.size(), 0);
   for (int64_t n = product(kernel); n > 0; --n) {
     fn(offset);
@@ -100,8 +101,10 @@ std::vector<mx::array> window_slices(const Pooling& p, const mx::array& pad_valu
 
 mx::Shape output_shape(const Pooling& p, bool with_batch_and_channels) {
   mx::Shape shape;
-  if (with_batch_and_channels) shape = {p.x.shape(0), p.x.shape(1)};
-  else shape = {1, 1};
+  if (with_batch_and_channels)
+    shape = {p.x.shape(0), p.x.shape(1)};
+  else
+    shape = {1, 1};
   for (int64_t o : p.geometry.output) shape.push_back(static_cast<int>(o));
   return shape;
 }
@@ -195,7 +198,8 @@ mx::array max_indices(const Pooling& p, const std::vector<mx::array>& slices, bo
   mx::array table = spatial_index_table(p, column_major);
   mx::Shape broadcast = winner.shape();
   broadcast[0] = table.shape(0);
-  mx::array spatial = mx::take_along_axis(mx::broadcast_to(table, broadcast, s), mx::astype(winner, mx::int32, s), 0, s);
+  mx::array spatial =
+      mx::take_along_axis(mx::broadcast_to(table, broadcast, s), mx::astype(winner, mx::int32, s), 0, s);
   spatial = mx::squeeze(spatial, 0, s);
   // Offset of image (n, c) in the flat input: (n * C + c) * prod(D).
   const int64_t image = product(p.input);
@@ -220,6 +224,30 @@ OpOutputs max_pool(NodeContext& ctx) {
   return {result, max_indices(p, slices, column_major, s)};
 }
 
+// --- LpPool ---------------------------------------------------------------------------
+
+// The p of LpPool/GlobalLpPool: a float attribute in v1, an int from v2.
+template <bool kFloatP>
+float lp_exponent(const NodeContext& ctx) {
+  float p = kFloatP ? ctx.attr_float("p", 2.0f) : static_cast<float>(ctx.attr_int("p", 2));
+  if (!(p > 0)) throw ctx.error("p must be positive, got ", p);
+  return p;
+}
+
+// (sum |x|^p)^(1/p) over each window; padding contributes zeros.
+// v11 auto_pad/pads cleanup, v18 ceil_mode and dilations, v22 bfloat16.
+template <bool kFloatP>
+OpOutputs lp_pool(NodeContext& ctx) {
+  auto s = ctx.stream();
+  Pooling pooling = make_pooling(ctx);
+  const mx::Dtype dtype = pooling.x.dtype();
+  mx::array p = mx::array(lp_exponent<kFloatP>(ctx), dtype);
+  std::vector<mx::array> slices = window_slices(pooling, mx::array(0, dtype), s);
+  mx::array sum = mx::power(mx::abs(slices[0], s), p, s);
+  for (size_t j = 1; j < slices.size(); ++j) sum = mx::add(sum, mx::power(mx::abs(slices[j], s), p, s), s);
+  return {mx::power(sum, mx::reciprocal(p, s), s)};
+}
+
 // --- Global pools ----------------------------------------------------------------------
 
 std::vector<int> spatial_axes(const NodeContext& ctx, const mx::array& x) {
@@ -239,6 +267,15 @@ OpOutputs global_max_pool(NodeContext& ctx) {
   return {mx::max(x, spatial_axes(ctx, x), true, ctx.stream())};
 }
 
+template <bool kFloatP>
+OpOutputs global_lp_pool(NodeContext& ctx) {
+  auto s = ctx.stream();
+  const mx::array& x = ctx.input(0);
+  mx::array p = mx::array(lp_exponent<kFloatP>(ctx), x.dtype());
+  mx::array sum = mx::sum(mx::power(mx::abs(x, s), p, s), spatial_axes(ctx, x), true, s);
+  return {mx::power(sum, mx::reciprocal(p, s), s)};
+}
+
 }  // namespace
 
 void register_pool(OpRegistry& r) {
@@ -247,6 +284,10 @@ void register_pool(OpRegistry& r) {
       {"AveragePool", kOnnx, 1, kOpen, average_pool},
       {"GlobalAveragePool", kOnnx, 1, kOpen, global_average_pool},  // v22: bfloat16
       {"GlobalMaxPool", kOnnx, 1, kOpen, global_max_pool},          // v22: bfloat16
+      {"LpPool", kOnnx, 1, 1, lp_pool<true>},
+      {"LpPool", kOnnx, 2, kOpen, lp_pool<false>},
+      {"GlobalLpPool", kOnnx, 1, 1, global_lp_pool<true>},
+      {"GlobalLpPool", kOnnx, 2, kOpen, global_lp_pool<false>},  // v22: bfloat16
   });
 }
 

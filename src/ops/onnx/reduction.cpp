@@ -97,18 +97,36 @@ mx::Shape reduced_shape(const mx::array& x, const std::vector<int>& axes, bool k
   return shape;
 }
 
+// `x` itself, or as float32 when integral (for sqrt and log). MLX builds
+// graphs lazily, so an unused cast costs nothing at evaluation.
+mx::array as_floating(const mx::array& x, mx::StreamOrDevice s) {
+  return is_integral(x.dtype()) ? mx::astype(x, mx::float32, s) : x;
+}
+
+// Mean of integers as the reference computes it (numpy mean with an integer
+// dtype): the exact integer sum divided by the count, truncated toward zero.
+mx::array integer_mean(const mx::array& x, const std::vector<int>& axes, bool keepdims,
+                       mx::StreamOrDevice s) {
+  int64_t count = 1;
+  for (int a : axes) count *= x.shape(a);
+  mx::array sum = mx::sum(mx::astype(x, mx::int64, s), axes, keepdims, s);
+  mx::array n = mx::array(count, mx::int64);
+  mx::array toward_zero = mx::negative(mx::floor_divide(mx::negative(sum, s), n, s), s);
+  return mx::where(mx::less(sum, mx::array(int64_t{0}), s), toward_zero, mx::floor_divide(sum, n, s), s);
+}
+
 // The reduction proper, for a non-empty set of values along non-empty `axes`.
-// Integer inputs are reduced exactly where ONNX keeps them integral (sum, max,
-// prod...) and go through float32 for the ops that need it (mean, L2, logs);
-// the caller casts the result back to the input dtype.
+// Integer inputs are reduced exactly for sum, mean, max, min, prod, L1 and
+// sum of squares, and through float32 for L2 and the logarithms; the caller
+// casts the result back to the input dtype.
 mx::array reduce_values(Reduction kind, const mx::array& x, const std::vector<int>& axes, bool keepdims,
                         mx::StreamOrDevice s) {
-  mx::array xf = is_integral(x.dtype()) ? mx::astype(x, mx::float32, s) : x;
+  mx::array xf = as_floating(x, s);
   switch (kind) {
     case Reduction::kSum:
       return mx::sum(x, axes, keepdims, s);
     case Reduction::kMean:
-      return mx::mean(xf, axes, keepdims, s);
+      return is_integral(x.dtype()) ? integer_mean(x, axes, keepdims, s) : mx::mean(x, axes, keepdims, s);
     case Reduction::kMax:
       return mx::max(x, axes, keepdims, s);
     case Reduction::kMin:
@@ -133,13 +151,12 @@ mx::array reduce_values(Reduction kind, const mx::array& x, const std::vector<in
 // (ReduceSumSquare -> x*x, ReduceL2 -> |x|, ReduceLogSum -> log x ...), as the
 // reference implementation computes it for noop_with_empty_axes.
 mx::array reduce_nothing(Reduction kind, const mx::array& x, mx::StreamOrDevice s) {
-  mx::array xf = is_integral(x.dtype()) ? mx::astype(x, mx::float32, s) : x;
   switch (kind) {
     case Reduction::kL1:
     case Reduction::kL2:
       return mx::abs(x, s);
     case Reduction::kLogSum:
-      return mx::log(xf, s);
+      return mx::log(as_floating(x, s), s);
     case Reduction::kSumSquare:
       return mx::square(x, s);
     default:
@@ -237,6 +254,7 @@ void register_reduction(OpRegistry& r) {
   using R = Reduction;
   constexpr auto kAttr = AxesFrom::kAttribute;
   constexpr auto kInput = AxesFrom::kInput;
+  constexpr std::string_view kViaFloat32 = "integer inputs are reduced in float32";
   // Versions within one row differ only in the dtypes they accept (and v11
   // allowing negative axes); the rows split where axes became an input.
   r.add({
@@ -252,12 +270,14 @@ void register_reduction(OpRegistry& r) {
       {"ReduceProd", kOnnx, 18, kOpen, reduce<R::kProd, kInput>, {1}},
       {"ReduceL1", kOnnx, 1, 17, reduce<R::kL1, kAttr>},
       {"ReduceL1", kOnnx, 18, kOpen, reduce<R::kL1, kInput>, {1}},
-      {"ReduceL2", kOnnx, 1, 17, reduce<R::kL2, kAttr>},
-      {"ReduceL2", kOnnx, 18, kOpen, reduce<R::kL2, kInput>, {1}},
-      {"ReduceLogSum", kOnnx, 1, 17, reduce<R::kLogSum, kAttr>},
-      {"ReduceLogSum", kOnnx, 18, kOpen, reduce<R::kLogSum, kInput>, {1}},  // v28: floats only
-      {"ReduceLogSumExp", kOnnx, 1, 17, reduce<R::kLogSumExp, kAttr>},
-      {"ReduceLogSumExp", kOnnx, 18, kOpen, reduce<R::kLogSumExp, kInput>, {1}},  // v28: floats only
+      {"ReduceL2", kOnnx, 1, 17, reduce<R::kL2, kAttr>, {}, false, kViaFloat32},
+      {"ReduceL2", kOnnx, 18, kOpen, reduce<R::kL2, kInput>, {1}, false, kViaFloat32},
+      {"ReduceLogSum", kOnnx, 1, 17, reduce<R::kLogSum, kAttr>, {}, false, kViaFloat32},
+      // v28: floats only
+      {"ReduceLogSum", kOnnx, 18, kOpen, reduce<R::kLogSum, kInput>, {1}, false, kViaFloat32},
+      {"ReduceLogSumExp", kOnnx, 1, 17, reduce<R::kLogSumExp, kAttr>, {}, false, kViaFloat32},
+      // v28: floats only
+      {"ReduceLogSumExp", kOnnx, 18, kOpen, reduce<R::kLogSumExp, kInput>, {1}, false, kViaFloat32},
       {"ReduceSumSquare", kOnnx, 1, 17, reduce<R::kSumSquare, kAttr>},
       {"ReduceSumSquare", kOnnx, 18, kOpen, reduce<R::kSumSquare, kInput>, {1}},
       // ArgMax/ArgMin: v11 negative axis, v12 select_last_index, v13 bfloat16.

@@ -63,7 +63,8 @@ mx::Shape reshape_target(const NodeContext& ctx, const mx::array& x, const std::
   int64_t known = 1;
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] == 0 && !allow_zero) {
-      if (i >= x.ndim()) throw ctx.error("shape[", i, "] = 0 copies a dim the input (rank ", x.ndim(), ") lacks");
+      if (i >= x.ndim())
+        throw ctx.error("shape[", i, "] = 0 copies a dim the input (rank ", x.ndim(), ") lacks");
       dims[i] = x.shape(static_cast<int>(i));
     }
     if (dims[i] == -1) {
@@ -127,7 +128,8 @@ mx::array squeeze_axes(const NodeContext& ctx, const mx::array& x, const std::ve
 
 // Without axes (or with an empty list, as ONNX Runtime reads it) every
 // 1-dim goes.
-mx::array squeeze_listed_or_all(const NodeContext& ctx, const mx::array& x, const std::vector<int64_t>& axes) {
+mx::array squeeze_listed_or_all(const NodeContext& ctx, const mx::array& x,
+                                const std::vector<int64_t>& axes) {
   if (axes.empty()) return mx::squeeze(x, ctx.stream());
   return squeeze_axes(ctx, x, axes);
 }
@@ -172,7 +174,8 @@ OpOutputs concat_v4(NodeContext& ctx) { return {concat_inputs(ctx, ctx.required_
 
 // --- Split ---------------------------------------------------------------------
 
-OpOutputs split_by_sizes(const NodeContext& ctx, const mx::array& x, int axis, const std::vector<int64_t>& sizes) {
+OpOutputs split_by_sizes(const NodeContext& ctx, const mx::array& x, int axis,
+                         const std::vector<int64_t>& sizes) {
   const int64_t dim = x.shape(axis);
   int64_t total = 0;
   for (int64_t s : sizes) {
@@ -233,16 +236,16 @@ OpOutputs split_v13(NodeContext& ctx) {
   return split_with(ctx, sizes, false, static_cast<int64_t>(ctx.num_outputs()));
 }
 
-// Opset 18+: either input 1 or the num_outputs attribute (uneven allowed).
+// Opset 18+: input 1 or the num_outputs attribute (parts may be uneven).
+// With neither, the node's output count decides, as in the ONNX reference.
 OpOutputs split_v18(NodeContext& ctx) {
   const bool has_sizes = ctx.has_input(1);
   const bool has_count = ctx.has_attr("num_outputs");
-  if (has_sizes == has_count) throw ctx.error("exactly one of input 'split' and attribute 'num_outputs' is required");
+  if (has_sizes && has_count) throw ctx.error("input 'split' and attribute 'num_outputs' are exclusive");
   if (has_sizes) return split_with(ctx, ctx.host_ints(1), true, 0);
-  int64_t parts = ctx.attr_int("num_outputs", 0);
-  if (parts != static_cast<int64_t>(ctx.num_outputs())) {
-    throw ctx.error("num_outputs = ", parts, " but the node has ", ctx.num_outputs(), " outputs");
-  }
+  const auto outputs = static_cast<int64_t>(ctx.num_outputs());
+  int64_t parts = ctx.attr_int("num_outputs", outputs);
+  if (parts != outputs) throw ctx.error("num_outputs = ", parts, " but the node has ", outputs, " outputs");
   return split_with(ctx, {}, true, parts);
 }
 
@@ -349,8 +352,8 @@ int64_t pad_source_index(const std::string& mode, int64_t j, int64_t begin, int6
 }
 
 // Negative pads crop (ONNX allows them); positive ones grow the axis.
-mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<AxisPad>& pads, const std::string& mode,
-                     const mx::array& value) {
+mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<AxisPad>& pads,
+                     const std::string& mode, const mx::array& value) {
   if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap") {
     throw ctx.error("unsupported mode '", mode, "'");
   }
@@ -374,7 +377,8 @@ mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<Axis
     high.push_back(static_cast<int>(e));
   }
   if (axes.empty()) return x;
-  if (mode == "constant") return mx::pad(x, axes, low, high, mx::astype(value, x.dtype(), ctx.stream()), "constant", ctx.stream());
+  if (mode == "constant")
+    return mx::pad(x, axes, low, high, mx::astype(value, x.dtype(), ctx.stream()), "constant", ctx.stream());
 
   // Non-constant modes gather existing entries: the source index of every
   // output position is known on the host.
@@ -395,14 +399,16 @@ mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<Axis
 OpOutputs pad_v1(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   auto pads = pads_per_axis(ctx, ctx.attr_ints("paddings"), {}, rank_of(x));
-  return {pad_tensor(ctx, x, pads, ctx.attr_string("mode", "constant"), mx::array(ctx.attr_float("value", 0.f)))};
+  return {
+      pad_tensor(ctx, x, pads, ctx.attr_string("mode", "constant"), mx::array(ctx.attr_float("value", 0.f)))};
 }
 
 // Opset 2-10: `pads` attribute, float `value`.
 OpOutputs pad_v2(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   auto pads = pads_per_axis(ctx, ctx.attr_ints("pads"), {}, rank_of(x));
-  return {pad_tensor(ctx, x, pads, ctx.attr_string("mode", "constant"), mx::array(ctx.attr_float("value", 0.f)))};
+  return {
+      pad_tensor(ctx, x, pads, ctx.attr_string("mode", "constant"), mx::array(ctx.attr_float("value", 0.f)))};
 }
 
 // Opset 11+: pads input 1 (host), constant_value input 2 (a tensor, may be
@@ -424,7 +430,8 @@ struct BlockLayout {
 BlockLayout block_layout(const NodeContext& ctx, const mx::array& x) {
   if (x.ndim() != 4) throw ctx.error("input must be 4-D [N, C, H, W], got rank ", x.ndim());
   int64_t block = ctx.required_int("blocksize");
-  if (block <= 0 || block > std::numeric_limits<int32_t>::max()) throw ctx.error("blocksize ", block, " is invalid");
+  if (block <= 0 || block > std::numeric_limits<int32_t>::max())
+    throw ctx.error("blocksize ", block, " is invalid");
   return {x.shape(0), x.shape(1), x.shape(2), x.shape(3), static_cast<int>(block)};
 }
 
@@ -451,7 +458,8 @@ OpOutputs depth_to_space(NodeContext& ctx) {
 OpOutputs space_to_depth(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   const auto [n, c, h, w, b] = block_layout(ctx, x);
-  if (h % b != 0 || w % b != 0) throw ctx.error("spatial dims ", h, "x", w, " not divisible by blocksize ", b);
+  if (h % b != 0 || w % b != 0)
+    throw ctx.error("spatial dims ", h, "x", w, " not divisible by blocksize ", b);
   const std::string mode = ctx.attr_string("mode", "DCR");
   mx::array t = mx::reshape(x, {n, c, h / b, b, w / b, b}, ctx.stream());
   if (mode == "DCR") {

@@ -30,7 +30,8 @@ std::vector<double> apply(double (*f)(double)) {
   return out;
 }
 
-std::vector<double> run_on_inputs(const std::string& op, int opset, const std::vector<Attribute>& attrs = {}) {
+std::vector<double> run_on_inputs(const std::string& op, int opset,
+                                  const std::vector<Attribute>& attrs = {}) {
   return to_doubles(run_op(op, opset, {mx::array(kInputs.data(), {5})}, attrs)[0].tensor());
 }
 
@@ -42,7 +43,8 @@ TEST(Activation, ReluKeepsIntegerTypes) {
 
 TEST(Activation, LeakyReluDefaultsAndKeepsFloat16) {
   expect_near(run_on_inputs("LeakyRelu", 16), apply([](double x) { return x < 0 ? 0.01 * x : x; }));
-  auto f16 = run_op("LeakyRelu", 16, {mx::astype(mx::array({-2.f}), mx::float16)}, {float_attr("alpha", 0.5f)});
+  auto f16 =
+      run_op("LeakyRelu", 16, {mx::astype(mx::array({-2.f}), mx::float16)}, {float_attr("alpha", 0.5f)});
   EXPECT_EQ(f16[0].tensor().dtype(), mx::float16);
   EXPECT_EQ(to_doubles(f16[0].tensor()), (std::vector<double>{-1}));
 }
@@ -51,7 +53,8 @@ TEST(Activation, ExponentialLinearUnits) {
   expect_near(run_on_inputs("Elu", 6, {float_attr("alpha", 2.f)}),
               apply([](double x) { return x < 0 ? 2 * (std::exp(x) - 1) : x; }));
   expect_near(run_on_inputs("Selu", 6), apply([](double x) {
-                return 1.05070102214813232421875 * (x > 0 ? x : 1.67326319217681884765625 * (std::exp(x) - 1));
+                return 1.05070102214813232421875 *
+                       (x > 0 ? x : 1.67326319217681884765625 * (std::exp(x) - 1));
               }));
   expect_near(run_on_inputs("Celu", 12, {float_attr("alpha", 2.f)}),
               apply([](double x) { return std::max(0.0, x) + std::min(0.0, 2 * (std::exp(x / 2) - 1)); }));
@@ -67,7 +70,8 @@ TEST(Activation, HardSigmoidAndHardSwish) {
 TEST(Activation, SmoothActivations) {
   expect_near(run_on_inputs("Softplus", 1), apply([](double x) { return std::log1p(std::exp(x)); }));
   expect_near(run_on_inputs("Softsign", 1), apply([](double x) { return x / (1 + std::abs(x)); }));
-  expect_near(run_on_inputs("Mish", 18), apply([](double x) { return x * std::tanh(std::log1p(std::exp(x))); }));
+  expect_near(run_on_inputs("Mish", 18),
+              apply([](double x) { return x * std::tanh(std::log1p(std::exp(x))); }));
   expect_near(run_on_inputs("Sigmoid", 13), apply([](double x) { return 1 / (1 + std::exp(-x)); }));
   expect_near(run_on_inputs("ThresholdedRelu", 10, {float_attr("alpha", 0.4f)}),
               apply([](double x) { return x > 0.4 ? x : 0.0; }));
@@ -81,7 +85,8 @@ TEST(Activation, SoftplusDoesNotOverflowForLargeInputs) {
 }
 
 TEST(Activation, GeluExactAndTanhApproximation) {
-  expect_near(run_on_inputs("Gelu", 20), apply([](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }));
+  expect_near(run_on_inputs("Gelu", 20),
+              apply([](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }));
   expect_near(run_on_inputs("Gelu", 20, {string_attr("approximate", "tanh")}), apply([](double x) {
                 return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
               }));
@@ -89,7 +94,8 @@ TEST(Activation, GeluExactAndTanhApproximation) {
     run_on_inputs("Gelu", 20, {string_attr("approximate", "fast")});
     FAIL() << "expected OpError";
   } catch (const OpError& e) {
-    EXPECT_NE(std::string(e.what()).find("[Gelu v20] node 'test_Gelu': attribute 'approximate'"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("[Gelu v20] node 'test_Gelu': attribute 'approximate'"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -121,7 +127,8 @@ TEST(Activation, LogSoftmaxMatchesLogOfSoftmax) {
   // Row 2 goes through values near 1000, where a float32 ulp is 6e-5.
   expect_near(log_soft, {1 - lse, 2 - lse, 3 - lse, 1 - lse, 2 - lse, 3 - lse}, 1e-4);
   // Opset 1-12 with axis 0 normalizes over everything.
-  std::vector<double> all = to_doubles(run_op("LogSoftmax", 12, {mx::array({0.f, 0.f}, {1, 2})}, {int_attr("axis", 0)})[0].tensor());
+  std::vector<double> all = to_doubles(
+      run_op("LogSoftmax", 12, {mx::array({0.f, 0.f}, {1, 2})}, {int_attr("axis", 0)})[0].tensor());
   expect_near(all, {std::log(0.5), std::log(0.5)});
 }
 

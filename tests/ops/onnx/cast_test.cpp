@@ -58,9 +58,12 @@ TEST(Cast, IntegersWrapWhenNarrowed) {
 
 TEST(Cast, Float8RoundsToNearestEvenAndSaturates) {
   mx::array x = mx::array({0.47892547f, 0.81910545f, 1e6f, 1e-7f, kInf, -kInf, NAN, -1e6f});
-  expect_values(to_doubles(cast(x, OnnxType::kFloat8E4M3FN)), {0.46875, 0.8125, 448, 0, 448, -448, NAN, -448});
-  expect_values(to_doubles(cast(x, OnnxType::kFloat8E4M3FNUZ)), {0.46875, 0.8125, 240, 0, 240, -240, NAN, -240});
-  expect_values(to_doubles(cast(x, OnnxType::kFloat8E5M2)), {0.5, 0.875, 57344, 0, 57344, -57344, NAN, -57344});
+  expect_values(to_doubles(cast(x, OnnxType::kFloat8E4M3FN)),
+                {0.46875, 0.8125, 448, 0, 448, -448, NAN, -448});
+  expect_values(to_doubles(cast(x, OnnxType::kFloat8E4M3FNUZ)),
+                {0.46875, 0.8125, 240, 0, 240, -240, NAN, -240});
+  expect_values(to_doubles(cast(x, OnnxType::kFloat8E5M2)),
+                {0.5, 0.875, 57344, 0, 57344, -57344, NAN, -57344});
   EXPECT_EQ(cast(x, OnnxType::kFloat8E5M2).dtype(), mx::float32);  // float8 is held widened
 }
 
@@ -115,11 +118,13 @@ TEST(Cast, StringsParseToNumbers) {
 }
 
 TEST(Cast, NumbersFormatAsStrings) {
-  Value out = run_op("Cast", 13, {mx::array({0.5f, 1e-7f, 1e6f, NAN, -kInf, 0.1f})}, {to(OnnxType::kString)})[0];
+  Value out =
+      run_op("Cast", 13, {mx::array({0.5f, 1e-7f, 1e6f, NAN, -kInf, 0.1f})}, {to(OnnxType::kString)})[0];
   ASSERT_TRUE(out.is_strings());
   // numpy's spelling: float32 turns scientific from 1e6 (float64 from 1e16).
   EXPECT_EQ(out.strings().data, (std::vector<std::string>{"0.5", "1e-07", "1e+06", "nan", "-inf", "0.1"}));
-  Value f64 = run_op("Cast", 13, {mx::array({1e6, 123456789.0, 1e-4, -0.0}, mx::float64)}, {to(OnnxType::kString)})[0];
+  Value f64 = run_op("Cast", 13, {mx::array({1e6, 123456789.0, 1e-4, -0.0}, mx::float64)},
+                     {to(OnnxType::kString)})[0];
   EXPECT_EQ(f64.strings().data, (std::vector<std::string>{"1000000.0", "123456789.0", "0.0001", "-0.0"}));
   Value f16 = run_op("Cast", 13, {mx::astype(mx::array({0.00012345f, 999.f, 1000.f}), mx::float16)},
                      {to(OnnxType::kString)})[0];
@@ -131,7 +136,8 @@ TEST(Cast, NumbersFormatAsStrings) {
 TEST(Cast, Opset1NamesTheTypeWithAString) {
   mx::array out = run_op("Cast", 1, {mx::array({1.5f})}, {string_attr("to", "INT32")})[0].tensor();
   EXPECT_EQ(out.dtype(), mx::int32);
-  EXPECT_EQ(run_op("Cast", 5, {mx::array({1})}, {string_attr("to", "DOUBLE")})[0].tensor().dtype(), mx::float64);
+  EXPECT_EQ(run_op("Cast", 5, {mx::array({1})}, {string_attr("to", "DOUBLE")})[0].tensor().dtype(),
+            mx::float64);
 }
 
 TEST(Cast, UnknownTargetsAreErrors) {
@@ -148,7 +154,8 @@ TEST(Cast, UnknownTargetsAreErrors) {
 }
 
 TEST(CastLike, TakesTheTypeOfTheSecondInput) {
-  mx::array out = run_op("CastLike", 15, {mx::array({2.9f}), mx::astype(mx::array({0}), mx::uint8)})[0].tensor();
+  mx::array out =
+      run_op("CastLike", 15, {mx::array({2.9f}), mx::astype(mx::array({0}), mx::uint8)})[0].tensor();
   EXPECT_EQ(out.dtype(), mx::uint8);
   EXPECT_EQ(to_ints(out), (std::vector<int64_t>{2}));
   Value strings = run_op("CastLike", 19, {mx::array({2}), StringTensor{{1}, {"x"}}})[0];

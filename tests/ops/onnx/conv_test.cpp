@@ -33,8 +33,8 @@ struct Conv2dCase {
 };
 
 // Direct-loop 2-D convolution in ONNX layout, for comparison.
-std::vector<double> naive_conv2d(const std::vector<double>& x, mx::Shape xs, const std::vector<double>& w, mx::Shape ws,
-                                 const Conv2dCase& c, mx::Shape& out_shape) {
+std::vector<double> naive_conv2d(const std::vector<double>& x, mx::Shape xs, const std::vector<double>& w,
+                                 mx::Shape ws, const Conv2dCase& c, mx::Shape& out_shape) {
   const int n = xs[0], ci = xs[1], h = xs[2], wd = xs[3];
   const int m = ws[0], cg = ws[1], kh = ws[2], kw = ws[3];
   const int oh = (h + c.pad_top + c.pad_bottom - ((kh - 1) * c.dil_h + 1)) / c.stride_h + 1;
@@ -67,9 +67,10 @@ TEST(Conv, MatchesDirectLoopsWithGroupsStridesDilationsAndAsymmetricPads) {
   const Conv2dCase c{2, 1, 1, 2, 1, 0, 2, 1, 2};
   mx::Shape xs{2, 4, 7, 6}, ws{6, 2, 3, 2};
   mx::array x = ramp(xs), w = mx::subtract(ramp(ws, 5), mx::array(2.f));
-  auto out = run_op("Conv", 11, {x, w},
-                    {ints_attr("strides", {c.stride_h, c.stride_w}), ints_attr("dilations", {c.dil_h, c.dil_w}),
-                     ints_attr("pads", {c.pad_top, c.pad_left, c.pad_bottom, c.pad_right}), int_attr("group", c.group)});
+  auto out = run_op(
+      "Conv", 11, {x, w},
+      {ints_attr("strides", {c.stride_h, c.stride_w}), ints_attr("dilations", {c.dil_h, c.dil_w}),
+       ints_attr("pads", {c.pad_top, c.pad_left, c.pad_bottom, c.pad_right}), int_attr("group", c.group)});
   mx::Shape expected_shape;
   auto expected = naive_conv2d(to_doubles(x), xs, to_doubles(w), ws, c, expected_shape);
   EXPECT_EQ(out[0].tensor().shape(), expected_shape);
@@ -118,7 +119,8 @@ TEST(ConvTranspose, OutputShapeExtendsWithZerosAndOutputPaddingAppends) {
   // Full output: [1, 3, 2]; output_shape 4 asks for one more element.
   auto shaped = run_op("ConvTranspose", 11, {x, w}, {ints_attr("output_shape", {4})});
   EXPECT_EQ(to_doubles(shaped[0].tensor()), (std::vector<double>{1, 3, 2, 0}));
-  auto padded = run_op("ConvTranspose", 11, {x, w}, {ints_attr("output_padding", {1}), ints_attr("strides", {2})});
+  auto padded =
+      run_op("ConvTranspose", 11, {x, w}, {ints_attr("output_padding", {1}), ints_attr("strides", {2})});
   EXPECT_EQ(to_doubles(padded[0].tensor()), (std::vector<double>{1, 1, 2, 2, 0}));
 }
 

@@ -53,7 +53,8 @@ TEST(Elementwise, MissingInputNamesTheNode) {
 }
 
 TEST(Elementwise, SubAndMulLegacyBroadcastAtAxis) {
-  auto sub = run_op("Sub", 1, {mx::ones({2, 3}), mx::array({1.f, 2.f})}, {int_attr("broadcast", 1), int_attr("axis", 0)});
+  auto sub = run_op("Sub", 1, {mx::ones({2, 3}), mx::array({1.f, 2.f})},
+                    {int_attr("broadcast", 1), int_attr("axis", 0)});
   EXPECT_EQ(to_doubles(sub[0].tensor()), (std::vector<double>{0, 0, 0, -1, -1, -1}));
   auto mul = run_op("Mul", 6, {mx::ones({2, 3}), mx::array({1.f, 2.f, 3.f})}, {int_attr("broadcast", 1)});
   EXPECT_EQ(to_doubles(mul[0].tensor()), (std::vector<double>{1, 2, 3, 1, 2, 3}));
@@ -94,7 +95,8 @@ TEST(Elementwise, PowKeepsTheBaseType) {
 TEST(Elementwise, ModFollowsPythonByDefaultAndCWithFmod) {
   auto python = run_op("Mod", 13, {ints({-7, 7, -7, 7}, mx::int32), ints({3, -3, -3, 3}, mx::int32)});
   EXPECT_EQ(to_ints(python[0].tensor()), (std::vector<int64_t>{2, -2, -1, 1}));
-  auto c = run_op("Mod", 13, {ints({-7, 7, -7, 7}, mx::int32), ints({3, -3, -3, 3}, mx::int32)}, {int_attr("fmod", 1)});
+  auto c = run_op("Mod", 13, {ints({-7, 7, -7, 7}, mx::int32), ints({3, -3, -3, 3}, mx::int32)},
+                  {int_attr("fmod", 1)});
   EXPECT_EQ(to_ints(c[0].tensor()), (std::vector<int64_t>{-1, 1, -1, 1}));
   auto cf = run_op("Mod", 13, {mx::array({-4.3f, 5.5f}), mx::array({2.1f, -2.f})}, {int_attr("fmod", 1)});
   std::vector<double> v = to_doubles(cf[0].tensor());
@@ -133,7 +135,8 @@ TEST(Elementwise, BitShiftHandlesOutOfRangeAmounts) {
 }
 
 TEST(Elementwise, BitShiftNeedsADirection) {
-  std::string msg = error_of("BitShift", 11, {ints({1}), ints({1})}, {testing::string_attr("direction", "UP")});
+  std::string msg =
+      error_of("BitShift", 11, {ints({1}), ints({1})}, {testing::string_attr("direction", "UP")});
   EXPECT_NE(msg.find("'direction' must be"), std::string::npos) << msg;
 }
 
@@ -179,7 +182,8 @@ TEST(Elementwise, LogicOps) {
 }
 
 TEST(Elementwise, WhereBroadcastsAllThreeInputs) {
-  auto out = run_op("Where", 16, {mx::array({true, false}, {2, 1}), mx::array({1.f, 2.f, 3.f}), mx::array(-1.f)});
+  auto out =
+      run_op("Where", 16, {mx::array({true, false}, {2, 1}), mx::array({1.f, 2.f, 3.f}), mx::array(-1.f)});
   EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{2, 3}));
   EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{1, 2, 3, -1, -1, -1}));
 }
@@ -191,7 +195,8 @@ TEST(Elementwise, VariadicOpsFoldAllInputs) {
   EXPECT_EQ(to_doubles(run_op("Sum", 13, {a, b, c})[0].tensor()), (std::vector<double>{8, 11}));
   EXPECT_EQ(to_doubles(run_op("Max", 13, {a, b, c})[0].tensor()), (std::vector<double>{4, 6}));
   EXPECT_EQ(to_doubles(run_op("Min", 13, {a, b, c})[0].tensor()), (std::vector<double>{1, 2}));
-  EXPECT_EQ(to_doubles(run_op("Mean", 13, {a, b, c})[0].tensor()), (std::vector<double>{static_cast<float>(8.0 / 3), static_cast<float>(11.0 / 3)}));
+  EXPECT_EQ(to_doubles(run_op("Mean", 13, {a, b, c})[0].tensor()),
+            (std::vector<double>{static_cast<float>(8.0 / 3), static_cast<float>(11.0 / 3)}));
   EXPECT_EQ(run_op("Max", 13, {a, b, c})[0].tensor().shape(), (mx::Shape{1, 2}));
   EXPECT_EQ(to_doubles(run_op("Sum", 8, {a})[0].tensor()), (std::vector<double>{1, 6}));
   auto ints_max = run_op("Max", 13, {ints({1, 9}, mx::uint8), ints({5, 2}, mx::uint8)});
@@ -199,7 +204,8 @@ TEST(Elementwise, VariadicOpsFoldAllInputs) {
 }
 
 TEST(Elementwise, ClipBoundsFromAttributesBeforeOpset11) {
-  auto both = run_op("Clip", 6, {mx::array({-2.f, 0.f, 2.f})}, {testing::float_attr("min", -1), testing::float_attr("max", 1)});
+  auto both = run_op("Clip", 6, {mx::array({-2.f, 0.f, 2.f})},
+                     {testing::float_attr("min", -1), testing::float_attr("max", 1)});
   EXPECT_EQ(to_doubles(both[0].tensor()), (std::vector<double>{-1, 0, 1}));
   auto none = run_op("Clip", 6, {mx::array({-2.f, 2.f})});
   EXPECT_EQ(to_doubles(none[0].tensor()), (std::vector<double>{-2, 2}));
@@ -207,8 +213,10 @@ TEST(Elementwise, ClipBoundsFromAttributesBeforeOpset11) {
 
 TEST(Elementwise, ClipBoundsFromOptionalInputs) {
   mx::array x = mx::array({-2.f, 0.f, 2.f});
-  EXPECT_EQ(to_doubles(run_op("Clip", 13, {x, mx::array(-1.f)})[0].tensor()), (std::vector<double>{-1, 0, 2}));
-  EXPECT_EQ(to_doubles(run_op("Clip", 13, {x, Value(), mx::array(1.f)})[0].tensor()), (std::vector<double>{-2, 0, 1}));
+  EXPECT_EQ(to_doubles(run_op("Clip", 13, {x, mx::array(-1.f)})[0].tensor()),
+            (std::vector<double>{-1, 0, 2}));
+  EXPECT_EQ(to_doubles(run_op("Clip", 13, {x, Value(), mx::array(1.f)})[0].tensor()),
+            (std::vector<double>{-2, 0, 1}));
   // min > max: every element becomes max, as numpy.clip does.
   EXPECT_EQ(to_doubles(run_op("Clip", 13, {x, mx::array(2.f), mx::array(1.f)})[0].tensor()),
             (std::vector<double>{1, 1, 1}));
@@ -226,7 +234,8 @@ TEST(Elementwise, UnaryMath) {
   // Round halves to even.
   EXPECT_EQ(to_doubles(run_op("Round", 11, {x})[0].tensor()), (std::vector<double>{-2, 0, 2}));
   EXPECT_EQ(to_doubles(run_op("Sign", 13, {x})[0].tensor()), (std::vector<double>{-1, 1, 1}));
-  EXPECT_EQ(to_doubles(run_op("Reciprocal", 13, {x})[0].tensor()), (std::vector<double>{static_cast<float>(-1 / 1.5), 2, 0.4f}));
+  EXPECT_EQ(to_doubles(run_op("Reciprocal", 13, {x})[0].tensor()),
+            (std::vector<double>{static_cast<float>(-1 / 1.5), 2, 0.4f}));
   auto neg_int = run_op("Neg", 13, {ints({3}, mx::int8)});
   EXPECT_EQ(neg_int[0].tensor().dtype(), mx::int8);
 }

@@ -17,7 +17,9 @@ using testing::tensor_attr;
 using testing::to_doubles;
 using testing::to_ints;
 
-mx::array int64s(std::vector<int64_t> v) { return mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int64); }
+mx::array int64s(std::vector<int64_t> v) {
+  return mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int64);
+}
 
 TEST(Constant, ValueTensorIsReturnedAsIs) {
   mx::array t = mx::array({1.f, 2.f}, {2, 1});
@@ -51,8 +53,9 @@ TEST(Constant, WithoutAValueIsAnError) {
     run_op("Constant", 13, {});
     FAIL() << "expected OpError";
   } catch (const OpError& e) {
-    EXPECT_NE(std::string(e.what()).find("[Constant v1] node 'test_Constant': has none of the value attributes"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("[Constant v1] node 'test_Constant': has none of the value attributes"),
+        std::string::npos)
         << e.what();
   }
 }
@@ -65,10 +68,12 @@ TEST(ConstantOfShape, DefaultsToFloatZero) {
 }
 
 TEST(ConstantOfShape, ValueAttributeGivesValueAndDtype) {
-  mx::array out = run_op("ConstantOfShape", 20, {int64s({3})}, {tensor_attr("value", int64s({7}))})[0].tensor();
+  mx::array out =
+      run_op("ConstantOfShape", 20, {int64s({3})}, {tensor_attr("value", int64s({7}))})[0].tensor();
   EXPECT_EQ(out.dtype(), mx::int64);
   EXPECT_EQ(to_ints(out), (std::vector<int64_t>{7, 7, 7}));
-  mx::array empty = run_op("ConstantOfShape", 20, {int64s({0})}, {tensor_attr("value", int64s({7}))})[0].tensor();
+  mx::array empty =
+      run_op("ConstantOfShape", 20, {int64s({0})}, {tensor_attr("value", int64s({7}))})[0].tensor();
   EXPECT_EQ(empty.shape(), (mx::Shape{0}));
   mx::array scalar = run_op("ConstantOfShape", 20, {int64s({})})[0].tensor();
   EXPECT_EQ(scalar.ndim(), 0u);
@@ -89,12 +94,16 @@ TEST(Range, FloatAndInt64Types) {
   mx::array f = run_op("Range", 11, {mx::array(1.f), mx::array(2.f), mx::array(0.25f)})[0].tensor();
   EXPECT_EQ(f.dtype(), mx::float32);
   EXPECT_EQ(to_doubles(f), (std::vector<double>{1, 1.25, 1.5, 1.75}));
-  mx::array h = run_op("Range", 27, {mx::array(0.f, mx::float16), mx::array(1.f, mx::float16),
-                                     mx::array(0.5f, mx::float16)})[0].tensor();
+  mx::array h =
+      run_op("Range", 27,
+             {mx::array(0.f, mx::float16), mx::array(1.f, mx::float16), mx::array(0.5f, mx::float16)})[0]
+          .tensor();
   EXPECT_EQ(h.dtype(), mx::float16);
   int64_t base = int64_t{1} << 60;
-  mx::array big = run_op("Range", 11, {mx::array(base, mx::int64), mx::array(base + 3, mx::int64),
-                                       mx::array(int64_t{1}, mx::int64)})[0].tensor();
+  mx::array big = run_op("Range", 11,
+                         {mx::array(base, mx::int64), mx::array(base + 3, mx::int64),
+                          mx::array(int64_t{1}, mx::int64)})[0]
+                      .tensor();
   EXPECT_EQ(big.dtype(), mx::int64);
   EXPECT_EQ(to_ints(big), (std::vector<int64_t>{base, base + 1, base + 2}));
 }
@@ -104,7 +113,8 @@ TEST(Range, ZeroDeltaIsAnError) {
     run_op("Range", 11, {mx::array(0.f), mx::array(1.f), mx::array(0.f)});
     FAIL() << "expected OpError";
   } catch (const OpError& e) {
-    EXPECT_NE(std::string(e.what()).find("[Range v11] node 'test_Range': delta must not be zero"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("[Range v11] node 'test_Range': delta must not be zero"),
+              std::string::npos)
         << e.what();
   }
 }

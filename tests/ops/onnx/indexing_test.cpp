@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "support/op_test_support.h"
@@ -27,6 +28,24 @@ mx::array iota(mx::Shape shape, mx::Dtype dtype = mx::float32) {
   return mx::reshape(mx::astype(mx::arange(n), dtype), shape);
 }
 const mx::array& out0(const std::vector<Value>& out) { return out[0].tensor(); }
+
+// Runs the op inside mx::compile: inputs at `traced` positions are the
+// compiled function's arguments (tracers while tracing), the others are
+// captured constants, as host inputs are for the runtime's compiler.
+std::vector<mx::array> run_compiled(const std::string& op, int opset, const std::vector<Value>& inputs,
+                                    const std::vector<size_t>& traced,
+                                    const std::vector<Attribute>& attrs = {}, int num_outputs = 1) {
+  std::vector<mx::array> args;
+  for (size_t i : traced) args.push_back(inputs[i].tensor());
+  auto trace = [&](const std::vector<mx::array>& traced_args) {
+    std::vector<Value> in = inputs;
+    for (size_t k = 0; k < traced.size(); ++k) in[traced[k]] = traced_args[k];
+    std::vector<mx::array> outs;
+    for (const Value& v : run_op(op, opset, in, attrs, num_outputs)) outs.push_back(v.tensor());
+    return outs;
+  };
+  return mx::compile(trace)(args);
+}
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
@@ -86,13 +105,15 @@ TEST(GatherND, TuplesAndBatchDims) {
 }
 
 TEST(ScatterElements, ReplaceAddAndNegativeIndices) {
-  auto out = run_op("ScatterElements", 18,
-                    {mx::zeros({3, 3}), i64({1, 0, 2, 0, 2, 1}, {2, 3}), iota({2, 3})});
+  auto out =
+      run_op("ScatterElements", 18, {mx::zeros({3, 3}), i64({1, 0, 2, 0, 2, 1}, {2, 3}), iota({2, 3})});
   EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{3, 1, 0, 0, 0, 5, 0, 4, 2}));
-  auto add = run_op("ScatterElements", 18, {mx::ones({1, 5}), i64({1, -4}, {1, 2}), mx::array({1.f, 2.f}, {1, 2})},
-                    {int_attr("axis", 1), string_attr("reduction", "add")});
+  auto add =
+      run_op("ScatterElements", 18, {mx::ones({1, 5}), i64({1, -4}, {1, 2}), mx::array({1.f, 2.f}, {1, 2})},
+             {int_attr("axis", 1), string_attr("reduction", "add")});
   EXPECT_EQ(to_doubles(out0(add)), (std::vector<double>{1, 4, 1, 1, 1}));
-  auto legacy = run_op("Scatter", 10, {mx::zeros({1, 3}), i64({2}, {1, 1}), mx::ones({1, 1})}, {int_attr("axis", 1)});
+  auto legacy =
+      run_op("Scatter", 10, {mx::zeros({1, 3}), i64({2}, {1, 1}), mx::ones({1, 1})}, {int_attr("axis", 1)});
   EXPECT_EQ(to_doubles(out0(legacy)), (std::vector<double>{0, 0, 1}));
 }
 
@@ -100,11 +121,14 @@ TEST(ScatterElements, MaxMinMulReductions) {
   const mx::array data = mx::array({5, 5}, {1, 2}, mx::int64);
   const mx::array idx = i64({0, 0, 1}, {1, 3});
   const mx::array upd = mx::array({7, 2, 3}, {1, 3}, mx::int64);
-  auto mx_ = run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "max")});
+  auto mx_ =
+      run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "max")});
   EXPECT_EQ(to_ints(out0(mx_)), (std::vector<int64_t>{7, 5}));
-  auto mn = run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "min")});
+  auto mn =
+      run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "min")});
   EXPECT_EQ(to_ints(out0(mn)), (std::vector<int64_t>{2, 3}));
-  auto mul = run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "mul")});
+  auto mul =
+      run_op("ScatterElements", 18, {data, idx, upd}, {int_attr("axis", 1), string_attr("reduction", "mul")});
   EXPECT_EQ(to_ints(out0(mul)), (std::vector<int64_t>{70, 15}));
   EXPECT_EQ(out0(mul).dtype(), mx::int64);
 }
@@ -133,12 +157,14 @@ TEST(OneHot, AxisNegativeIndicesAndOutOfRange) {
   auto out = run_op("OneHot", 11, {i64({1, -1, 5}), mx::array(int64_t{3}), mx::array({0.f, 2.f})});
   EXPECT_EQ(out0(out).shape(), (mx::Shape{3, 3}));
   EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{0, 2, 0, 0, 0, 2, 0, 0, 0}));
-  auto axis0 = run_op("OneHot", 11, {i64({0, 2}), mx::array(3.f), mx::array({0, 1}, mx::int32)}, {int_attr("axis", 0)});
+  auto axis0 = run_op("OneHot", 11, {i64({0, 2}), mx::array(3.f), mx::array({0, 1}, mx::int32)},
+                      {int_attr("axis", 0)});
   EXPECT_EQ(out0(axis0).shape(), (mx::Shape{3, 2}));
   EXPECT_EQ(out0(axis0).dtype(), mx::int32);
   EXPECT_EQ(to_ints(out0(axis0)), (std::vector<int64_t>{1, 0, 0, 0, 0, 1}));
   // uint8 indices must reach classes beyond 255.
-  auto wide = run_op("OneHot", 11, {mx::array({200, 255}, mx::uint8), mx::array(int64_t{300}), mx::array({0.f, 1.f})});
+  auto wide = run_op("OneHot", 11,
+                     {mx::array({200, 255}, mx::uint8), mx::array(int64_t{300}), mx::array({0.f, 1.f})});
   EXPECT_EQ(out0(wide).shape(), (mx::Shape{2, 300}));
   EXPECT_EQ(to_doubles(mx::sum(out0(wide))), (std::vector<double>{2}));
   EXPECT_EQ(to_doubles(mx::take(mx::flatten(out0(wide)), 300 + 255)), (std::vector<double>{1}));
@@ -155,11 +181,34 @@ TEST(NonZero, CoordinatesAsInt64) {
 
 TEST(Indexing, ErrorsNameTheNode) {
   try {
-    run_op("ScatterND", 18, {mx::zeros({4}), i64({1}, {1, 1}), mx::ones({1})}, {string_attr("reduction", "xor")});
+    run_op("ScatterND", 18, {mx::zeros({4}), i64({1}, {1, 1}), mx::ones({1})},
+           {string_attr("reduction", "xor")});
     FAIL() << "expected OpError";
   } catch (const OpError& e) {
-    EXPECT_NE(std::string(e.what()).find("[ScatterND v11] node 'test_ScatterND'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[ScatterND v11] node 'test_ScatterND'"), std::string::npos)
+        << e.what();
   }
+}
+
+TEST(IndexingCompiled, TracedIndicesWrapNegatives) {
+  auto gathered = run_compiled("Gather", 13, {iota({3}), i64({-1, 0})}, {0, 1});
+  EXPECT_EQ(to_doubles(gathered[0]), (std::vector<double>{2, 0}));
+  auto elements = run_compiled("GatherElements", 13, {iota({2, 2}), i64({-1, 0}, {1, 2})}, {0, 1});
+  EXPECT_EQ(to_doubles(elements[0]), (std::vector<double>{2, 1}));
+  auto nd = run_compiled("GatherND", 13, {iota({2, 2}), i64({-1, -1}, {1, 2})}, {0, 1});
+  EXPECT_EQ(to_doubles(nd[0]), (std::vector<double>{3}));
+  auto scattered = run_compiled("ScatterElements", 18, {mx::zeros({3}), i64({-1}), mx::array({5.f})},
+                                {0, 1, 2}, {string_attr("reduction", "add")});
+  EXPECT_EQ(to_doubles(scattered[0]), (std::vector<double>{0, 0, 5}));
+  auto scattered_nd =
+      run_compiled("ScatterND", 18, {mx::zeros({3}), i64({-3}, {1, 1}), mx::array({4.f})}, {0, 1, 2});
+  EXPECT_EQ(to_doubles(scattered_nd[0]), (std::vector<double>{4, 0, 0}));
+  auto hot = run_compiled("OneHot", 11, {i64({-1}), mx::array(int64_t{2}), mx::array({0.f, 1.f})}, {0, 2});
+  EXPECT_EQ(to_doubles(hot[0]), (std::vector<double>{0, 1}));
+  auto sliced = run_compiled("Slice", 13, {iota({4}), i64({-1}), i64({kMin}), i64({0}), i64({-2})}, {0});
+  EXPECT_EQ(to_doubles(sliced[0]), (std::vector<double>{3, 1}));
+  auto lower = run_compiled("Trilu", 14, {iota({2, 2}), mx::array(int64_t{0})}, {0}, {int_attr("upper", 0)});
+  EXPECT_EQ(to_doubles(lower[0]), (std::vector<double>{0, 0, 2, 3}));
 }
 
 }  // namespace

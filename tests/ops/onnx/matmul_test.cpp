@@ -13,7 +13,9 @@ using testing::string_attr;
 using testing::to_doubles;
 using testing::to_ints;
 
-mx::array int64s(std::vector<int64_t> values, mx::Shape shape) { return mx::array(values.data(), shape, mx::int64); }
+mx::array int64s(std::vector<int64_t> values, mx::Shape shape) {
+  return mx::array(values.data(), shape, mx::int64);
+}
 
 TEST(MatMul, VectorTimesMatrixDropsThePromotedAxis) {
   mx::array v = mx::array({1.f, 2.f});
@@ -64,8 +66,9 @@ TEST(Gemm, TransposesScalesAndBroadcastsC) {
   mx::array a = mx::array({1.f, 3.f, 2.f, 4.f}, {2, 2});  // A^T = [[1, 2], [3, 4]]
   mx::array b = mx::array({1.f, 0.f, 0.f, 1.f}, {2, 2});
   mx::array c = mx::array({10.f, 20.f}, {1, 2});
-  auto out = run_op("Gemm", 13, {a, b, c},
-                    {int_attr("transA", 1), int_attr("transB", 1), float_attr("alpha", 2.f), float_attr("beta", 0.5f)});
+  auto out = run_op(
+      "Gemm", 13, {a, b, c},
+      {int_attr("transA", 1), int_attr("transB", 1), float_attr("alpha", 2.f), float_attr("beta", 0.5f)});
   EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{7, 14, 11, 18}));
 }
 
@@ -90,7 +93,8 @@ TEST(Einsum, SpacesEllipsisAndRepeatedIndices) {
 }
 
 TEST(Einsum, ImplicitOutputOfAnInnerProduct) {
-  auto out = run_op("Einsum", 12, {mx::array({1.f, 2.f}), mx::array({3.f, 4.f})}, {string_attr("equation", "i,i")});
+  auto out =
+      run_op("Einsum", 12, {mx::array({1.f, 2.f}), mx::array({3.f, 4.f})}, {string_attr("equation", "i,i")});
   EXPECT_EQ(out[0].tensor().ndim(), 0u);
   EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{11}));
 }

@@ -32,8 +32,8 @@ TEST(LayerNormalization, LastAxisMatchesHandComputed) {
 TEST(LayerNormalization, InnerAxisWithStatistics) {
   // axis 1 of [1, 2, 2]: one group of four values {0, 2, 4, 6}, mean 3, variance 5.
   mx::array x = mx::array({0.f, 2.f, 4.f, 6.f}, {1, 2, 2});
-  auto out = run_op("LayerNormalization", 17, {x, mx::ones({2, 2})}, {int_attr("axis", 1), float_attr("epsilon", 0.f)},
-                    3);
+  auto out = run_op("LayerNormalization", 17, {x, mx::ones({2, 2})},
+                    {int_attr("axis", 1), float_attr("epsilon", 0.f)}, 3);
   const double inv = 1 / std::sqrt(5.0);
   expect_near(to_doubles(out[0].tensor()), {-3 * inv, -inv, inv, 3 * inv});
   EXPECT_EQ(out[1].tensor().shape(), (mx::Shape{1, 1, 1}));
@@ -48,14 +48,16 @@ TEST(LayerNormalization, HalfInputComputesStatisticsInFloat32) {
   EXPECT_EQ(out[1].tensor().dtype(), mx::float32);
   expect_near(to_doubles(out[1].tensor()), {1001.5});
   const double inv = 1 / std::sqrt(1.25 + 1e-5);
-  expect_near(to_doubles(out[0].tensor()), {-1.5 * inv, -0.5 * inv, 0.5 * inv, 1.5 * inv}, 2e-3);  // f16 rounding
+  expect_near(to_doubles(out[0].tensor()), {-1.5 * inv, -0.5 * inv, 0.5 * inv, 1.5 * inv},
+              2e-3);  // f16 rounding
 }
 
 TEST(BatchNormalization, InferencePerChannel) {
   mx::array x = mx::array({1.f, 2.f, 3.f, 4.f}, {1, 2, 2, 1});
-  auto out = run_op("BatchNormalization", 15,
-                    {x, mx::array({1.f, 2.f}), mx::array({0.f, 1.f}), mx::array({1.f, 3.f}), mx::array({4.f, 1.f})},
-                    {float_attr("epsilon", 0.f)});
+  auto out =
+      run_op("BatchNormalization", 15,
+             {x, mx::array({1.f, 2.f}), mx::array({0.f, 1.f}), mx::array({1.f, 3.f}), mx::array({4.f, 1.f})},
+             {float_attr("epsilon", 0.f)});
   // Channel 0: (x - 1) / 2; channel 1: 2 * (x - 3) + 1.
   expect_near(to_doubles(out[0].tensor()), {0, 0.5, 1, 3});
 }
@@ -72,9 +74,9 @@ TEST(BatchNormalization, LegacyPerActivationParameters) {
 TEST(BatchNormalization, TrainingModeUpdatesRunningStatistics) {
   // One channel holding {0, 2}: batch mean 1, population variance 1.
   mx::array x = mx::array({0.f, 2.f}, {2, 1});
-  auto out = run_op("BatchNormalization", 15,
-                    {x, mx::array({1.f}), mx::array({0.f}), mx::array({5.f}), mx::array({3.f})},
-                    {int_attr("training_mode", 1), float_attr("momentum", 0.5f), float_attr("epsilon", 0.f)}, 3);
+  auto out = run_op(
+      "BatchNormalization", 15, {x, mx::array({1.f}), mx::array({0.f}), mx::array({5.f}), mx::array({3.f})},
+      {int_attr("training_mode", 1), float_attr("momentum", 0.5f), float_attr("epsilon", 0.f)}, 3);
   expect_near(to_doubles(out[0].tensor()), {-1, 1});
   expect_near(to_doubles(out[1].tensor()), {3});  // 0.5 * 5 + 0.5 * 1
   expect_near(to_doubles(out[2].tensor()), {2});  // 0.5 * 3 + 0.5 * 1

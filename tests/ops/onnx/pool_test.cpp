@@ -25,8 +25,9 @@ mx::array grid3() { return mx::reshape(mx::arange(1.0, 10.0, 1.0, mx::float32), 
 
 TEST(MaxPool, PadsNeverWinEvenAgainstNegativeValues) {
   mx::array x = mx::negative(grid3());
-  auto out = run_op("MaxPool", 12, {x}, {ints_attr("kernel_shape", {2, 2}), ints_attr("pads", {1, 1, 1, 1}),
-                                         ints_attr("strides", {2, 2})});
+  auto out = run_op(
+      "MaxPool", 12, {x},
+      {ints_attr("kernel_shape", {2, 2}), ints_attr("pads", {1, 1, 1, 1}), ints_attr("strides", {2, 2})});
   EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{1, 1, 2, 2}));
   EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{-1, -2, -4, -5}));
 }
@@ -38,7 +39,8 @@ TEST(MaxPool, CeilModeAddsAWindowButNotOneStartingInThePadding) {
                      {ints_attr("kernel_shape", {2}), ints_attr("strides", {2}), int_attr("ceil_mode", 1)});
   EXPECT_EQ(even[0].tensor().shape(), (mx::Shape{1, 1, 2}));
   mx::array x = mx::array({1.f, 5.f, 2.f, 0.f, 7.f}, {1, 1, 5});
-  auto odd = run_op("MaxPool", 12, {x}, {ints_attr("kernel_shape", {2}), ints_attr("strides", {2}), int_attr("ceil_mode", 1)});
+  auto odd = run_op("MaxPool", 12, {x},
+                    {ints_attr("kernel_shape", {2}), ints_attr("strides", {2}), int_attr("ceil_mode", 1)});
   EXPECT_EQ(to_doubles(odd[0].tensor()), (std::vector<double>{5, 2, 7}));
 }
 
@@ -76,7 +78,8 @@ TEST(MaxPool, Uint8PadsWithZero) {
 
 TEST(MaxPool, TracesUnderCompile) {
   auto fn = [](const std::vector<mx::array>& in) {
-    auto out = run_op("MaxPool", 12, {in[0]}, {ints_attr("kernel_shape", {2, 2}), ints_attr("pads", {0, 0, 1, 1})}, 2);
+    auto out = run_op("MaxPool", 12, {in[0]},
+                      {ints_attr("kernel_shape", {2, 2}), ints_attr("pads", {0, 0, 1, 1})}, 2);
     return std::vector<mx::array>{out[0].tensor(), out[1].tensor()};
   };
   auto compiled = mx::compile(fn);
@@ -99,14 +102,16 @@ TEST(AveragePool, CountIncludePadDecidesTheDivisor) {
 TEST(AveragePool, CeilWindowsDoNotCountTheirOverhangEvenWithCountIncludePad) {
   // Length 5, kernel 2, stride 2, ceil: the last window covers {x4, overhang}.
   mx::array x = mx::array({1.f, 3.f, 5.f, 7.f, 9.f}, {1, 1, 5});
-  auto out = run_op("AveragePool", 19, {x}, {ints_attr("kernel_shape", {2}), ints_attr("strides", {2}),
-                                             int_attr("ceil_mode", 1), int_attr("count_include_pad", 1)});
+  auto out = run_op("AveragePool", 19, {x},
+                    {ints_attr("kernel_shape", {2}), ints_attr("strides", {2}), int_attr("ceil_mode", 1),
+                     int_attr("count_include_pad", 1)});
   expect_near(to_doubles(out[0].tensor()), {2, 6, 9});
 }
 
 TEST(AveragePool, SameLowerPadsAtTheStart) {
   mx::array x = mx::array({2.f, 4.f, 6.f}, {1, 1, 3});
-  auto out = run_op("AveragePool", 11, {x}, {ints_attr("kernel_shape", {2}), string_attr("auto_pad", "SAME_LOWER")});
+  auto out =
+      run_op("AveragePool", 11, {x}, {ints_attr("kernel_shape", {2}), string_attr("auto_pad", "SAME_LOWER")});
   expect_near(to_doubles(out[0].tensor()), {2, 3, 5});
 }
 
@@ -119,6 +124,21 @@ TEST(AveragePool, DilationsOnThreeSpatialAxes) {
 
 TEST(AveragePool, WindowLargerThanThePaddedInputIsAnError) {
   EXPECT_THROW(run_op("AveragePool", 11, {mx::ones({1, 1, 2})}, {ints_attr("kernel_shape", {3})}), OpError);
+}
+
+TEST(LpPool, PNormOfEachWindow) {
+  mx::array x = mx::array({3.f, -4.f, 0.f, 1.f}, {1, 1, 4});
+  auto l2 = run_op("LpPool", 18, {x}, {ints_attr("kernel_shape", {2}), ints_attr("strides", {2})});
+  expect_near(to_doubles(l2[0].tensor()), {5, 1});
+  // v1 takes p as a float.
+  auto l1 = run_op("LpPool", 1, {x}, {ints_attr("kernel_shape", {2}), testing::float_attr("p", 1.f)});
+  expect_near(to_doubles(l1[0].tensor()), {7, 4, 1});
+}
+
+TEST(GlobalPool, LpOverAllSpatialAxes) {
+  auto out = run_op("GlobalLpPool", 2, {mx::array({3.f, 0.f, 0.f, 4.f}, {1, 1, 2, 2})}, {int_attr("p", 2)});
+  EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{1, 1, 1, 1}));
+  expect_near(to_doubles(out[0].tensor()), {5});
 }
 
 TEST(GlobalPool, AverageAndMaxKeepSpatialAxes) {

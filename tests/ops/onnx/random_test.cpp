@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "support/op_test_support.h"
+#include "transmuter/dtype.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -65,6 +66,69 @@ TEST(Dropout, TrainingRejectsARatioOfOne) {
   } catch (const OpError& e) {
     EXPECT_NE(std::string(e.what()).find("[Dropout v12] node 'test_Dropout': ratio must be in [0, 1), got 1"),
               std::string::npos)
+        << e.what();
+  }
+}
+
+double mean_of(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return sum / v.size();
+}
+
+TEST(RandomGenerators, NormalHasTheRequestedShapeDtypeAndMoments) {
+  auto out = run_op("RandomNormal", 1, {},
+                    {testing::ints_attr("shape", {100, 100}), float_attr("mean", 5.f),
+                     float_attr("scale", 2.f), int_attr("dtype", static_cast<int64_t>(OnnxType::kDouble))});
+  mx::array y = out[0].tensor();
+  EXPECT_EQ(y.shape(), (mx::Shape{100, 100}));
+  EXPECT_EQ(y.dtype(), mx::float64);
+  std::vector<double> v = to_doubles(y);
+  // 10^4 draws: the sample mean has a standard error of 0.02; 10 of them.
+  EXPECT_NEAR(mean_of(v), 5.0, 0.2);
+  double var = 0;
+  for (double x : v) var += (x - 5.0) * (x - 5.0);
+  EXPECT_NEAR(var / v.size(), 4.0, 0.4);
+}
+
+TEST(RandomGenerators, UniformLikeStaysInRangeAndSeedsRepeat) {
+  mx::array like = mx::zeros({50, 40}, mx::float16);
+  std::vector<Attribute> attrs = {float_attr("low", -2.f), float_attr("high", 3.f), float_attr("seed", 7.f)};
+  mx::array a = run_op("RandomUniformLike", 22, {like}, attrs)[0].tensor();
+  EXPECT_EQ(a.dtype(), mx::float16);
+  EXPECT_EQ(a.shape(), like.shape());
+  std::vector<double> v = to_doubles(a);
+  for (double x : v) {
+    ASSERT_GE(x, -2.0);
+    ASSERT_LE(x, 3.0);
+  }
+  EXPECT_NEAR(mean_of(v), 0.5, 0.2);  // 2000 draws, standard error 0.03
+  EXPECT_EQ(to_doubles(run_op("RandomUniformLike", 22, {like}, attrs)[0].tensor()), v);
+}
+
+TEST(RandomGenerators, BernoulliAndMultinomial) {
+  mx::array p = mx::array({0.f, 1.f, 0.f, 1.f});
+  mx::array b =
+      run_op("Bernoulli", 15, {p}, {int_attr("dtype", static_cast<int64_t>(OnnxType::kInt32))})[0].tensor();
+  EXPECT_EQ(b.dtype(), mx::int32);
+  EXPECT_EQ(to_ints(b), (std::vector<int64_t>{0, 1, 0, 1}));
+  // Class 1 has all the probability mass.
+  mx::array logits = mx::log(mx::array({0.f, 1.f, 0.f, 0.f, 0.f, 1.f}, {2, 3}));
+  mx::array m =
+      run_op("Multinomial", 7, {logits},
+             {int_attr("sample_size", 4), int_attr("dtype", static_cast<int64_t>(OnnxType::kInt64))})[0]
+          .tensor();
+  EXPECT_EQ(m.dtype(), mx::int64);
+  EXPECT_EQ(m.shape(), (mx::Shape{2, 4}));
+  EXPECT_EQ(to_ints(m), (std::vector<int64_t>{1, 1, 1, 1, 2, 2, 2, 2}));
+}
+
+TEST(RandomGenerators, RandomNormalNeedsAShape) {
+  try {
+    run_op("RandomNormal", 22, {});
+    FAIL() << "expected OpError";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("required attribute 'shape' is missing"), std::string::npos)
         << e.what();
   }
 }

@@ -84,9 +84,16 @@ TEST(Reduction, BoolMaxAndMinStayBool) {
 }
 
 TEST(Reduction, IntegerMeanKeepsTheDtypeAndTruncates) {
-  auto out = run_op("ReduceMean", 18, {mx::array({1, 2, -3, -4}, {2, 2}), axes({1})}, {int_attr("keepdims", 0)});
+  auto out =
+      run_op("ReduceMean", 18, {mx::array({1, 2, -3, -4}, {2, 2}), axes({1})}, {int_attr("keepdims", 0)});
   EXPECT_EQ(out[0].tensor().dtype(), mx::int32);
   EXPECT_EQ(to_ints(out[0].tensor()), (std::vector<int64_t>{1, -3}));  // 1.5 -> 1, -3.5 -> -3
+
+  // Exact beyond float precision: (2^40 + 1 + 2^40 + 2) / 2 truncates to 2^40 + 1.
+  const int64_t big = int64_t{1} << 40;
+  auto wide = run_op("ReduceMean", 18, {int64s({big + 1, big + 2})}, {int_attr("keepdims", 0)});
+  EXPECT_EQ(wide[0].tensor().dtype(), mx::int64);
+  EXPECT_EQ(to_ints(wide[0].tensor()), (std::vector<int64_t>{big + 1}));
 }
 
 TEST(Reduction, LogSumExpIsStableForLargeValues) {
@@ -105,7 +112,8 @@ TEST(Reduction, AxisOutOfRangeNamesTheNode) {
     run_op("ReduceSum", 13, {three_by_two(), axes({2})});
     FAIL() << "expected OpError";
   } catch (const OpError& e) {
-    EXPECT_NE(std::string(e.what()).find("[ReduceSum v13] node 'test_ReduceSum'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[ReduceSum v13] node 'test_ReduceSum'"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -124,7 +132,8 @@ TEST(ArgExtreme, SelectLastIndexPicksTheLastOfEqualExtremes) {
 
   mx::array y = mx::array({1.f, 0.f, 3.f, 1.f, 0.f, 2.f}, {2, 3});
   auto first = run_op("ArgMin", 13, {y}, {int_attr("axis", 0), int_attr("keepdims", 0)});
-  auto last = run_op("ArgMin", 13, {y}, {int_attr("axis", 0), int_attr("keepdims", 0), int_attr("select_last_index", 1)});
+  auto last = run_op("ArgMin", 13, {y},
+                     {int_attr("axis", 0), int_attr("keepdims", 0), int_attr("select_last_index", 1)});
   EXPECT_EQ(last[0].tensor().shape(), (mx::Shape{3}));
   EXPECT_EQ(to_ints(first[0].tensor()), (std::vector<int64_t>{0, 0, 1}));
   EXPECT_EQ(to_ints(last[0].tensor()), (std::vector<int64_t>{1, 1, 1}));

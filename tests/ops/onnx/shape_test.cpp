@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "support/op_test_support.h"
@@ -16,13 +17,33 @@ using testing::string_attr;
 using testing::to_doubles;
 using testing::to_ints;
 
-mx::array i64(std::vector<int64_t> v) { return mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int64); }
+mx::array i64(std::vector<int64_t> v) {
+  return mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int64);
+}
 mx::array iota(mx::Shape shape, mx::Dtype dtype = mx::float32) {
   int n = 1;
   for (int d : shape) n *= d;
   return mx::reshape(mx::astype(mx::arange(n), dtype), shape);
 }
 const mx::array& out0(const std::vector<Value>& out) { return out[0].tensor(); }
+
+// Runs the op inside mx::compile: inputs at `traced` positions are the
+// compiled function's arguments (tracers while tracing), the others are
+// captured constants, as host inputs are for the runtime's compiler.
+std::vector<mx::array> run_compiled(const std::string& op, int opset, const std::vector<Value>& inputs,
+                                    const std::vector<size_t>& traced,
+                                    const std::vector<Attribute>& attrs = {}, int num_outputs = 1) {
+  std::vector<mx::array> args;
+  for (size_t i : traced) args.push_back(inputs[i].tensor());
+  auto trace = [&](const std::vector<mx::array>& traced_args) {
+    std::vector<Value> in = inputs;
+    for (size_t k = 0; k < traced.size(); ++k) in[traced[k]] = traced_args[k];
+    std::vector<mx::array> outs;
+    for (const Value& v : run_op(op, opset, in, attrs, num_outputs)) outs.push_back(v.tensor());
+    return outs;
+  };
+  return mx::compile(trace)(args);
+}
 
 TEST(Transpose, DefaultPermReversesDims) {
   auto out = run_op("Transpose", 21, {iota({2, 3, 4})});
@@ -92,7 +113,8 @@ TEST(Unsqueeze, UnsortedAndNegativeAxesIndexTheOutput) {
 }
 
 TEST(Concat, NegativeAxisAndEmptyInput) {
-  auto out = run_op("Concat", 13, {iota({2, 2}), mx::zeros({2, 0}), mx::ones({2, 1})}, {int_attr("axis", -1)});
+  auto out =
+      run_op("Concat", 13, {iota({2, 2}), mx::zeros({2, 0}), mx::ones({2, 1})}, {int_attr("axis", -1)});
   EXPECT_EQ(out0(out).shape(), (mx::Shape{2, 3}));
   EXPECT_EQ(to_doubles(out0(out)), (std::vector<double>{0, 1, 1, 2, 3, 1}));
 }
@@ -114,6 +136,13 @@ TEST(Split, Opset18UnevenNumOutputs) {
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{2}));
   EXPECT_EQ(to_doubles(out[3].tensor()), (std::vector<double>{6}));
+}
+
+TEST(Split, Opset18WithoutSizesOrCountUsesOutputs) {
+  auto out = run_op("Split", 18, {iota({5})}, {}, 2);
+  EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{3}));
+  EXPECT_EQ(out[1].tensor().shape(), (mx::Shape{2}));
+  EXPECT_THROW(run_op("Split", 18, {iota({6})}, {int_attr("num_outputs", 3)}, 2), OpError);
 }
 
 TEST(Split, UnevenBeforeOpset18IsAnError) { EXPECT_THROW(run_op("Split", 13, {iota({7})}, {}, 2), OpError); }
@@ -187,7 +216,8 @@ TEST(DepthToSpace, DcrAndCrdModes) {
   auto dcr = run_op("DepthToSpace", 13, {iota({1, 4, 1, 1})}, {int_attr("blocksize", 2)});
   EXPECT_EQ(out0(dcr).shape(), (mx::Shape{1, 1, 2, 2}));
   EXPECT_EQ(to_doubles(out0(dcr)), (std::vector<double>{0, 1, 2, 3}));
-  auto crd = run_op("DepthToSpace", 13, {iota({1, 8, 1, 1})}, {int_attr("blocksize", 2), string_attr("mode", "CRD")});
+  auto crd = run_op("DepthToSpace", 13, {iota({1, 8, 1, 1})},
+                    {int_attr("blocksize", 2), string_attr("mode", "CRD")});
   EXPECT_EQ(out0(crd).shape(), (mx::Shape{1, 2, 2, 2}));
   EXPECT_EQ(to_doubles(out0(crd)), (std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7}));
   auto dcr8 = run_op("DepthToSpace", 13, {iota({1, 8, 1, 1})}, {int_attr("blocksize", 2)});
@@ -202,6 +232,30 @@ TEST(SpaceToDepth, InvertsDepthToSpace) {
     EXPECT_EQ(out0(up).shape(), x.shape());
     EXPECT_EQ(to_doubles(out0(up)), to_doubles(x)) << mode;
   }
+}
+
+TEST(ShapeCompiled, HostInputsAsConstantsDataTraced) {
+  auto reshaped = run_compiled("Reshape", 14, {iota({2, 3}), i64({3, -1})}, {0});
+  EXPECT_EQ(reshaped[0].shape(), (mx::Shape{3, 2}));
+  // Pad's constant_value is a tensor input: traced here, never read on the host.
+  auto padded = run_compiled("Pad", 18, {iota({2}), i64({1, 1}), mx::array(9.f), Value()}, {0, 2});
+  EXPECT_EQ(to_doubles(padded[0]), (std::vector<double>{9, 0, 1, 9}));
+  auto reflected = run_compiled("Pad", 19, {iota({3}), i64({2, 0})}, {0}, {string_attr("mode", "reflect")});
+  EXPECT_EQ(to_doubles(reflected[0]), (std::vector<double>{2, 1, 0, 1, 2}));
+  auto parts = run_compiled("Split", 18, {iota({5}), i64({2, 3})}, {0}, {}, 2);
+  EXPECT_EQ(to_doubles(parts[1]), (std::vector<double>{2, 3, 4}));
+  auto expanded = run_compiled("Expand", 13, {iota({1, 2}), i64({2, 2})}, {0});
+  EXPECT_EQ(to_doubles(expanded[0]), (std::vector<double>{0, 1, 0, 1}));
+  auto dims = run_compiled("Shape", 15, {mx::zeros({3, 4})}, {0}, {int_attr("start", -1)});
+  EXPECT_EQ(to_ints(dims[0]), (std::vector<int64_t>{4}));
+  auto unsqueezed = run_compiled("Unsqueeze", 13, {iota({2}), i64({0})}, {0});
+  EXPECT_EQ(unsqueezed[0].shape(), (mx::Shape{1, 2}));
+}
+
+TEST(ShapeCompiled, TracedHostInputIsAnOpError) {
+  // A shape computed from traced data cannot be read while tracing; the
+  // runtime turns such a node into a graph break instead.
+  EXPECT_THROW(run_compiled("Reshape", 14, {iota({2, 3}), i64({3, 2})}, {0, 1}), OpError);
 }
 
 }  // namespace
