@@ -66,6 +66,34 @@ std::vector<Value> run_op(const std::string& op_type, int opset, const std::vect
   return node.op->fn(ctx);
 }
 
+std::vector<mx::array> run_compiled(const std::string& op_type, int opset, const std::vector<Value>& inputs,
+                                    const std::vector<size_t>& traced, const std::vector<Attribute>& attributes,
+                                    int num_outputs) {
+  std::vector<mx::array> args;
+  for (size_t i : traced) args.push_back(inputs[i].tensor());
+  auto trace = [&](const std::vector<mx::array>& traced_args) {
+    std::vector<Value> in = inputs;
+    for (size_t k = 0; k < traced.size(); ++k) in[traced[k]] = traced_args[k];
+    std::vector<mx::array> outs;
+    for (const Value& v : run_op(op_type, opset, in, attributes, num_outputs)) outs.push_back(v.tensor());
+    return outs;
+  };
+  return mx::compile(trace)(args);
+}
+
+mx::array i64(std::vector<int64_t> v, mx::Shape shape) {
+  if (shape.empty()) shape = {static_cast<int>(v.size())};
+  return mx::array(v.begin(), shape, mx::int64);
+}
+
+mx::array iota(mx::Shape shape, mx::Dtype dtype) {
+  int n = 1;
+  for (int d : shape) n *= d;
+  return mx::reshape(mx::astype(mx::arange(n), dtype), shape);
+}
+
+const mx::array& out0(const std::vector<Value>& outputs) { return outputs[0].tensor(); }
+
 std::vector<double> to_doubles(const mx::array& a) {
   mx::array f = mx::astype(mx::flatten(a), mx::float64, mx::Device::cpu);
   mx::eval(f);

@@ -26,6 +26,20 @@ Attribute tensor_attr(const std::string& name, Value v);
 std::vector<Value> run_op(const std::string& op_type, int opset, const std::vector<Value>& inputs,
                           const std::vector<Attribute>& attributes = {}, int num_outputs = 1);
 
+/** Runs the op inside mx::compile: inputs at `traced` positions are the
+ * compiled function's arguments (tracers while tracing), the others are
+ * captured constants, as host inputs are for the runtime's compiler. */
+std::vector<mx::array> run_compiled(const std::string& op_type, int opset, const std::vector<Value>& inputs,
+                                    const std::vector<size_t>& traced, const std::vector<Attribute>& attributes = {},
+                                    int num_outputs = 1);
+
+/** An int64 tensor; 1-D of v.size() unless `shape` is given. */
+mx::array i64(std::vector<int64_t> v, mx::Shape shape = {});
+/** 0, 1, 2, ... in `shape` (row-major), cast to `dtype`. */
+mx::array iota(mx::Shape shape, mx::Dtype dtype = mx::float32);
+/** The first output, as a tensor. */
+const mx::array& out0(const std::vector<Value>& outputs);
+
 /** Values of a tensor as doubles/int64 (evaluates it). */
 std::vector<double> to_doubles(const mx::array& a);
 std::vector<int64_t> to_ints(const mx::array& a);

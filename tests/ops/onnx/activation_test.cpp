@@ -100,6 +100,19 @@ TEST(Activation, GeluExactAndTanhApproximation) {
   }
 }
 
+TEST(Activation, NarrowFloatsRoundOnlyTheResult) {
+  // bfloat16 Gelu/Mish are computed in float32 and rounded once, so they equal
+  // the float32 result converted to bfloat16.
+  mx::array x = mx::astype(mx::array(kInputs.data(), {5}), mx::bfloat16);
+  for (const char* op : {"Gelu", "Mish", "Celu", "Selu"}) {
+    int opset = 22;
+    mx::array narrow = run_op(op, opset, {x})[0].tensor();
+    EXPECT_EQ(narrow.dtype(), mx::bfloat16) << op;
+    mx::array wide = run_op(op, opset, {mx::astype(x, mx::float32)})[0].tensor();
+    EXPECT_EQ(to_doubles(narrow), to_doubles(mx::astype(wide, mx::bfloat16))) << op;
+  }
+}
+
 TEST(Activation, PReluLegacySlopeFollowsTheChannelAxis) {
   // X [1, 2, 2]: channel 0 = {-1, -1}, channel 1 = {-1, -1}; slope per channel.
   mx::array x = mx::full({1, 2, 2}, -1.f);

@@ -18,34 +18,10 @@ using testing::string_attr;
 using testing::to_doubles;
 using testing::to_ints;
 
-mx::array i64(std::vector<int64_t> v, mx::Shape shape = {}) {
-  if (shape.empty()) shape = {static_cast<int>(v.size())};
-  return mx::array(v.begin(), shape, mx::int64);
-}
-mx::array iota(mx::Shape shape, mx::Dtype dtype = mx::float32) {
-  int n = 1;
-  for (int d : shape) n *= d;
-  return mx::reshape(mx::astype(mx::arange(n), dtype), shape);
-}
-const mx::array& out0(const std::vector<Value>& out) { return out[0].tensor(); }
-
-// Runs the op inside mx::compile: inputs at `traced` positions are the
-// compiled function's arguments (tracers while tracing), the others are
-// captured constants, as host inputs are for the runtime's compiler.
-std::vector<mx::array> run_compiled(const std::string& op, int opset, const std::vector<Value>& inputs,
-                                    const std::vector<size_t>& traced,
-                                    const std::vector<Attribute>& attrs = {}, int num_outputs = 1) {
-  std::vector<mx::array> args;
-  for (size_t i : traced) args.push_back(inputs[i].tensor());
-  auto trace = [&](const std::vector<mx::array>& traced_args) {
-    std::vector<Value> in = inputs;
-    for (size_t k = 0; k < traced.size(); ++k) in[traced[k]] = traced_args[k];
-    std::vector<mx::array> outs;
-    for (const Value& v : run_op(op, opset, in, attrs, num_outputs)) outs.push_back(v.tensor());
-    return outs;
-  };
-  return mx::compile(trace)(args);
-}
+using testing::i64;
+using testing::iota;
+using testing::out0;
+using testing::run_compiled;
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
