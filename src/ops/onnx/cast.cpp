@@ -15,6 +15,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -133,48 +134,48 @@ std::string lower(std::string text) {
 }
 
 /** Parses one string for a cast to a number: plain or scientific notation,
- * and INF/+INF/-INF/NaN in any case (Cast spec). */
-double parse_number(const NodeContext& ctx, const std::string& text) {
+ * and INF/+INF/-INF/NaN in any case (Cast spec; strtod/strtof accept them).
+ * float32 parses with strtof so that no double rounding occurs. */
+template <typename F>
+F parse_number(const NodeContext& ctx, const std::string& text) {
   std::string key = lower(text);
   if (key == "true") return 1;
   if (key == "false") return 0;
   char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
+  F v = std::is_same_v<F, float> ? std::strtof(text.c_str(), &end) : std::strtod(text.c_str(), &end);
   if (end == text.c_str()) throw ctx.error("cannot parse \"", text, "\" as a number");
   return v;
 }
 
+template <typename T>
+mx::array host_array(const std::vector<T>& values, const mx::Shape& shape, mx::Dtype dtype,
+                     mx::Dtype target) {
+  mx::array flat = mx::array(values.begin(), {static_cast<int>(values.size())}, dtype);
+  return mx::astype(mx::reshape(flat, shape, mx::Device::cpu), target, mx::Device::cpu);
+}
+
 mx::array strings_to_numbers(const NodeContext& ctx, const StringTensor& in, mx::Dtype target) {
   mx::Shape shape = to_shape(ctx, in.shape);
-  int count = static_cast<int>(in.data.size());
-  // Integers parse as integers so that int64 values beyond 2^53 stay exact.
+  // Integers parse as integers so that int64 values beyond 2^53 stay exact;
+  // "100.5" gives 100.
   if (mx::issubdtype(target, mx::integer)) {
     std::vector<int64_t> values;
     for (const std::string& text : in.data) {
       int64_t v = 0;
       auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
       bool whole = ec == std::errc() && ptr == text.data() + text.size();
-      values.push_back(whole ? v : static_cast<int64_t>(parse_number(ctx, text)));
+      values.push_back(whole ? v : static_cast<int64_t>(parse_number<double>(ctx, text)));
     }
-    return mx::astype(mx::reshape(mx::array(values.begin(), {count}, mx::int64), shape, mx::Device::cpu),
-                      target, mx::Device::cpu);
+    return host_array(values, shape, mx::int64, target);
+  }
+  if (target == mx::float32) {
+    std::vector<float> values;
+    for (const std::string& text : in.data) values.push_back(parse_number<float>(ctx, text));
+    return host_array(values, shape, mx::float32, target);
   }
   std::vector<double> values;
-  for (const std::string& text : in.data) values.push_back(parse_number(ctx, text));
-  // float32 parses through float32 (strtof) so that no double rounding occurs.
-  if (target == mx::float32) {
-    std::vector<float> floats;
-    for (const std::string& text : in.data) {
-      std::string key = lower(text);
-      bool special = key.find("inf") != std::string::npos || key.find("nan") != std::string::npos ||
-                     key == "true" || key == "false";
-      floats.push_back(special ? static_cast<float>(parse_number(ctx, text))
-                               : std::strtof(text.c_str(), nullptr));
-    }
-    return mx::reshape(mx::array(floats.begin(), {count}, mx::float32), shape, mx::Device::cpu);
-  }
-  return mx::astype(mx::reshape(mx::array(values.begin(), {count}, mx::float64), shape, mx::Device::cpu),
-                    target, mx::Device::cpu);
+  for (const std::string& text : in.data) values.push_back(parse_number<double>(ctx, text));
+  return host_array(values, shape, mx::float64, target);
 }
 
 /** Shortest decimal digits that read back as `v` in its own type, in
@@ -323,6 +324,7 @@ OnnxType type_from_name(const NodeContext& ctx, const std::string& name) {
 }
 
 OpOutputs cast_v1(NodeContext& ctx) {
+  if (!ctx.has_input(0)) throw ctx.error("input 0 is required but missing");
   std::string name = ctx.attr_string("to", "");
   return {cast_value(ctx, ctx.value(0), type_from_name(ctx, name), {})};
 }

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
@@ -10,6 +11,7 @@ namespace {
 
 using testing::float_attr;
 using testing::int_attr;
+using testing::run_compiled;
 using testing::run_op;
 using testing::string_attr;
 using testing::to_doubles;
@@ -151,6 +153,27 @@ TEST(Activation, SoftmaxRejectsAnAxisOutOfRange) {
     FAIL() << "expected OpError";
   } catch (const OpError& e) {
     EXPECT_NE(std::string(e.what()).find("axis 2 out of range for rank 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Activation, CompiledMatchesEager) {
+  mx::array bf16 = mx::astype(mx::array(kInputs.data(), {5}), mx::bfloat16);
+  mx::array x3 = mx::reshape(testing::iota({8}), {2, 2, 2});
+  struct Case {
+    const char* op;
+    int opset;
+    std::vector<Value> inputs;
+  };
+  for (const Case& c : {Case{"Gelu", 20, {bf16}}, Case{"Mish", 22, {bf16}}, Case{"Softmax", 11, {x3}},
+                        Case{"LogSoftmax", 13, {x3}}, Case{"PRelu", 6, {x3, mx::array({0.1f, 0.2f})}},
+                        Case{"HardSwish", 22, {bf16}}}) {
+    mx::array eager = run_op(c.op, c.opset, c.inputs)[0].tensor();
+    std::vector<size_t> traced(c.inputs.size());
+    std::iota(traced.begin(), traced.end(), 0);
+    mx::array compiled = run_compiled(c.op, c.opset, c.inputs, traced)[0];
+    EXPECT_EQ(compiled.dtype(), eager.dtype()) << c.op;
+    // Fusion may reorder float32 rounding: a few ulps.
+    expect_near(to_doubles(compiled), to_doubles(eager), 1e-6);
   }
 }
 

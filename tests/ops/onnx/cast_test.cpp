@@ -11,6 +11,7 @@ namespace transmuter {
 namespace {
 
 using testing::int_attr;
+using testing::run_compiled;
 using testing::run_op;
 using testing::string_attr;
 using testing::to_doubles;
@@ -161,6 +162,17 @@ TEST(CastLike, TakesTheTypeOfTheSecondInput) {
   Value strings = run_op("CastLike", 19, {mx::array({2}), StringTensor{{1}, {"x"}}})[0];
   ASSERT_TRUE(strings.is_strings());
   EXPECT_EQ(strings.strings().data, (std::vector<std::string>{"2"}));
+}
+
+TEST(Cast, NarrowTargetsWorkUnderCompile) {
+  mx::array x = mx::array({0.47892547f, 1e6f, -kInf, NAN, 3 * std::ldexp(1.f, -10), -9.f});
+  for (OnnxType type : {OnnxType::kFloat8E4M3FN, OnnxType::kFloat8E5M2FNUZ, OnnxType::kFloat4E2M1,
+                        OnnxType::kFloat8E8M0, OnnxType::kInt4, OnnxType::kBfloat16}) {
+    mx::array eager = cast(x, type);
+    mx::array compiled = run_compiled("Cast", 21, {x}, {0}, {to(type)})[0];
+    EXPECT_EQ(compiled.dtype(), eager.dtype()) << onnx_type_name(type);
+    expect_values(to_doubles(compiled), to_doubles(eager));
+  }
 }
 
 }  // namespace

@@ -9,13 +9,15 @@
 namespace transmuter {
 namespace {
 
+using testing::i64;
 using testing::int_attr;
+using testing::run_compiled;
 using testing::run_op;
 using testing::to_doubles;
 using testing::to_ints;
 
 mx::array ints(std::vector<int64_t> v, mx::Dtype dtype = mx::int64) {
-  return mx::astype(mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int64), dtype);
+  return mx::astype(i64(std::move(v)), dtype);
 }
 
 /** Runs an op that must throw OpError and returns its message. */
@@ -257,6 +259,38 @@ TEST(Elementwise, IdentityPassesAnyValueThrough) {
   EXPECT_EQ(seq[0].sequence_items().size(), 2u);
   auto t = run_op("Identity", 1, {ints({4, 5})});
   EXPECT_EQ(to_ints(t[0].tensor()), (std::vector<int64_t>{4, 5}));
+}
+
+/** Runs `op` eagerly and inside mx::compile with every input traced, and
+ * expects the same dtype and values. */
+void expect_compiled_matches_eager(const std::string& op, int opset, const std::vector<Value>& inputs,
+                                   const std::vector<Attribute>& attributes = {}) {
+  mx::array eager = run_op(op, opset, inputs, attributes)[0].tensor();
+  std::vector<size_t> traced;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].is_none()) traced.push_back(i);
+  }
+  mx::array compiled = run_compiled(op, opset, inputs, traced, attributes)[0];
+  EXPECT_EQ(compiled.dtype(), eager.dtype()) << op;
+  EXPECT_EQ(to_doubles(compiled), to_doubles(eager)) << op;
+}
+
+TEST(Elementwise, CompiledMatchesEager) {
+  mx::array a = ints({-7, 7, -7, 7}, mx::int32);
+  mx::array b = ints({2, 2, -2, -3}, mx::int32);
+  expect_compiled_matches_eager("Div", 14, {a, b});
+  expect_compiled_matches_eager("Mod", 13, {a, b});
+  expect_compiled_matches_eager("Mod", 13, {a, b}, {int_attr("fmod", 1)});
+  expect_compiled_matches_eager("Mod", 28, {mx::array({4.f, -3.f}), mx::array({-2.f, 2.5f})});
+  expect_compiled_matches_eager("BitShift", 28, {ints({-8, 16}, mx::int8), ints({9, 2}, mx::int8)},
+                                {testing::string_attr("direction", "RIGHT")});
+  expect_compiled_matches_eager("Pow", 15, {ints({2, 3}), mx::array({0.5f, 2.f})});
+  expect_compiled_matches_eager("Clip", 13, {mx::array({-2.f, 0.f, 2.f}), mx::array(-1.f), mx::array(1.f)});
+  expect_compiled_matches_eager("Where", 16,
+                                {mx::array({true, false}), mx::array({1.f, 2.f}), mx::array(0.f)});
+  expect_compiled_matches_eager("Mean", 13, {mx::array({1.f, 2.f}), mx::array({3.f}), mx::array({5.f, 7.f})});
+  expect_compiled_matches_eager("Less", 6, {mx::zeros({2, 2}), mx::array({1.f, -1.f})},
+                                {int_attr("broadcast", 1), int_attr("axis", 0)});
 }
 
 }  // namespace

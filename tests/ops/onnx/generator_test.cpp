@@ -9,17 +9,15 @@ namespace {
 
 using testing::float_attr;
 using testing::floats_attr;
+using testing::i64;
 using testing::int_attr;
 using testing::ints_attr;
+using testing::run_compiled;
 using testing::run_op;
 using testing::string_attr;
 using testing::tensor_attr;
 using testing::to_doubles;
 using testing::to_ints;
-
-mx::array int64s(std::vector<int64_t> v) {
-  return mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int64);
-}
 
 TEST(Constant, ValueTensorIsReturnedAsIs) {
   mx::array t = mx::array({1.f, 2.f}, {2, 1});
@@ -61,21 +59,19 @@ TEST(Constant, WithoutAValueIsAnError) {
 }
 
 TEST(ConstantOfShape, DefaultsToFloatZero) {
-  mx::array out = run_op("ConstantOfShape", 9, {int64s({2, 3})})[0].tensor();
+  mx::array out = run_op("ConstantOfShape", 9, {i64({2, 3})})[0].tensor();
   EXPECT_EQ(out.dtype(), mx::float32);
   EXPECT_EQ(out.shape(), (mx::Shape{2, 3}));
   EXPECT_EQ(to_doubles(out), std::vector<double>(6, 0));
 }
 
 TEST(ConstantOfShape, ValueAttributeGivesValueAndDtype) {
-  mx::array out =
-      run_op("ConstantOfShape", 20, {int64s({3})}, {tensor_attr("value", int64s({7}))})[0].tensor();
+  mx::array out = run_op("ConstantOfShape", 20, {i64({3})}, {tensor_attr("value", i64({7}))})[0].tensor();
   EXPECT_EQ(out.dtype(), mx::int64);
   EXPECT_EQ(to_ints(out), (std::vector<int64_t>{7, 7, 7}));
-  mx::array empty =
-      run_op("ConstantOfShape", 20, {int64s({0})}, {tensor_attr("value", int64s({7}))})[0].tensor();
+  mx::array empty = run_op("ConstantOfShape", 20, {i64({0})}, {tensor_attr("value", i64({7}))})[0].tensor();
   EXPECT_EQ(empty.shape(), (mx::Shape{0}));
-  mx::array scalar = run_op("ConstantOfShape", 20, {int64s({})})[0].tensor();
+  mx::array scalar = run_op("ConstantOfShape", 20, {i64({})})[0].tensor();
   EXPECT_EQ(scalar.ndim(), 0u);
 }
 
@@ -117,6 +113,16 @@ TEST(Range, ZeroDeltaIsAnError) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(Range, HostInputsMayBeCapturedConstantsUnderCompile) {
+  // The runtime hands host inputs in as concrete arrays while tracing.
+  std::vector<Value> in = {mx::array(2, mx::int32), mx::array(11, mx::int32), mx::array(3, mx::int32)};
+  mx::array out = run_compiled("Range", 11, in, {})[0];
+  EXPECT_EQ(out.dtype(), mx::int32);
+  EXPECT_EQ(to_ints(out), (std::vector<int64_t>{2, 5, 8}));
+  mx::array filled = run_compiled("ConstantOfShape", 20, {i64({2})}, {}, {tensor_attr("value", i64({4}))})[0];
+  EXPECT_EQ(to_ints(filled), (std::vector<int64_t>{4, 4}));
 }
 
 TEST(EyeLike, DiagonalOffsetAndDtype) {

@@ -9,6 +9,7 @@ namespace {
 
 using testing::float_attr;
 using testing::int_attr;
+using testing::run_compiled;
 using testing::run_op;
 using testing::to_doubles;
 using testing::to_ints;
@@ -22,6 +23,12 @@ TEST(Dropout, InferenceIsIdentityWithAnAllTrueMask) {
   EXPECT_EQ(out[1].tensor().dtype(), mx::bool_);
   EXPECT_EQ(out[1].tensor().shape(), kData.shape());
   EXPECT_EQ(to_ints(out[1].tensor()), std::vector<int64_t>(8, 1));
+}
+
+TEST(Dropout, InferenceIsIdentityUnderCompile) {
+  auto out = run_compiled("Dropout", 22, {kData, mx::array(0.5f)}, {0}, {}, 2);
+  EXPECT_EQ(to_doubles(out[0]), to_doubles(kData));
+  EXPECT_EQ(to_ints(out[1]), std::vector<int64_t>(8, 1));
 }
 
 TEST(Dropout, MaskTypeFollowsTheOpset) {
