@@ -36,6 +36,23 @@ bool is_plain_tensor(const ValueInfo& info) {
   return info.kind == ValueInfo::Kind::kTensor && info.elem_type != OnnxType::kString;
 }
 
+// True when the node may output something other than a plain tensor: a Cast
+// to STRING, or an output that value_info declares as a string tensor,
+// sequence or optional. Such a node runs eagerly, as its readers do.
+bool produces_non_tensor(const Node& node, const std::unordered_map<std::string, const ValueInfo*>& declared) {
+  if (node.domain.empty() && node.op_type == "Cast") {
+    const Attribute* to = node.find_attribute("to");
+    if (to != nullptr && to->i == static_cast<int64_t>(OnnxType::kString)) return true;
+  }
+  for (const std::string& name : node.outputs) {
+    auto it = declared.find(name);
+    if (it != declared.end() && it->second->kind != ValueInfo::Kind::kUnknown && !is_plain_tensor(*it->second)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool is_shape_query(const Node& node) {
   return node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
 }
@@ -65,6 +82,10 @@ SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& sta
     bool data = static_inputs.count(in.name) == 0;
     flags[in.name] = {data, false, !is_plain_tensor(in)};
   }
+  std::unordered_map<std::string, const ValueInfo*> declared;
+  for (const auto* infos : {&graph.value_info, &graph.outputs}) {
+    for (const ValueInfo& info : *infos) declared[info.name] = &info;
+  }
   const size_t n = graph.nodes.size();
   std::vector<bool> is_break(n, false);
   std::vector<std::vector<std::string>> reads(n);
@@ -87,10 +108,12 @@ SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& sta
       }
     }
     // Non-tensor values cannot cross a compiled boundary: their readers run eagerly.
-    is_break[i] = (node.op != nullptr && node.op->eager_only) || host_input_traced || in_flags.non_tensor;
+    bool non_tensor_out = produces_non_tensor(node, declared);
+    is_break[i] = (node.op != nullptr && node.op->eager_only) || host_input_traced || in_flags.non_tensor ||
+                  (non_tensor_out && in_flags.traced);
     ValueFlags out;
     if (is_break[i]) {
-      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape, in_flags.non_tensor};
+      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape, in_flags.non_tensor || non_tensor_out};
     } else if (is_shape_query(node)) {
       bool input_dynamic = !node.inputs.empty() && flags[node.inputs[0]].dynamic_shape;
       out = {input_dynamic, false, false};

@@ -111,6 +111,19 @@ TEST(Compile, UnknownStaticInputIsAnError) {
   EXPECT_THROW(compile(reshape_model(), {}, {{"nope"}, 8, mx::Device::cpu}), InputError);
 }
 
+TEST(Compile, CastToStringRunsEagerly) {
+  Model model = GraphBuilder()
+                    .input("x", OnnxType::kFloat, {2})
+                    .node("Cast", {"x"}, {"s"}, {testing::int_attr("to", static_cast<int64_t>(OnnxType::kString))})
+                    .output("s")
+                    .build();
+  CompiledModel compiled = compile(model, {}, {{}, 8, mx::Device::cpu});
+  Outputs out = compiled({{"x", mx::array({1.5f, -2.f})}});
+  ASSERT_TRUE(out.at("s").is_strings());
+  EXPECT_EQ(out.at("s").strings().data.size(), 2u);
+  EXPECT_EQ(compiled.stats().graph_breaks, 1u);
+}
+
 TEST(Segments, ShapeOfTracedValueIsAHostValue) {
   // Reshape(x, Shape(x)) needs no break: shapes are concrete while tracing.
   Model model = GraphBuilder()
