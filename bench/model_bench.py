@@ -97,7 +97,7 @@ def run_fresh(cmd: list[str], env: dict[str, str]) -> dict:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return {"wall_s": wall, "stdout": proc.stdout}
+    return {"wall_s": wall, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
 def run_fresh_rusage(cmd: list[str], env: dict[str, str]) -> dict:
@@ -180,12 +180,17 @@ LATENCY_LINE = re.compile(r"latency_ms: mean ([0-9.eE+-]+)\s+median ([0-9.eE+-]+
 def transmuter_latency(args, input_args: list[str], mode: str) -> dict:
     cmd = [args.transmuter, "bench", args.model, *input_args, "--mode", mode,
            "--warmup", str(args.warmup), "--runs", str(args.runs)]
-    out = run_fresh(cmd, child_env(args.threads))["stdout"]
-    m = LATENCY_LINE.search(out)
+    proc = run_fresh(cmd, child_env(args.threads))
+    m = LATENCY_LINE.search(proc["stdout"])
     if not m:
-        raise RuntimeError(f"unexpected `transmuter bench` output:\n{out}")
+        raise RuntimeError(f"unexpected `transmuter bench` output:\n{proc['stdout']}")
     mean, median, low, high = map(float, m.groups())
-    return {"mean_ms": mean, "median_ms": median, "min_ms": low, "max_ms": high}
+    result = {"mean_ms": mean, "median_ms": median, "min_ms": low, "max_ms": high}
+    # --mode compiled reports its segments and graph breaks on stderr.
+    stats = re.search(r"compiled: .*", proc["stderr"])
+    if stats:
+        result["compile_stats"] = stats.group(0)
+    return result
 
 
 def ort_session(model: str, level: str, threads: int) -> ort.InferenceSession:

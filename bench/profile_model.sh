@@ -30,11 +30,11 @@ OPENBLAS_NUM_THREADS=2 perf record -q -F 499 --call-graph dwarf,16384 -o "$work/
   cat "$work/bench.txt"
   echo
   echo "## self time (top 15)"
-  perf report -i "$work/perf.data" --no-children --sort dso,sym --stdio -g none 2>/dev/null \
+  perf report -i "$work/perf.data" --no-children --sort dso,sym --stdio -g none -w 28,90 2>/dev/null \
     | grep -E '^ +[0-9]' | sed -n 1,15p
   echo
   echo "## inclusive time of MLX CPU kernels and of model loading"
-  perf report -i "$work/perf.data" --children --sort sym --stdio -g none 2>/dev/null \
+  perf report -i "$work/perf.data" --children --sort sym --stdio -g none -w 0,0,110 2>/dev/null \
     | grep -E '^ +[0-9]' | grep -E 'unary_real_fp|softmax|matmul<|cblas_sgemm|binary_op|reduction_op|copy_general|gather|transmuter::load' \
     | sed -n 1,20p
 } > "$out"

@@ -124,18 +124,5 @@ TEST(Compile, CastToStringRunsEagerly) {
   EXPECT_EQ(compiled.stats().graph_breaks, 1u);
 }
 
-TEST(Segments, ShapeOfTracedValueIsAHostValue) {
-  // Reshape(x, Shape(x)) needs no break: shapes are concrete while tracing.
-  Model model = GraphBuilder()
-                    .input("x", OnnxType::kFloat, {-1, 2})
-                    .node("Shape", {"x"}, {"s"})
-                    .node("Reshape", {"x", "s"}, {"y"})
-                    .output("y")
-                    .build();
-  SegmentLayout layout = plan_segments(model.graph(), {});
-  EXPECT_EQ(layout.graph_breaks, 0u);
-  EXPECT_EQ(layout.compiled_segments, 1u);
-}
-
 }  // namespace
 }  // namespace transmuter

@@ -1,0 +1,62 @@
+#include <gtest/gtest.h>
+
+#include <mlx/mlx.h>
+
+#include "ops/registry.h"
+#include "runtime/interpreter.h"
+#include "support/op_test_support.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+namespace {
+
+Node add_node(const std::string& a, const std::string& b, const std::string& out) {
+  Node node;
+  node.name = "add_" + out;
+  node.op_type = "Add";
+  node.opset = 18;
+  node.op = builtin_registry().find("", "Add", 18);
+  node.inputs = {a, b};
+  node.outputs = {out};
+  return node;
+}
+
+TEST(Environment, InnerScopeShadowsAndFallsBackToOuter) {
+  Environment outer;
+  outer.set("a", mx::array(1.f));
+  outer.set("b", mx::array(2.f));
+  Environment inner(&outer);
+  inner.set("b", mx::array(3.f));
+  EXPECT_EQ(testing::to_doubles(inner.find("a")->tensor()), std::vector<double>{1});
+  EXPECT_EQ(testing::to_doubles(inner.find("b")->tensor()), std::vector<double>{3});
+  EXPECT_EQ(inner.find("c"), nullptr);
+}
+
+TEST(Interpreter, SubgraphSeesOuterNamesAndItsOwnInputs) {
+  Graph body;
+  body.name = "body";
+  body.inputs.push_back(ValueInfo{"i", ValueInfo::Kind::kTensor, OnnxType::kFloat, false, {}});
+  body.outputs.push_back(ValueInfo{"o", ValueInfo::Kind::kTensor, OnnxType::kFloat, false, {}});
+  body.nodes.push_back(add_node("i", "outer_value", "o"));
+  Environment outer;
+  outer.set("outer_value", mx::array(10.f));
+  std::vector<Value> out = run_subgraph(body, {mx::array(5.f)}, outer, mx::Device::cpu);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(testing::to_doubles(out[0].tensor()), std::vector<double>{15});
+}
+
+TEST(Interpreter, UnboundInputNamesTheNode) {
+  Graph graph;
+  graph.nodes.push_back(add_node("x", "nowhere", "y"));
+  Environment env;
+  env.set("x", mx::array(1.f));
+  try {
+    run_nodes(graph, 0, 1, env, mx::Device::cpu);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'add_y': input 'nowhere' has no value"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace transmuter

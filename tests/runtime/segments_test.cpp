@@ -1,0 +1,77 @@
+#include <gtest/gtest.h>
+
+#include "runtime/compiler.h"
+#include "support/graph_builder.h"
+#include "support/op_test_support.h"
+
+namespace transmuter {
+namespace {
+
+using testing::GraphBuilder;
+
+TEST(Segments, ShapeOfTracedValueIsAHostValue) {
+  // Reshape(x, Shape(x)) needs no break: shapes are concrete while tracing.
+  Model model = GraphBuilder()
+                    .input("x", OnnxType::kFloat, {-1, 2})
+                    .node("Shape", {"x"}, {"s"})
+                    .node("Reshape", {"x", "s"}, {"y"})
+                    .output("y")
+                    .build();
+  SegmentLayout layout = plan_segments(model.graph(), {});
+  EXPECT_EQ(layout.graph_breaks, 0u);
+  ASSERT_EQ(layout.compiled_segments, 1u);
+  EXPECT_EQ(layout.steps[0].traced_inputs, std::vector<std::string>{"x"});
+  EXPECT_EQ(layout.steps[0].traced_outputs, std::vector<std::string>{"y"});
+}
+
+TEST(Segments, ShapeAfterADataDependentBreakIsTraced) {
+  // NonZero's output shape depends on data, so its Shape is data too and the
+  // Reshape that reads it must run eagerly.
+  Model model = GraphBuilder()
+                    .input("x", OnnxType::kFloat, {4})
+                    .node("NonZero", {"x"}, {"nz"})
+                    .node("Shape", {"nz"}, {"s"})
+                    .node("Neg", {"x"}, {"n"})
+                    .node("Reshape", {"n", "s"}, {"y"})
+                    .output("y")
+                    .build();
+  SegmentLayout layout = plan_segments(model.graph(), {});
+  ASSERT_EQ(layout.steps.size(), 3u);
+  EXPECT_TRUE(layout.steps[0].eager);   // NonZero
+  EXPECT_FALSE(layout.steps[1].eager);  // Shape, Neg
+  EXPECT_TRUE(layout.steps[2].eager);   // Reshape
+  // The segment hands both its results on as traced tensors.
+  EXPECT_EQ(layout.steps[1].traced_outputs, (std::vector<std::string>{"s", "n"}));
+}
+
+TEST(Segments, HostValuesProducedInASegmentAreCaptured) {
+  // s = Shape(x) is a host value: later steps read it from the plan, not as
+  // a compiled output.
+  Model model = GraphBuilder()
+                    .input("x", OnnxType::kFloat, {-1})
+                    .node("Shape", {"x"}, {"s"})
+                    .node("NonZero", {"x"}, {"nz"})
+                    .node("Reshape", {"x", "s"}, {"y"})
+                    .output("y")
+                    .output("nz")
+                    .build();
+  SegmentLayout layout = plan_segments(model.graph(), {});
+  ASSERT_EQ(layout.steps.size(), 3u);
+  EXPECT_EQ(layout.steps[0].host_outputs, std::vector<std::string>{"s"});
+  EXPECT_TRUE(layout.steps[0].traced_outputs.empty());
+  EXPECT_EQ(layout.graph_breaks, 1u);
+}
+
+TEST(Segments, StaticInputsMakeHostInputsKnown) {
+  Model model = GraphBuilder()
+                    .input("x", OnnxType::kFloat, {6})
+                    .input("shape", OnnxType::kInt64, {2})
+                    .node("Reshape", {"x", "shape"}, {"y"})
+                    .output("y")
+                    .build();
+  EXPECT_EQ(plan_segments(model.graph(), {}).graph_breaks, 1u);
+  EXPECT_EQ(plan_segments(model.graph(), {"shape"}).graph_breaks, 0u);
+}
+
+}  // namespace
+}  // namespace transmuter
