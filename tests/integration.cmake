@@ -15,3 +15,9 @@ add_test(NAME example_embed_minilm COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/buil
 set_tests_properties(example_embed_minilm PROPERTIES
   ENVIRONMENT "TRANSMUTER_BUILD_DIR=${CMAKE_BINARY_DIR}"
   PASS_REGULAR_EXPRESSION "embedding: 384 dims.*norm: 1")
+
+# The command-line contract and its error paths.
+add_test(NAME cli_tests
+  COMMAND ${TRANSMUTER_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_SOURCE_DIR}/tests/tools
+  WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(cli_tests PROPERTIES ENVIRONMENT "TRANSMUTER_BIN=$<TARGET_FILE:transmuter_cli>" TIMEOUT 600)
