@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -51,16 +52,7 @@ Function scale_function() {
   return f;
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ModelFormatError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ModelFormatError";
-  return {};
-}
+using testing::error_of;
 
 TEST(FunctionInliner, ReplacesCallByBodyWithBoundNames) {
   Graph g;

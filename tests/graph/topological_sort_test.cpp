@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -28,16 +29,7 @@ std::vector<std::string> names(const Graph& g) {
   return out;
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ModelFormatError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ModelFormatError";
-  return {};
-}
+using testing::error_of;
 
 TEST(TopologicalSort, OrdersProducersFirst) {
   Graph g;

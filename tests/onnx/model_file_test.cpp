@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "support/proto_writer.h"
+#include "support/expect_error.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -18,16 +19,7 @@ namespace fs = std::filesystem;
 using testing::ProtoWriter;
 namespace proto = testing::proto;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ModelFormatError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ModelFormatError";
-  return {};
-}
+using testing::error_of;
 
 std::span<const uint8_t> span_of(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};

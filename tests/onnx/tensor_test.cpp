@@ -8,6 +8,7 @@
 #include <random>
 
 #include "support/proto_writer.h"
+#include "support/expect_error.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -17,16 +18,7 @@ namespace fs = std::filesystem;
 using testing::ProtoWriter;
 namespace proto = testing::proto;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ModelFormatError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ModelFormatError";
-  return {};
-}
+using testing::error_of;
 
 // Decodes `w` as a TensorProto held in a buffer that TensorSource::owner keeps.
 struct Decoded {

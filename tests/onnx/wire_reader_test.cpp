@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "support/proto_writer.h"
+#include "support/expect_error.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -16,17 +17,7 @@ std::span<const uint8_t> span_of(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
-// Runs `fn` and returns the ModelFormatError message it throws.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ModelFormatError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ModelFormatError";
-  return {};
-}
+using testing::error_of;
 
 TEST(WireReader, ReadsVarintsOfEveryLength) {
   const std::vector<uint64_t> values = {0, 1, 127, 128, 300, 1ull << 35,
