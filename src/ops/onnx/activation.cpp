@@ -8,6 +8,7 @@
 #include <mlx/mlx.h>
 
 #include "ops/node_context.h"
+#include "ops/rational_erf.h"
 #include "ops/registry.h"
 
 namespace transmuter {
@@ -145,7 +146,7 @@ OpOutputs prelu(NodeContext& ctx) {
 // Gelu-20: approximate="none" is x * Phi(x) with the exact normal CDF;
 // "tanh" is the tanh approximation of Hendrycks & Gimpel.
 mx::array gelu_exact(const mx::array& x, mx::StreamOrDevice s) {
-  mx::array cdf = mx::erf(mx::multiply(x, scalar_like(x, M_SQRT1_2), s), s);
+  mx::array cdf = rational_erf(mx::multiply(x, scalar_like(x, M_SQRT1_2), s), s);
   return mx::multiply(mx::multiply(scalar_like(x, 0.5), x, s), mx::add(scalar_like(x, 1), cdf, s), s);
 }
 

@@ -8,6 +8,7 @@
 #include <mlx/mlx.h>
 
 #include "ops/node_context.h"
+#include "ops/rational_erf.h"
 #include "ops/registry.h"
 
 namespace transmuter {
@@ -301,7 +302,7 @@ void register_elementwise(OpRegistry& r) {
       {"Tanh", kOnnx, 1, kOpen, unary<mx::tanh>},
       {"Sin", kOnnx, 7, kOpen, unary<mx::sin>},
       {"Cos", kOnnx, 7, kOpen, unary<mx::cos>},
-      {"Erf", kOnnx, 9, kOpen, unary<mx::erf>},
+      {"Erf", kOnnx, 9, kOpen, unary<rational_erf>},
       {"Sign", kOnnx, 9, kOpen, unary<mx::sign>},
       {"Floor", kOnnx, 1, kOpen, unary<mx::floor>},
       {"Ceil", kOnnx, 1, kOpen, unary<mx::ceil>},
