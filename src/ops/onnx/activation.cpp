@@ -9,6 +9,7 @@
 
 #include "ops/node_context.h"
 #include "ops/rational_erf.h"
+#include "ops/vectorized_exp.h"
 #include "ops/registry.h"
 
 namespace transmuter {
@@ -176,10 +177,13 @@ std::vector<int> normalized_axes(const NodeContext& ctx, const mx::array& x) {
   return axes;
 }
 
+// float32 and half precision (widened once) use the vectorized softmax;
+// float64 keeps MLX's.
 OpOutputs softmax(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   std::vector<int> axes = normalized_axes(ctx, x);
-  return {mx::softmax(x, axes, /*precise=*/true, ctx.stream())};
+  if (x.dtype() == mx::float64) return {mx::softmax(x, axes, /*precise=*/true, ctx.stream())};
+  return widened(ctx, [&](const mx::array& v, mx::StreamOrDevice s) { return softmax_float32(v, axes, s); });
 }
 
 OpOutputs log_softmax(NodeContext& ctx) {
