@@ -10,6 +10,8 @@ mode=${2:-eager}
 model="$root/.cache/models/paraphrase-MiniLM-L3-v2/model.onnx"
 out="$root/bench/results/minilm_profile_$mode.txt"
 mkdir -p "$root/bench/results"
+exec 9> /tmp/transmuter-bench.lock  # shared with bench/run_all.sh: never profile during a benchmark
+flock 9
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -30,7 +32,7 @@ OPENBLAS_NUM_THREADS=2 perf record -q -F 499 --call-graph dwarf,16384 -o "$work/
   cat "$work/bench.txt"
   echo
   echo "## self time (top 15)"
-  perf report -i "$work/perf.data" --no-children --sort dso,sym --stdio -g none -w 28,90 2>/dev/null \
+  perf report -i "$work/perf.data" --no-children --sort dso,sym --stdio -g none -w 7,24,100 2>/dev/null \
     | grep -E '^ +[0-9]' | sed -n 1,15p
   echo
   echo "## inclusive time of MLX CPU kernels and of model loading"
