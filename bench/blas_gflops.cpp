@@ -9,11 +9,14 @@
 // symbol lookup that resolves libmlx's undefined cblas_sgemm, so it is the ceiling
 // MLX can reach with that BLAS.
 //
-// usage: blas_gflops [--warmup N] [--runs N] [--max-seconds S] [--json FILE]
+// usage: blas_gflops [--warmup N] [--runs N] [--min-seconds S] [--max-seconds S] [--json FILE]
 // Prints one row per size: GFLOPS (2*M*N*K / median time) of mx::matmul and of the
-// direct call, and their ratio.
+// direct call, their ratio, and "others": the share of the cores that other processes
+// used meanwhile (a run with a high share measured a busy machine).
 
 #include <dlfcn.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,6 +30,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -51,6 +55,8 @@ struct GemmShape {
 struct Options {
   int warmup = 2;
   int runs = 20;
+  double min_seconds = 1.0;   // per size: small sizes run more often than `runs`, for a
+                              // stable median and a meaningful OtherLoad share (10 ms ticks)
   double max_seconds = 16.0;  // per size; stops early (after >= 3 runs) on slow BLAS
   std::string json_path;
 };
@@ -63,7 +69,43 @@ struct Timing {
 struct Row {
   GemmShape shape;
   Timing mlx, direct;
-  double max_abs_diff = 0;  // mx::matmul vs the direct call, same inputs
+  double max_abs_diff = 0;     // mx::matmul vs the direct call, same inputs
+  double other_cpu_share = 0;  // cores used by other processes meanwhile (OtherLoad)
+};
+
+// CPU seconds all processes have spent busy since boot, over all cores (/proc/stat).
+double busy_cpu_seconds() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  f >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return (user + nice + system + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// CPU seconds of this process, all threads (OpenBLAS's and MLX's included).
+double own_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
+
+// Share of the machine's cores that other processes used since construction: 0 means the
+// benchmark had the machine to itself; 0.5 on 2 cores means a whole core went elsewhere,
+// and 2-thread timings are then not comparable with a quiet run.
+class OtherLoad {
+ public:
+  OtherLoad()
+      : busy_(busy_cpu_seconds()), own_(own_cpu_seconds()), start_(std::chrono::steady_clock::now()) {}
+  double share() const {
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    double other = (busy_cpu_seconds() - busy_) - (own_cpu_seconds() - own_);
+    return std::max(0.0, other) / (wall * static_cast<double>(std::thread::hardware_concurrency()));
+  }
+
+ private:
+  double busy_, own_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 double gflops(const GemmShape& s, double ms) { return 2.0 * s.m * s.n * s.k / (ms * 1e6); }
@@ -90,11 +132,13 @@ std::pair<Timing, Timing> measure_pair(const std::function<void()>& a, const std
   }
   std::vector<double> ms_a, ms_b;
   auto start = std::chrono::steady_clock::now();
-  while (static_cast<int>(ms_a.size()) < opt.runs) {
+  while (true) {
     ms_a.push_back(elapsed_ms(a));
     ms_b.push_back(elapsed_ms(b));
     double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (ms_a.size() >= 3 && spent > opt.max_seconds) break;
+    int done = static_cast<int>(ms_a.size());
+    if (done >= 3 && spent > opt.max_seconds) break;
+    if (done >= opt.runs && spent >= opt.min_seconds) break;
   }
   return {median_of(ms_a), median_of(ms_b)};
 }
@@ -116,14 +160,16 @@ Row bench_shape(const GemmShape& s, SgemmFn sgemm, const Options& opt) {
   mx::array xb(b.data(), {s.k, s.n}, mx::float32);
   mx::eval(xa, xb);
 
-  Row row{s, {}, {}, 0};
+  Row row{s, {}, {}, 0, 0};
   // What a user of MLX pays: build the op and evaluate it (allocation included).
   auto mlx_matmul = [&] { mx::eval(mx::matmul(xa, xb)); };
   auto direct_sgemm = [&] {
     sgemm(kCblasRowMajor, kCblasNoTrans, kCblasNoTrans, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n,
           0.0f, c.data(), s.n);
   };
+  OtherLoad other;
   std::tie(row.mlx, row.direct) = measure_pair(mlx_matmul, direct_sgemm, opt);
+  row.other_cpu_share = other.share();
 
   mx::array out = mx::matmul(xa, xb);
   out.eval();
@@ -200,7 +246,8 @@ void write_json(const std::string& path, const std::string& binary, const std::s
       << ", \"direct_median_ms\": " << r.direct.median_ms << ", \"direct_runs\": " << r.direct.runs
       << ", \"direct_gflops\": " << gflops(r.shape, r.direct.median_ms)
       << ", \"mlx_over_direct\": " << r.direct.median_ms / r.mlx.median_ms
-      << ", \"max_abs_diff\": " << r.max_abs_diff << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+      << ", \"max_abs_diff\": " << r.max_abs_diff << ", \"other_cpu_share\": " << r.other_cpu_share << "}"
+      << (i + 1 < rows.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
 }
@@ -219,12 +266,14 @@ Options parse_options(int argc, char** argv) {
       opt.runs = std::max(1, std::stoi(next()));
     else if (arg == "--max-seconds")
       opt.max_seconds = std::stod(next());
+    else if (arg == "--min-seconds")
+      opt.min_seconds = std::stod(next());
     else if (arg == "--json")
       opt.json_path = next();
     else
       throw std::invalid_argument(
           "unknown argument " + arg +
-          "\nusage: blas_gflops [--warmup N] [--runs N] [--max-seconds S] [--json FILE]");
+          "\nusage: blas_gflops [--warmup N] [--runs N] [--min-seconds S] [--max-seconds S] [--json FILE]");
   }
   return opt;
 }
@@ -253,8 +302,9 @@ int main(int argc, char** argv) {
             << "OPENBLAS_NUM_THREADS: " << threads.env << "  BLAS threads: " << threads.threads << "\n"
             << "BLAS config: " << threads.config << "\n"
             << "load average: " << load_average() << "\n"
-            << "warmup " << opt.warmup << ", median of up to " << opt.runs
-            << " alternating runs of each (fewer once a size has taken " << opt.max_seconds << " s)\n\n";
+            << "warmup " << opt.warmup << "; per size, the median of >= " << opt.runs
+            << " alternating runs of each, run for >= " << opt.min_seconds << " s (at most "
+            << opt.max_seconds << " s once 3 runs are done)\n\n";
 
   const std::vector<GemmShape> shapes = {
       {1024, 1024, 1024, "square 1024"},
@@ -265,7 +315,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::cout << std::left << std::setw(18) << "MxKxN" << std::right << std::setw(12) << "mlx GFLOPS"
             << std::setw(14) << "direct GFLOPS" << std::setw(12) << "mlx/direct" << std::setw(12)
-            << "max|diff|" << "\n";
+            << "max|diff|" << std::setw(8) << "others" << "\n";
   for (const GemmShape& s : shapes) {
     Row r = bench_shape(s, sgemm, opt);
     rows.push_back(r);
@@ -274,9 +324,9 @@ int main(int argc, char** argv) {
     std::cout << std::left << std::setw(18) << dims.str() << std::right << std::fixed << std::setprecision(1)
               << std::setw(12) << gflops(s, r.mlx.median_ms) << std::setw(14) << gflops(s, r.direct.median_ms)
               << std::setprecision(3) << std::setw(12) << r.direct.median_ms / r.mlx.median_ms
-              << std::scientific << std::setprecision(1) << std::setw(12) << r.max_abs_diff
-              << std::defaultfloat << "  (" << s.label << "; runs " << r.mlx.runs << "/" << r.direct.runs
-              << ")\n"
+              << std::scientific << std::setprecision(1) << std::setw(12) << r.max_abs_diff << std::fixed
+              << std::setw(7) << 100.0 * r.other_cpu_share << "%" << std::defaultfloat << "  (" << s.label
+              << "; runs " << r.mlx.runs << "/" << r.direct.runs << ")\n"
               << std::flush;
   }
   if (!opt.json_path.empty()) write_json(opt.json_path, argv[0], blas_lib, threads, rows);

@@ -12,16 +12,20 @@ Measures, on the same machine and in the same run:
     includes the weights actually touched);
   * latency at batch 1, sequence 128: `transmuter bench --mode eager|compiled`
     vs `session.run`, same thread count (ORT intra_op_num_threads = OpenBLAS
-    threads = --threads), reported as transmuter/ORT ratios. The three are
-    measured in interleaved rounds, so a burst of load from other processes
-    does not land on one of them only; the reported latency is the median of
-    the rounds' medians.
+    threads = --threads), reported as transmuter/ORT ratios. The four
+    (eager, compiled, ORT default, ORT optimizations off) are measured in
+    interleaved rounds, so a burst of load does not land on one of them only;
+    the reported latency is the median of the rounds' medians and each ratio
+    the median of the per-round ratios;
+  * how much of the machine other processes used meanwhile (/proc/stat minus
+    our own CPU time), to tell a quiet run from a disturbed one.
   * agreement: max |transmuter - ORT| of every output, so a fast wrong answer
     does not go unnoticed.
 
 Run with the project venv:
     .venv/bin/python bench/model_bench.py --transmuter build/transmuter
-Writes bench/results/<name>.json (raw) and bench/results/<name>.md (tables).
+Writes <out-dir>/<name>.json (raw) and <out-dir>/<name>.md (tables); needs GNU time
+(/usr/bin/time) for the peak RSS of child processes.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import json
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -58,10 +63,39 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads = OPENBLAS_NUM_THREADS")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--runs", type=int, default=30)
-    p.add_argument("--rounds", type=int, default=3, help="interleaved latency rounds")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved latency rounds")
     p.add_argument("--load-repeats", type=int, default=5, help="fresh processes per load measurement")
     p.add_argument("--out-dir", default=str(REPO_ROOT / "bench/results"))
     return p.parse_args()
+
+
+# --- how busy the machine was with other work --------------------------------
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds spent busy by all processes since boot (/proc/stat, all cores)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process and of every child it has waited for (recursively)."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+class OtherLoad:
+    """Share of the machine's cores that other processes used between start() and stop():
+    0 means the benchmark had the machine to itself; 0.5 on 2 cores means a whole core
+    went to someone else, and timings of 2-thread code are then not comparable."""
+
+    def __init__(self) -> None:
+        self.busy, self.own, self.wall = busy_cpu_seconds(), own_cpu_seconds(), time.monotonic()
+
+    def share(self) -> float:
+        wall = time.monotonic() - self.wall
+        other = (busy_cpu_seconds() - self.busy) - (own_cpu_seconds() - self.own)
+        return max(0.0, other) / (wall * os.cpu_count())
 
 
 # --- inputs ------------------------------------------------------------------
@@ -227,8 +261,16 @@ def measure_latency(args, inputs: dict[str, np.ndarray], input_args: list[str]) 
         rounds["transmuter_compiled"].append(transmuter_latency(args, input_args, "compiled"))
         for level, sess in sessions.items():
             rounds[f"ort_{level}"].append(ort_latency(sess, inputs, args.warmup, args.runs))
-    return {name: {"median_ms": statistics.median(r["median_ms"] for r in runs), "rounds": runs}
-            for name, runs in rounds.items()}
+    latency = {name: {"median_ms": statistics.median(r["median_ms"] for r in runs), "rounds": runs}
+               for name, runs in rounds.items()}
+    # Ratios of measurements taken seconds apart, round by round: the host's speed drifts
+    # (ORT alone moved between ~8.5 and ~13 ms from one round to the next on an otherwise
+    # idle VM), and a ratio of neighbours cancels most of that drift.
+    for name, entry in latency.items():
+        for level in ORT_LEVELS:
+            per_round = [mine["median_ms"] / ort["median_ms"] for mine, ort in zip(rounds[name], rounds[f"ort_{level}"])]
+            entry[f"ratio_to_ort_{level}"] = statistics.median(per_round)
+    return latency
 
 
 # --- agreement ---------------------------------------------------------------
@@ -280,10 +322,12 @@ def markdown(results: dict) -> str:
 
     lines += ["", "| Latency, batch 1 x seq 128 | median (ms) | / ORT default | / ORT disabled |",
               "|---|---:|---:|---:|"]
-    base_d, base_n = lat["ort_default"]["median_ms"], lat["ort_disabled"]["median_ms"]
     for name in ("transmuter_eager", "transmuter_compiled", "ort_default", "ort_disabled"):
-        m = lat[name]["median_ms"]
-        lines.append(f"| {name} | {m:.2f} | {m / base_d:.2f} | {m / base_n:.2f} |")
+        entry = lat[name]
+        lines.append(f"| {name} | {entry['median_ms']:.2f} | {entry['ratio_to_ort_default']:.2f} "
+                     f"| {entry['ratio_to_ort_disabled']:.2f} |")
+    lines += ["", "Latency: median over rounds of each round's median; ratios: median over rounds of the "
+              "ratio within the round."]
     return "\n".join(lines) + "\n"
 
 
@@ -300,9 +344,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         input_args = save_inputs(inputs, tmp)
+        other = OtherLoad()
         results["load"] = measure_load(args, input_args, tmp)
         results["max_abs_diff_vs_ort"] = output_agreement(args, inputs, tmp)
+        results["machine"]["other_cpu_share_load"] = other.share()
+        other = OtherLoad()
         results["latency"] = measure_latency(args, inputs, input_args)
+        results["machine"]["other_cpu_share_latency"] = other.share()
     results["machine"]["loadavg_end"] = os.getloadavg()
     for r in results["load"].values():
         r["cmd"] = ["<ORT child script>" if c == ORT_CHILD else c for c in r["cmd"]]
@@ -311,7 +359,10 @@ def main() -> int:
     (out_dir / f"{args.name}.md").write_text(table)
     print(table)
     print("max |transmuter - ORT| per output:", json.dumps(results["max_abs_diff_vs_ort"], indent=1))
-    print(f"load average start {results['machine']['loadavg_start']} end {results['machine']['loadavg_end']}")
+    machine = results["machine"]
+    print(f"load average start {machine['loadavg_start']} end {machine['loadavg_end']}; share of the cores used by "
+          f"other processes: {machine['other_cpu_share_load']:.1%} (load part), "
+          f"{machine['other_cpu_share_latency']:.1%} (latency part)")
     return 0
 
 

@@ -35,6 +35,11 @@ OPENBLAS_NUM_THREADS=2 perf record -q -F 499 --call-graph dwarf,16384 -o "$work/
   perf report -i "$work/perf.data" --no-children --sort dso,sym --stdio -g none -w 7,24,100 2>/dev/null \
     | grep -E '^ +[0-9]' | sed -n 1,15p
   echo
+  echo "## per thread (perf calls threads 'pid'; the MLX stream thread runs the graph, the other"
+  echo "## transmuter thread with OpenBLAS samples is its worker) and library"
+  perf report -i "$work/perf.data" --no-children --sort pid,dso --stdio -g none -w 7,20,40 2>/dev/null \
+    | grep -E '^ +[0-9]' | sed -n 1,14p
+  echo
   echo "## inclusive time of MLX CPU kernels and of model loading"
   perf report -i "$work/perf.data" --children --sort sym --stdio -g none -w 0,0,110 2>/dev/null \
     | grep -E '^ +[0-9]' | grep -E 'unary_real_fp|softmax|matmul<|cblas_sgemm|binary_op|reduction_op|copy_general|gather|transmuter::load' \
