@@ -20,6 +20,7 @@
 #include "graph/graph.h"
 #include "onnx/model_file.h"
 #include "ops/registry.h"
+#include "runtime/model_state.h"
 #include "transmuter/transmuter.h"
 
 namespace fs = std::filesystem;
@@ -195,15 +196,23 @@ std::string run_case(const fs::path& dir, const Model& model, const std::string&
   return "";
 }
 
+// (domain, op_type) of every registered operator, at any version.
+const std::set<std::pair<std::string, std::string>>& known_op_types() {
+  static const auto known = [] {
+    std::set<std::pair<std::string, std::string>> out;
+    for (const OpRow* row : builtin_registry().rows()) out.insert({std::string(row->domain), std::string(row->op_type)});
+    return out;
+  }();
+  return known;
+}
+
 // True when the model uses an op type that has no implementation at any
 // version: the case belongs to an operator not built yet (skipped). An op
 // that exists but lacks this opset is a failure, not a skip.
 bool uses_unknown_op_type(const Graph& graph) {
-  std::set<std::pair<std::string, std::string>> known;
-  for (const OpRow* row : builtin_registry().rows()) known.insert({std::string(row->domain), std::string(row->op_type)});
   for (const Node& node : graph.nodes) {
     std::string domain = node.domain == "ai.onnx" ? "" : node.domain;
-    if (!known.count({domain, node.op_type})) return true;
+    if (!known_op_types().count({domain, node.op_type})) return true;
     for (const Attribute& a : node.attributes) {
       if (a.g && uses_unknown_op_type(*a.g)) return true;
       for (const auto& g : a.graphs) {
@@ -223,7 +232,7 @@ CaseResult evaluate(const fs::path& dir, const std::string& mode, const Expected
       result.message = "operator not implemented";
       return result;
     }
-    Model model = load((dir / "model.onnx").string());
+    Model model = make_model(file.graph, file.path.string(), file.ir_version, file.producer_name);
     result.message = run_case(dir, model, mode);
   } catch (const std::exception& e) {
     result.message = e.what();

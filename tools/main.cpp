@@ -7,7 +7,6 @@
 #include <iostream>
 #include <map>
 #include <random>
-#include <set>
 
 #include <mlx/mlx.h>
 
@@ -50,20 +49,14 @@ namespace {
 
 using cli::Args;
 
-const std::set<std::string> kFlags = {"help"};
-
 Args parse_args(int argc, char** argv, int first) {
   Args args;
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--", 0) == 0) {
       std::string name = a.substr(2);
-      if (kFlags.count(name)) {
-        args.options.emplace(name, "1");
-      } else {
-        if (i + 1 >= argc) throw Error(str("option --", name, " needs a value"));
-        args.options.emplace(name, argv[++i]);
-      }
+      if (i + 1 >= argc) throw Error(str("option --", name, " needs a value"));
+      args.options.emplace(name, argv[++i]);
     } else {
       args.positional.push_back(a);
     }

@@ -72,19 +72,6 @@ std::pair<std::string, int64_t> read_opset(Bytes bytes, const MessagePath& path)
   return opset;
 }
 
-std::pair<std::string, std::string> read_string_entry(Bytes bytes, const MessagePath& path) {
-  std::pair<std::string, std::string> entry;
-  WireReader reader(bytes, path);
-  while (reader.next()) {
-    switch (reader.field()) {
-      case 1: entry.first = reader.string(); break;
-      case 2: entry.second = reader.string(); break;
-      default: reader.skip();
-    }
-  }
-  return entry;
-}
-
 // ------------------------------------------------------------------ types
 
 // TensorShapeProto.
@@ -419,7 +406,7 @@ ModelFile ModelProtoReader::read_model(Bytes bytes, const MessagePath& path) {
       }
       case 14: {
         MessagePath sub(path, "metadata_props", metadata_index++);
-        auto [key, value] = read_string_entry(reader.bytes(), sub);
+        auto [key, value] = read_string_string_entry(reader.bytes(), sub);
         model.metadata[key] = value;
         break;
       }

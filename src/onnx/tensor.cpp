@@ -166,20 +166,6 @@ struct TensorFields {
   std::string name;
 };
 
-std::pair<std::string, std::string> read_string_pair(std::span<const uint8_t> message,
-                                                     const MessagePath& path) {
-  std::pair<std::string, std::string> entry;
-  WireReader reader(message, path);
-  while (reader.next()) {
-    switch (reader.field()) {
-      case 1: entry.first = reader.string(); break;
-      case 2: entry.second = reader.string(); break;
-      default: reader.skip();
-    }
-  }
-  return entry;
-}
-
 TensorFields read_fields(std::span<const uint8_t> message, const MessagePath& path) {
   TensorFields t;
   WireReader reader(message, path);
@@ -199,7 +185,7 @@ TensorFields read_fields(std::span<const uint8_t> message, const MessagePath& pa
       case 11: reader.append_uint64s(t.uint64_data); break;
       case 13: {
         MessagePath entry_path(path, "external_data", external_index++);
-        t.external_data.push_back(read_string_pair(reader.bytes(), entry_path));
+        t.external_data.push_back(read_string_string_entry(reader.bytes(), entry_path));
         break;
       }
       case 14: t.data_location = reader.int32(); break;

@@ -232,6 +232,20 @@ void WireReader::skip() {
   fail(str("cannot skip field ", field_));
 }
 
+std::pair<std::string, std::string> read_string_string_entry(std::span<const uint8_t> message,
+                                                             const MessagePath& path) {
+  std::pair<std::string, std::string> entry;
+  WireReader reader(message, path);
+  while (reader.next()) {
+    switch (reader.field()) {
+      case 1: entry.first = reader.string(); break;
+      case 2: entry.second = reader.string(); break;
+      default: reader.skip();
+    }
+  }
+  return entry;
+}
+
 std::string peek_string_field(std::span<const uint8_t> message, uint32_t field) {
   MessagePath quiet("");
   try {

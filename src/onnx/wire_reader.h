@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -121,5 +122,10 @@ class WireReader {
 /** The first string found in field `field` of a message, or "" when absent or
  * malformed. Never throws: used to name a message in errors before parsing it. */
 std::string peek_string_field(std::span<const uint8_t> message, uint32_t field);
+
+/** A StringStringEntryProto (key = field 1, value = field 2): metadata_props
+ * and TensorProto.external_data entries. */
+std::pair<std::string, std::string> read_string_string_entry(std::span<const uint8_t> message,
+                                                             const MessagePath& path);
 
 }  // namespace transmuter

@@ -7,8 +7,8 @@
 namespace transmuter {
 
 NodeContext::NodeContext(const Node& node, std::vector<const Value*> inputs, mx::StreamOrDevice stream,
-                         SubgraphRunner run_subgraph)
-    : node_(node), inputs_(std::move(inputs)), stream_(stream), run_subgraph_(std::move(run_subgraph)) {}
+                         const SubgraphRunner* run_subgraph)
+    : node_(node), inputs_(std::move(inputs)), stream_(stream), run_subgraph_(run_subgraph) {}
 
 std::string NodeContext::prefix() const {
   int version = node_.op != nullptr ? node_.op->since : node_.opset;
@@ -138,8 +138,8 @@ const Graph& NodeContext::attr_graph(std::string_view name) const {
 }
 
 std::vector<Value> NodeContext::run_subgraph(const Graph& body, const std::vector<Value>& inputs) const {
-  if (!run_subgraph_) throw error("subgraphs cannot run in this context");
-  return run_subgraph_(body, inputs);
+  if (run_subgraph_ == nullptr || !*run_subgraph_) throw error("subgraphs cannot run in this context");
+  return (*run_subgraph_)(body, inputs);
 }
 
 int NodeContext::normalize_axis(int64_t axis, int rank) const {

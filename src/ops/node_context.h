@@ -23,8 +23,9 @@ using SubgraphRunner =
 
 class NodeContext {
  public:
+  /** `run_subgraph` (may be null: no subgraphs here) must outlive the context. */
   NodeContext(const Node& node, std::vector<const Value*> inputs, mx::StreamOrDevice stream,
-              SubgraphRunner run_subgraph);
+              const SubgraphRunner* run_subgraph);
 
   const Node& node() const { return node_; }
   /** The opset of the node's domain imported by the model. */
@@ -92,7 +93,7 @@ class NodeContext {
   const Node& node_;
   std::vector<const Value*> inputs_;
   mx::StreamOrDevice stream_;
-  SubgraphRunner run_subgraph_;
+  const SubgraphRunner* run_subgraph_;
 };
 
 /** MLX shape from ONNX int64 dims; throws OpError via `ctx` on overflow. */

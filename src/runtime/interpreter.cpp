@@ -62,13 +62,13 @@ OpOutputs call_op(const Node& node, NodeContext& ctx) {
 }  // namespace
 
 void run_nodes(const Graph& graph, size_t begin, size_t end, Environment& env, mx::Device device) {
+  const SubgraphRunner subgraphs = [&env, device](const Graph& body, const std::vector<Value>& inputs) {
+    return run_subgraph(body, inputs, env, device);
+  };
   for (size_t n = begin; n < end; ++n) {
     const Node& node = graph.nodes[n];
     if (node.op == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
-    SubgraphRunner subgraphs = [&env, device](const Graph& body, const std::vector<Value>& inputs) {
-      return run_subgraph(body, inputs, env, device);
-    };
-    NodeContext ctx(node, gather_inputs(node, env), device, subgraphs);
+    NodeContext ctx(node, gather_inputs(node, env), device, &subgraphs);
     OpOutputs outputs = call_op(node, ctx);
     if (outputs.size() > node.outputs.size()) outputs.resize(node.outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -98,6 +98,17 @@ std::vector<Value> run_subgraph(const Graph& body, const std::vector<Value>& inp
     outputs.push_back(*v);
   }
   return outputs;
+}
+
+Outputs collect_outputs(const Graph& graph, const Environment& env) {
+  Outputs out;
+  for (const ValueInfo& info : graph.outputs) {
+    const Value* v = env.find(info.name);
+    if (v == nullptr) throw Error(str("graph output '", info.name, "' was not computed"));
+    out.names.push_back(info.name);
+    out.values.push_back(*v);
+  }
+  return out;
 }
 
 }  // namespace transmuter

@@ -21,17 +21,6 @@ mx::Device default_device() {
   return mx::is_available(mx::Device::gpu) ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu);
 }
 
-Outputs collect_outputs(const Graph& graph, const Environment& env) {
-  Outputs out;
-  for (const ValueInfo& info : graph.outputs) {
-    const Value* v = env.find(info.name);
-    if (v == nullptr) throw Error(str("graph output '", info.name, "' was not computed"));
-    out.names.push_back(info.name);
-    out.values.push_back(*v);
-  }
-  return out;
-}
-
 Outputs run(const Model& model, const Params& params, const Inputs& inputs, const RunOptions& options) {
   const Graph& graph = model.graph();
   validate_inputs(graph, inputs);

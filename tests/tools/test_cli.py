@@ -35,7 +35,7 @@ def test_run_fills_missing_inputs_and_writes_every_output(tmp_path, mode):
     assert np.load(tmp_path / "pooler_output.npy").shape == (2, 48, 1, 1)
 
 
-def test_run_is_seeded_and_takes_npy_inputs(tmp_path):
+def test_run_takes_npy_inputs_and_is_deterministic(tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     for out in ("a", "b"):

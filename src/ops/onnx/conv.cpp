@@ -55,17 +55,22 @@ void check_operands(const NodeContext& ctx, const mx::array& x, const mx::array&
   if (w.ndim() != x.ndim()) throw ctx.error("weight rank ", w.ndim(), " differs from input rank ", x.ndim());
 }
 
+// Checks X and W against each other and reads the window attributes, whose
+// kernel_shape (optional since v11) must agree with W.
+ConvPoolAttributes checked_attributes(const NodeContext& ctx, const mx::array& x, const mx::array& w) {
+  check_operands(ctx, x, w);
+  ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, static_cast<int>(x.ndim()) - 2, spatial_dims(w));
+  if (attrs.kernel_shape != spatial_dims(w)) throw ctx.error("kernel_shape does not match the weight's shape");
+  return attrs;
+}
+
 // Conv: v11 allows kernel_shape to be omitted and inferred from W; v22 adds
 // bfloat16. Asymmetric pads go straight to conv_general (padding_lo/hi).
 OpOutputs conv(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array& x = ctx.input(0);
   const mx::array& w = ctx.input(1);
-  check_operands(ctx, x, w);
-  const int spatial = static_cast<int>(x.ndim()) - 2;
-  ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, spatial, spatial_dims(w));
-  if (attrs.kernel_shape != spatial_dims(w))
-    throw ctx.error("kernel_shape does not match the weight's shape");
+  ConvPoolAttributes attrs = checked_attributes(ctx, x, w);
   const int64_t group = ctx.attr_int("group", 1);
   if (group < 1 || x.shape(1) != w.shape(1) * group || w.shape(0) % group != 0) {
     throw ctx.error("channels do not match: input ", x.shape(1), ", weight ", w.shape(0), "x", w.shape(1),
@@ -133,11 +138,8 @@ OpOutputs conv_transpose(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array& x = ctx.input(0);
   const mx::array& w = ctx.input(1);
-  check_operands(ctx, x, w);
   const int spatial = static_cast<int>(x.ndim()) - 2;
-  ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, spatial, spatial_dims(w));
-  if (attrs.kernel_shape != spatial_dims(w))
-    throw ctx.error("kernel_shape does not match the weight's shape");
+  ConvPoolAttributes attrs = checked_attributes(ctx, x, w);
   const int group = static_cast<int>(ctx.attr_int("group", 1));
   const int in_channels = x.shape(1);
   if (group < 1 || w.shape(0) != in_channels || in_channels % group != 0) {
