@@ -17,10 +17,6 @@
 #include <mlx/mlx.h>
 
 #include "cli.h"
-#include "graph/graph.h"
-#include "onnx/model_file.h"
-#include "ops/registry.h"
-#include "runtime/model_state.h"
 #include "transmuter/transmuter.h"
 
 namespace fs = std::filesystem;
@@ -144,40 +140,27 @@ std::vector<fs::path> data_sets(const fs::path& dir) {
   return sets;
 }
 
-// Graph inputs that feed a host input of some node (Reshape's shape, Slice's
-// starts...). Compiled runs pass them as static inputs, as a real model's
-// Shape-derived values would be, so the op itself is traced instead of
-// becoming a graph break.
-std::vector<std::string> host_fed_inputs(const Graph& graph) {
-  std::set<std::string> names;
-  for (const ValueInfo& in : graph.inputs) names.insert(in.name);
-  std::set<std::string> out;
-  for (const Node& node : graph.nodes) {
-    if (node.op == nullptr) continue;
-    for (int h : node.op->host_inputs) {
-      if (h < static_cast<int>(node.inputs.size()) && names.count(node.inputs[h])) out.insert(node.inputs[h]);
-    }
-  }
-  return {out.begin(), out.end()};
-}
-
 // Runs one case in one mode; returns "" on success or the first mismatch.
 std::string run_case(const fs::path& dir, const Model& model, const std::string& mode) {
-  const Graph& graph = model.graph();
+  const std::vector<ValueInfo>& declared_inputs = model.inputs();
+  const std::vector<ValueInfo>& declared_outputs = model.outputs();
   std::optional<CompiledModel> compiled;
   for (const fs::path& set : data_sets(dir)) {
     Inputs inputs;
-    for (size_t i = 0; i < graph.inputs.size(); ++i) {
+    for (size_t i = 0; i < declared_inputs.size(); ++i) {
       fs::path file = set / str("input_", i, ".pb");
       if (!fs::exists(file)) continue;  // trailing optional input left out
-      Value v = read_value_file(file, graph.inputs[i]);
-      if (!(v.is_none() && graph.inputs[i].kind == ValueInfo::Kind::kOptional)) inputs[graph.inputs[i].name] = v;
+      Value v = load_value_file(file.string(), declared_inputs[i]);
+      if (!(v.is_none() && declared_inputs[i].kind == ValueInfo::Kind::kOptional)) inputs[declared_inputs[i].name] = v;
     }
     Outputs outputs;
     if (mode == "eager") {
       outputs = run(model, model.params(), inputs, {mx::Device::cpu});
     } else {
-      if (!compiled) compiled = compile(model, {}, {host_fed_inputs(graph), 8, mx::Device::cpu});
+      // Graph inputs that feed a host input of some node (Reshape's shape,
+      // Slice's starts...) are passed as static inputs, as a real model's
+      // Shape-derived values would be, so the op is traced, not a graph break.
+      if (!compiled) compiled = compile(model, {}, {model.inputs_read_on_host(), 8, mx::Device::cpu});
       outputs = (*compiled)(inputs);
     }
     std::vector<mx::array> arrays;
@@ -185,40 +168,33 @@ std::string run_case(const fs::path& dir, const Model& model, const std::string&
       if (v.is_tensor()) arrays.push_back(v.tensor());
     }
     mx::eval(arrays);
-    for (size_t i = 0; i < graph.outputs.size(); ++i) {
+    for (size_t i = 0; i < declared_outputs.size(); ++i) {
       fs::path file = set / str("output_", i, ".pb");
       if (!fs::exists(file)) continue;
-      Value expected = read_value_file(file, graph.outputs[i]);
+      Value expected = load_value_file(file.string(), declared_outputs[i]);
       std::string m = compare_values(outputs.values[i], expected);
-      if (!m.empty()) return str(set.filename().string(), " output '", graph.outputs[i].name, "': ", m);
+      if (!m.empty()) return str(set.filename().string(), " output '", declared_outputs[i].name, "': ", m);
     }
   }
   return "";
 }
 
-// (domain, op_type) of every registered operator, at any version.
+// (domain, op_type) of every implemented operator, at any version.
 const std::set<std::pair<std::string, std::string>>& known_op_types() {
   static const auto known = [] {
     std::set<std::pair<std::string, std::string>> out;
-    for (const OpRow* row : builtin_registry().rows()) out.insert({std::string(row->domain), std::string(row->op_type)});
+    for (const OperatorInfo& op : supported_operators()) out.insert({op.domain, op.op_type});
     return out;
   }();
   return known;
 }
 
-// True when the model uses an op type that has no implementation at any
-// version: the case belongs to an operator not built yet (skipped). An op
-// that exists but lacks this opset is a failure, not a skip.
-bool uses_unknown_op_type(const Graph& graph) {
-  for (const Node& node : graph.nodes) {
-    std::string domain = node.domain == "ai.onnx" ? "" : node.domain;
-    if (!known_op_types().count({domain, node.op_type})) return true;
-    for (const Attribute& a : node.attributes) {
-      if (a.g && uses_unknown_op_type(*a.g)) return true;
-      for (const auto& g : a.graphs) {
-        if (g && uses_unknown_op_type(*g)) return true;
-      }
-    }
+// True when a missing operator has no implementation at any version: the case
+// belongs to an operator not built yet (skipped). An op that exists but lacks
+// this opset is a failure, not a skip.
+bool lacks_op_type(const UnsupportedError& e) {
+  for (const MissingOperator& op : e.missing()) {
+    if (!known_op_types().count({op.domain, op.op_type})) return true;
   }
   return false;
 }
@@ -226,14 +202,15 @@ bool uses_unknown_op_type(const Graph& graph) {
 CaseResult evaluate(const fs::path& dir, const std::string& mode, const ExpectedFailures& expected) {
   CaseResult result{dir.filename().string(), mode, Status::kPassed, ""};
   try {
-    ModelFile file = read_model_file(dir / "model.onnx");
-    if (uses_unknown_op_type(*file.graph)) {
+    Model model = load((dir / "model.onnx").string());
+    result.message = run_case(dir, model, mode);
+  } catch (const UnsupportedError& e) {
+    if (lacks_op_type(e)) {
       result.status = Status::kSkipped;
       result.message = "operator not implemented";
       return result;
     }
-    Model model = make_model(file.graph, file.path.string(), file.ir_version, file.producer_name);
-    result.message = run_case(dir, model, mode);
+    result.message = e.what();
   } catch (const std::exception& e) {
     result.message = e.what();
   }

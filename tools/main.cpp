@@ -11,9 +11,7 @@
 #include <mlx/mlx.h>
 
 #include "cli.h"
-#include "graph/graph.h"
 #include "npy.h"
-#include "ops/registry.h"
 #include "transmuter/transmuter.h"
 
 namespace fs = std::filesystem;
@@ -106,8 +104,7 @@ int info_main(const Args& args) {
   for (const ValueInfo& out : model.outputs()) std::cout << "  " << out.name << ": " << kind_text(out) << " " << shape_text(out) << "\n";
   size_t bytes = 0;
   for (const auto& [name, a] : model.params()) bytes += a.nbytes();
-  std::map<std::string, int> histogram;
-  for (const Node& node : model.graph().nodes) histogram[(node.domain.empty() ? "" : node.domain + ".") + node.op_type]++;
+  std::map<std::string, size_t> histogram = model.op_histogram();
   std::cout << "params: " << model.params().size() << " tensors, " << bytes << " bytes\n";
   std::cout << "nodes: " << model.node_count() << " (";
   bool first = true;
@@ -281,13 +278,12 @@ int operators_main() {
                "run between compiled segments.\n\n"
                "| Domain | Operator | Versions | Host inputs | Eager | Restrictions |\n"
                "|---|---|---|---|---|---|\n";
-  for (const OpRow* row : builtin_registry().rows()) {
+  for (const OperatorInfo& op : supported_operators()) {
     std::string host;
-    for (int h : row->host_inputs) host += (host.empty() ? "" : ", ") + std::to_string(h);
-    std::string versions = row->until == kOpen ? str(row->since, "+") : str(row->since, "-", row->until);
-    std::cout << "| " << (row->domain.empty() ? "ai.onnx" : std::string(row->domain)) << " | " << row->op_type << " | "
-              << versions << " | " << host << " | " << (row->eager_only ? "yes" : "") << " | " << row->restrictions
-              << " |\n";
+    for (int h : op.host_inputs) host += (host.empty() ? "" : ", ") + std::to_string(h);
+    std::string versions = op.open_ended ? str(op.since, "+") : str(op.since, "-", op.until);
+    std::cout << "| " << op.domain << " | " << op.op_type << " | " << versions << " | " << host << " | "
+              << (op.eager_only ? "yes" : "") << " | " << op.restrictions << " |\n";
   }
   return 0;
 }

@@ -3,10 +3,12 @@
 // operator, the input name for a bad input.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace transmuter {
 
@@ -22,10 +24,23 @@ class ModelFormatError : public Error {
   using Error::Error;
 };
 
-/** The model uses operators (or versions) that Transmuter does not implement. */
+/** An operator (domain "ai.onnx" for the default one) at the opset a model imports. */
+struct MissingOperator {
+  std::string domain;
+  std::string op_type;
+  int64_t opset = 0;
+};
+
+/** The model uses operators (or versions) that Transmuter does not implement;
+ * missing() lists every one (empty when the error is not about operators). */
 class UnsupportedError : public Error {
  public:
-  using Error::Error;
+  explicit UnsupportedError(const std::string& message, std::vector<MissingOperator> missing = {})
+      : Error(message), missing_(std::move(missing)) {}
+  const std::vector<MissingOperator>& missing() const { return missing_; }
+
+ private:
+  std::vector<MissingOperator> missing_;
 };
 
 /** An operator failed: bad attribute, shape or dtype. Message starts with

@@ -10,23 +10,26 @@
 
 #include <mlx/array.h>
 
+#include "transmuter/value.h"
 #include "transmuter/value_info.h"
 
 namespace transmuter {
 
 namespace mx = mlx::core;
-struct Graph;
 
 /** Trainable parameters: initializer name -> array. Arrays alias the model
  * file's memory where dtype and alignment allow. */
 using Params = std::unordered_map<std::string, mx::array>;
 
 struct LoadOptions {
-  /** Run the load-time rewrites in src/passes/ (fusions such as RMSNorm). */
+  /** Run the load-time rewrites of src/passes/ (e.g. folding BatchNormalization
+   * into the Conv before it). They can change params(): turn them off to
+   * fine-tune exactly the weights stored in the file. */
   bool run_passes = true;
 };
 
-/** A loaded model. Cheap to copy (shared, immutable state). */
+/** A loaded model. Immutable after load: a copy is a cheap handle to the same
+ * state, and any number of threads may read it and run it at once. */
 class Model {
  public:
   /** Graph inputs the caller feeds (initializers excluded), in model order. */
@@ -42,10 +45,17 @@ class Model {
   const std::string& producer() const;
   /** Number of nodes of the main graph after load-time passes. */
   size_t node_count() const;
-  /** The executable graph (internal representation; see src/graph/graph.h). */
-  const Graph& graph() const;
+  /** Nodes of the main graph per op type ("Gemm", "com.microsoft.Attention"). */
+  std::map<std::string, size_t> op_histogram() const;
+  /** Graph inputs that some op reads on the host (a Reshape's shape...): fed
+   * as CompileOptions::static_inputs they avoid graph breaks. */
+  std::vector<std::string> inputs_read_on_host() const;
+  /** Names of the load-time passes that changed the graph. */
+  const std::vector<std::string>& passes_applied() const;
 
+  /** Internal state (src/runtime/model_state.h); opaque to users. */
   struct State;
+  const State& internal_state() const { return *state_; }
   explicit Model(std::shared_ptr<const State> state) : state_(std::move(state)) {}
 
  private:
@@ -56,5 +66,11 @@ class Model {
  * client). Throws ModelFormatError for a malformed file and UnsupportedError
  * listing every (domain, op_type, opset) that has no implementation. */
 Model load(const std::string& source, const LoadOptions& options = {});
+
+/** Reads a value stored as a serialized TensorProto, SequenceProto or
+ * OptionalProto (the .pb files in test_data_set_N of ONNX node tests), as
+ * `declared.kind` says (kUnknown: a TensorProto). An empty optional is a
+ * `none` Value. Throws ModelFormatError on a malformed file. */
+Value load_value_file(const std::string& path, const ValueInfo& declared);
 
 }  // namespace transmuter

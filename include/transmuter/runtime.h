@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -35,9 +36,14 @@ struct Outputs {
 struct RunOptions {
   /** Where ops run; default: the GPU when MLX has one, else the CPU. */
   std::optional<mx::Device> device;
+  /** Largest tensor, in bytes, that one op may produce; larger ones are
+   * refused with an OpError before MLX allocates them. 0: the machine's
+   * physical memory. */
+  uint64_t memory_limit = 0;
 };
 
-/** Runs the graph once, eagerly: ops build a lazy MLX graph, and values that
+/** Runs the graph once, eagerly (safe to call from many threads at once on
+ * one Model): ops build a lazy MLX graph, and values that
  * an op needs on the host (shapes, NonZero...) are evaluated as it goes.
  * `params` replaces the model's initializers of the same name (this is how
  * mx::value_and_grad differentiates with respect to weights). */
@@ -51,11 +57,14 @@ struct CompileOptions {
   /** Compiled plans kept, keyed by input shapes, dtypes and static values. */
   size_t cache_size = 8;
   std::optional<mx::Device> device;
+  /** As RunOptions::memory_limit; a plan whose tensors exceed it is refused
+   * while it is traced. */
+  uint64_t memory_limit = 0;
 };
 
 /** Counters of a CompiledModel's plan cache. */
 struct CompileStats {
-  size_t plans_built = 0;   // cache misses
+  size_t plans_built = 0;   // cache misses (per thread: each thread builds its own)
   size_t cache_hits = 0;
   size_t evictions = 0;
   size_t segments = 0;      // compiled segments in the last plan used
@@ -64,11 +73,18 @@ struct CompileStats {
 
 /** A model compiled for repeated calls. The graph is split at graph breaks
  * (ops that need values computed from data); each run of nodes between breaks
- * is one mx::compile'd function. */
+ * is one mx::compile'd function.
+ *
+ * Threads: a CompiledModel may be called from any number of threads at once.
+ * MLX traces and caches compiled functions per thread, so each calling thread
+ * gets its own plans (its own plan LRU of `cache_size`), built on its first
+ * call with a new input signature; stats() sums over threads. A copy is a
+ * handle to the same state. */
 class CompiledModel {
  public:
   Outputs operator()(const Inputs& inputs);
-  const CompileStats& stats() const;
+  /** A snapshot of the counters, summed over all calling threads. */
+  CompileStats stats() const;
 
   struct State;
   explicit CompiledModel(std::shared_ptr<State> state) : state_(std::move(state)) {}

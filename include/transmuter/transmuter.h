@@ -4,6 +4,7 @@
 #include "transmuter/dtype.h"
 #include "transmuter/error.h"
 #include "transmuter/model.h"
+#include "transmuter/operators.h"
 #include "transmuter/runtime.h"
 #include "transmuter/value.h"
 #include "transmuter/value_info.h"

@@ -1,6 +1,5 @@
 #include "graph/graph.h"
 
-#include "ops/registry.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -13,8 +12,7 @@ const Attribute* Node::find_attribute(const std::string& attr_name) const {
 }
 
 std::string Node::label() const {
-  int version = op != nullptr ? op->since : opset;
-  return str(op_type, " v", version, " node '", name, "'");
+  return str(op_type, " node '", name, "' (opset ", opset, ")");
 }
 
 }  // namespace transmuter

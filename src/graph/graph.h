@@ -1,5 +1,6 @@
 // The in-memory graph that the runtime executes: nodes in topological order,
-// their attributes already decoded, initializers as MLX arrays.
+// their attributes already decoded, initializers as MLX arrays. The graph
+// knows nothing of operators: runtime/bound_graph.h binds nodes to the registry.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,6 @@
 namespace transmuter {
 
 struct Graph;
-struct OpRow;
 
 /** AttributeProto.AttributeType, numbered as in onnx.proto. */
 enum class AttrType : int32_t {
@@ -63,11 +63,10 @@ struct Node {
   std::vector<std::string> inputs;  // "" marks an omitted optional input
   std::vector<std::string> outputs;
   std::vector<Attribute> attributes;
-  int opset = 0;               // opset of `domain` imported by the model
-  const OpRow* op = nullptr;   // resolved at load
+  int opset = 0;  // opset of `domain` imported by the model
 
   const Attribute* find_attribute(const std::string& attr_name) const;
-  /** "Softmax v13 node 'attn/Softmax'"-style label for messages. */
+  /** "Softmax node 'attn/Softmax' (opset 13)": names the node in messages. */
   std::string label() const;
 };
 

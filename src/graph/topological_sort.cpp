@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "graph/subgraphs.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -18,49 +19,6 @@ std::string describe(const Node& node, size_t index) {
 
 std::string graph_label(const Graph& graph) {
   return graph.name.empty() ? std::string("graph") : str("graph '", graph.name, "'");
-}
-
-template <typename Fn>
-void for_each_subgraph(const Node& node, Fn&& fn) {
-  for (const Attribute& attribute : node.attributes) {
-    if (attribute.g) fn(*attribute.g);
-    for (const auto& g : attribute.graphs) {
-      if (g) fn(*g);
-    }
-  }
-}
-
-// Names a subgraph reads that it does not define itself (outer-scope values).
-void collect_free_names(const Graph& graph, std::set<std::string>& out) {
-  std::unordered_set<std::string> defined;
-  for (const ValueInfo& input : graph.inputs) defined.insert(input.name);
-  for (const auto& [name, value] : graph.initializers) defined.insert(name);
-  for (const Node& node : graph.nodes) defined.insert(node.outputs.begin(), node.outputs.end());
-  auto add = [&](const std::string& name) {
-    if (!name.empty() && !defined.contains(name)) out.insert(name);
-  };
-  for (const Node& node : graph.nodes) {
-    for (const std::string& input : node.inputs) add(input);
-    for_each_subgraph(node, [&](const Graph& sub) {
-      std::set<std::string> inner;
-      collect_free_names(sub, inner);
-      for (const std::string& name : inner) add(name);
-    });
-  }
-}
-
-// Everything node `index` reads: its inputs and its subgraphs' free names.
-std::vector<std::string> needed_values(const Node& node) {
-  std::vector<std::string> needed;
-  for (const std::string& input : node.inputs) {
-    if (!input.empty()) needed.push_back(input);
-  }
-  for_each_subgraph(node, [&](const Graph& sub) {
-    std::set<std::string> free;
-    collect_free_names(sub, free);
-    needed.insert(needed.end(), free.begin(), free.end());
-  });
-  return needed;
 }
 
 }  // namespace
@@ -89,7 +47,7 @@ void topological_sort(Graph& graph, const std::set<std::string>& outer_scope) {
   std::vector<size_t> waiting_on(n, 0);
   std::vector<std::vector<std::string>> needed(n);
   for (size_t i = 0; i < n; ++i) {
-    needed[i] = needed_values(graph.nodes[i]);
+    needed[i] = node_reads(graph.nodes[i]);
     std::unordered_set<size_t> producers;
     for (const std::string& name : needed[i]) {
       auto found = producer.find(name);

@@ -7,11 +7,11 @@
 namespace transmuter {
 
 NodeContext::NodeContext(const Node& node, std::vector<const Value*> inputs, mx::StreamOrDevice stream,
-                         const SubgraphRunner* run_subgraph)
-    : node_(node), inputs_(std::move(inputs)), stream_(stream), run_subgraph_(run_subgraph) {}
+                         const SubgraphRunner* run_subgraph, const OpRow* row)
+    : node_(node), inputs_(std::move(inputs)), stream_(stream), run_subgraph_(run_subgraph), row_(row) {}
 
 std::string NodeContext::prefix() const {
-  int version = node_.op != nullptr ? node_.op->since : node_.opset;
+  int version = row_ != nullptr ? row_->since : node_.opset;
   return str("[", node_.op_type, " v", version, "] node '", node_.name, "': ");
 }
 

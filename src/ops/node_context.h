@@ -16,6 +16,8 @@
 
 namespace transmuter {
 
+struct OpRow;
+
 /** Runs a subgraph (If/Loop/Scan bodies) with the given inputs bound to its
  * declared inputs; names from enclosing scopes stay visible. */
 using SubgraphRunner =
@@ -23,9 +25,11 @@ using SubgraphRunner =
 
 class NodeContext {
  public:
-  /** `run_subgraph` (may be null: no subgraphs here) must outlive the context. */
+  /** `run_subgraph` (may be null: no subgraphs here) must outlive the
+   * context. `row` is the registry row running the node; it names the op
+   * version in messages (null: the model's opset is named instead). */
   NodeContext(const Node& node, std::vector<const Value*> inputs, mx::StreamOrDevice stream,
-              const SubgraphRunner* run_subgraph);
+              const SubgraphRunner* run_subgraph, const OpRow* row = nullptr);
 
   const Node& node() const { return node_; }
   /** The opset of the node's domain imported by the model. */
@@ -94,6 +98,7 @@ class NodeContext {
   std::vector<const Value*> inputs_;
   mx::StreamOrDevice stream_;
   const SubgraphRunner* run_subgraph_;
+  const OpRow* row_;
 };
 
 /** MLX shape from ONNX int64 dims; throws OpError via `ctx` on overflow. */

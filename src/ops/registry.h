@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph/graph.h"
 #include "transmuter/value.h"
 
 namespace transmuter {
@@ -43,6 +44,13 @@ struct OpRow {
   // What the implementation does not cover (dtypes, attribute values), for
   // docs/operators.md. Empty: the whole spec of these versions.
   std::string_view restrictions = {};
+  // The outputs depend only on the inputs' shapes (Shape, Size): they are
+  // known on the host while tracing, unless an input's shape depends on data.
+  bool reads_only_shapes = false;
+  // True for the nodes of this op whose outputs may be a string tensor,
+  // sequence or optional although the op is not eager_only (Cast to STRING).
+  // Such outputs cannot cross a compiled boundary. Null: always tensors.
+  bool (*makes_non_tensor)(const Node& node) = nullptr;
 };
 
 class OpRegistry {

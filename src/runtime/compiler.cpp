@@ -1,14 +1,18 @@
 #include "runtime/compiler.h"
 
-#include <atomic>
 #include <list>
+#include <mutex>
 #include <sstream>
+#include <thread>
+#include <unordered_map>
 
-#include <mlx/compile_impl.h>
 #include <mlx/mlx.h>
 
+#include "mlx_bridge/compiled_function.h"
+#include "mlx_bridge/kernel_cache.h"
 #include "runtime/inputs.h"
 #include "runtime/interpreter.h"
+#include "runtime/model_state.h"
 #include "transmuter/error.h"
 #include "transmuter/runtime.h"
 
@@ -16,34 +20,61 @@ namespace transmuter {
 
 namespace {
 
-// Ids for mx::detail::compile. Small integers never collide with the code
-// addresses MLX uses as ids for compiled function pointers.
-std::uintptr_t next_compile_id() {
-  static std::atomic<std::uintptr_t> counter{1};
-  return counter++;
-}
-
-// The compiled functions and captured host values for one input signature.
-struct Plan {
-  const Graph* graph = nullptr;
-  const SegmentLayout* layout = nullptr;
-  mx::Device device = mx::Device::cpu;
-  Environment constants;                      // initializers + captured host values
-  const Environment* call_env = nullptr;      // the running call's scope, for tracing
-  std::vector<std::uintptr_t> compile_ids;
-  std::vector<std::function<std::vector<mx::array>(const std::vector<mx::array>&)>> compiled;
-
-  ~Plan() {
-    auto cache = mx::detail::compile_cache();
-    for (std::uintptr_t id : compile_ids) mx::detail::compile_erase(cache, id);
+// The compiled functions and captured host values for one input signature,
+// owned by one thread's Executor and only ever used on that thread.
+class Plan {
+ public:
+  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params)
+      : graph_(graph), layout_(layout), exec_(exec) {
+    bind_initializers(*graph_.graph, &params, constants_);
+    for (const Step& step : layout_.steps) {
+      if (step.eager) {
+        compiled_.emplace_back();
+        continue;
+      }
+      compiled_.push_back(std::make_unique<CompiledFunction>(
+          [this, &step](const std::vector<mx::array>& args) { return trace_segment(step, args); }));
+    }
   }
 
-  // The function mx::compile traces for one segment.
+  Outputs call(const Inputs& inputs) {
+    Environment env(&constants_);
+    for (const auto& [name, value] : inputs) env.set(name, value);
+    call_env_ = &env;
+    for (size_t s = 0; s < layout_.steps.size(); ++s) {
+      const Step& step = layout_.steps[s];
+      if (step.eager) {
+        run_nodes(graph_, step.begin, step.end, env, exec_);
+        continue;
+      }
+      std::vector<mx::array> outs = (*compiled_[s])(segment_args(step, env));
+      for (size_t i = 0; i < outs.size(); ++i) env.set(step.traced_outputs[i], outs[i]);
+    }
+    call_env_ = nullptr;
+    return collect_outputs(*graph_.graph, env);
+  }
+
+ private:
+  static std::vector<mx::array> segment_args(const Step& step, const Environment& env) {
+    std::vector<mx::array> args;
+    args.reserve(step.traced_inputs.size());
+    for (const std::string& name : step.traced_inputs) {
+      const Value* v = env.find(name);
+      if (v == nullptr || !v->is_tensor()) {
+        throw Error(str("compiled segment input '", name, "' is ", v ? v->describe() : "missing"));
+      }
+      args.push_back(v->tensor());
+    }
+    return args;
+  }
+
+  // The function mx::compile traces for one segment. Host values it produces
+  // depend only on the plan's key, so they are captured once, here.
   std::vector<mx::array> trace_segment(const Step& step, const std::vector<mx::array>& args) {
-    Environment scope(call_env);
+    Environment scope(call_env_);
     for (size_t i = 0; i < args.size(); ++i) scope.set(step.traced_inputs[i], args[i]);
-    run_nodes(*graph, step.begin, step.end, scope, device);
-    for (const std::string& name : step.host_outputs) constants.set(name, *scope.find(name));
+    run_nodes(graph_, step.begin, step.end, scope, exec_);
+    for (const std::string& name : step.host_outputs) constants_.set(name, *scope.find(name));
     std::vector<mx::array> outs;
     outs.reserve(step.traced_outputs.size());
     for (const std::string& name : step.traced_outputs) {
@@ -56,47 +87,19 @@ struct Plan {
     return outs;
   }
 
-  void build(const Params& params) {
-    bind_initializers(*graph, &params, constants);
-    for (size_t s = 0; s < layout->steps.size(); ++s) {
-      const Step& step = layout->steps[s];
-      if (step.eager) {
-        compiled.emplace_back();
-        compile_ids.push_back(0);
-        continue;
-      }
-      std::uintptr_t id = next_compile_id();
-      auto fn = [this, &step](const std::vector<mx::array>& args) { return trace_segment(step, args); };
-      compiled.push_back(mx::detail::compile(fn, id));
-      compile_ids.push_back(id);
-    }
-  }
+  const BoundGraph& graph_;
+  const SegmentLayout& layout_;
+  const Execution exec_;
+  Environment constants_;                  // initializers + captured host values
+  const Environment* call_env_ = nullptr;  // the running call's scope, for tracing
+  std::vector<std::unique_ptr<CompiledFunction>> compiled_;  // null for eager steps
+};
 
-  Outputs call(const Inputs& inputs) {
-    Environment env(&constants);
-    for (const auto& [name, value] : inputs) env.set(name, value);
-    call_env = &env;
-    for (size_t s = 0; s < layout->steps.size(); ++s) {
-      const Step& step = layout->steps[s];
-      if (step.eager) {
-        run_nodes(*graph, step.begin, step.end, env, device);
-        continue;
-      }
-      std::vector<mx::array> args;
-      args.reserve(step.traced_inputs.size());
-      for (const std::string& name : step.traced_inputs) {
-        const Value* v = env.find(name);
-        if (v == nullptr || !v->is_tensor()) {
-          throw Error(str("compiled segment input '", name, "' is ", v ? v->describe() : "missing"));
-        }
-        args.push_back(v->tensor());
-      }
-      std::vector<mx::array> outs = compiled[s](args);
-      for (size_t i = 0; i < outs.size(); ++i) env.set(step.traced_outputs[i], outs[i]);
-    }
-    call_env = nullptr;
-    return collect_outputs(*graph, env);
-  }
+// The plans of one calling thread. MLX keeps its compile cache per thread, so
+// plans (and their compiled functions) are never shared between threads.
+struct Executor {
+  mx::detail::CompileCacheWeakPtr cache = mx::detail::compile_cache();
+  std::list<std::pair<std::string, std::unique_ptr<Plan>>> plans;  // most recently used first
 };
 
 std::string signature_of(const Inputs& inputs, const std::set<std::string>& static_inputs) {
@@ -128,57 +131,88 @@ std::string signature_of(const Inputs& inputs, const std::set<std::string>& stat
 }  // namespace
 
 struct CompiledModel::State {
+  State(Model m, CompileOptions o) : model(std::move(m)), options(std::move(o)) {}
+
   Model model;
   CompileOptions options;
   std::set<std::string> static_inputs;
   SegmentLayout layout;
-  CompileStats stats;
-  // Most recently used first.
-  std::list<std::pair<std::string, std::unique_ptr<Plan>>> plans;
 
-  Plan& plan_for(const std::string& key) {
+  std::mutex mutex;  // guards executors and stats
+  std::unordered_map<std::thread::id, std::unique_ptr<Executor>> executors;
+  CompileStats stats;
+
+  const BoundGraph& bound() const { return *model.internal_state().bound; }
+
+  // The calling thread's executor. A thread id can be reused after its thread
+  // exits; the compile cache tells the new thread from the old one.
+  Executor& executor_for_this_thread() {
+    std::lock_guard lock(mutex);
+    auto it = executors.find(std::this_thread::get_id());
+    if (it != executors.end() && is_current_compile_cache(it->second->cache)) return *it->second;
+    // New thread, or a reused id: drop the executors of exited threads.
+    std::erase_if(executors, [](const auto& entry) { return entry.second->cache.expired(); });
+    std::unique_ptr<Executor>& slot = executors[std::this_thread::get_id()];
+    slot = std::make_unique<Executor>();
+    return *slot;
+  }
+
+  Plan& plan_for(Executor& executor, const std::string& key) {
+    auto& plans = executor.plans;
     for (auto it = plans.begin(); it != plans.end(); ++it) {
       if (it->first == key) {
         plans.splice(plans.begin(), plans, it);
-        ++stats.cache_hits;
+        count([](CompileStats& s) { ++s.cache_hits; });
         return *plans.front().second;
       }
     }
-    auto plan = std::make_unique<Plan>();
-    plan->graph = &model.graph();
-    plan->layout = &layout;
-    plan->device = options.device.value_or(default_device());
-    plan->build(model.params());
-    plans.emplace_front(key, std::move(plan));
-    ++stats.plans_built;
+    Execution exec{options.device.value_or(default_device()), options.memory_limit};
+    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params()));
+    size_t evicted = 0;
     while (plans.size() > std::max<size_t>(options.cache_size, 1)) {
       plans.pop_back();
-      ++stats.evictions;
+      ++evicted;
     }
+    count([evicted](CompileStats& s) {
+      ++s.plans_built;
+      s.evictions += evicted;
+    });
     return *plans.front().second;
+  }
+
+  template <typename Update>
+  void count(Update update) {
+    std::lock_guard lock(mutex);
+    update(stats);
   }
 };
 
 Outputs CompiledModel::operator()(const Inputs& inputs) {
   State& s = *state_;
-  validate_inputs(s.model.graph(), inputs);
-  Plan& plan = s.plan_for(signature_of(inputs, s.static_inputs));
-  s.stats.segments = s.layout.compiled_segments;
-  s.stats.graph_breaks = s.layout.graph_breaks;
-  return plan.call(inputs);
+  validate_inputs(*s.bound().graph, inputs);
+  std::string key = signature_of(inputs, s.static_inputs);
+  Executor& executor = s.executor_for_this_thread();
+  return s.plan_for(executor, key).call(inputs);
 }
 
-const CompileStats& CompiledModel::stats() const { return state_->stats; }
+CompileStats CompiledModel::stats() const {
+  std::lock_guard lock(state_->mutex);
+  CompileStats stats = state_->stats;
+  stats.segments = state_->layout.compiled_segments;
+  stats.graph_breaks = state_->layout.graph_breaks;
+  return stats;
+}
 
 CompiledModel compile(const Model& model, const Inputs& example_inputs, const CompileOptions& options) {
-  auto state = std::make_shared<CompiledModel::State>(CompiledModel::State{model, options, {}, {}, {}, {}});
+  secure_kernel_cache();  // before MLX compiles its first kernel
+  auto state = std::make_shared<CompiledModel::State>(model, options);
   for (const std::string& name : options.static_inputs) {
     bool known = false;
     for (const ValueInfo& in : model.inputs()) known = known || in.name == name;
     if (!known) throw InputError(str("static input '", name, "' is not an input of the model"));
     state->static_inputs.insert(name);
   }
-  state->layout = plan_segments(model.graph(), state->static_inputs);
+  state->layout = plan_segments(state->bound(), state->static_inputs);
   CompiledModel compiled(state);
   if (!example_inputs.empty()) {
     Outputs warm = compiled(example_inputs);

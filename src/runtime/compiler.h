@@ -2,7 +2,7 @@
 //
 // A value is *traced* when it depends on the data of a non-static graph input;
 // under mx::compile it is a placeholder whose values cannot be read. Shape and
-// Size cut that dependency (shapes are concrete while tracing) unless their
+// Size (rows marked reads_only_shapes) cut that dependency (shapes are concrete while tracing) unless their
 // input's shape itself depends on data (an output of a graph break). A node is
 // a graph break when its row is eager_only or when one of its host_inputs is
 // traced; it then runs eagerly between two compiled segments.
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "runtime/bound_graph.h"
 
 namespace transmuter {
 
@@ -37,10 +38,9 @@ struct SegmentLayout {
   size_t graph_breaks = 0;
 };
 
-/** Names a node reads, including outer-scope names used inside its subgraphs. */
-std::vector<std::string> node_reads(const Node& node);
-
-/** Splits `graph` for the given static inputs (their values are host values). */
-SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& static_inputs);
+/** Splits `graph` for the given static inputs (their values are host values).
+ * Decides from registry-row traits only (host_inputs, eager_only,
+ * reads_only_shapes, makes_non_tensor): it knows no op names. */
+SegmentLayout plan_segments(const BoundGraph& graph, const std::set<std::string>& static_inputs);
 
 }  // namespace transmuter

@@ -1,6 +1,9 @@
 #include "runtime/interpreter.h"
 
 #include <exception>
+#include <limits>
+
+#include <unistd.h>
 
 #include "ops/node_context.h"
 #include "ops/registry.h"
@@ -33,7 +36,7 @@ void bind_initializers(const Graph& graph, const Params* overrides, Environment&
 
 namespace {
 
-std::vector<const Value*> gather_inputs(const Node& node, const Environment& env) {
+std::vector<const Value*> gather_inputs(const Node& node, const OpRow& row, const Environment& env) {
   std::vector<const Value*> inputs;
   inputs.reserve(node.inputs.size());
   for (const std::string& name : node.inputs) {
@@ -42,15 +45,17 @@ std::vector<const Value*> gather_inputs(const Node& node, const Environment& env
       continue;
     }
     const Value* v = env.find(name);
-    if (v == nullptr) throw Error(str(node.label(), ": input '", name, "' has no value"));
+    if (v == nullptr) {
+      throw Error(str("[", node.op_type, " v", row.since, "] node '", node.name, "': input '", name, "' has no value"));
+    }
     inputs.push_back(v);
   }
   return inputs;
 }
 
-OpOutputs call_op(const Node& node, NodeContext& ctx) {
+OpOutputs call_op(const OpRow& row, NodeContext& ctx) {
   try {
-    return node.op->fn(ctx);
+    return row.fn(ctx);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -59,19 +64,52 @@ OpOutputs call_op(const Node& node, NodeContext& ctx) {
   }
 }
 
+// Refuses an output tensor larger than the memory limit while it is still a
+// lazy array: its shape is known, its buffer not yet allocated.
+void check_output_size(const NodeContext& ctx, const std::string& name, const mx::array& a, uint64_t limit) {
+  std::optional<uint64_t> bytes = checked_nbytes(a.shape(), a.dtype());
+  if (!bytes) throw ctx.error("output '", name, "' has more elements than 64 bits can count");
+  if (*bytes > limit) {
+    throw ctx.error("output '", name, "' would need ", *bytes, " bytes, over the memory limit of ", limit,
+                    " bytes");
+  }
+}
+
 }  // namespace
 
-void run_nodes(const Graph& graph, size_t begin, size_t end, Environment& env, mx::Device device) {
-  const SubgraphRunner subgraphs = [&env, device](const Graph& body, const std::vector<Value>& inputs) {
-    return run_subgraph(body, inputs, env, device);
+std::optional<uint64_t> checked_nbytes(const mx::Shape& shape, mx::Dtype dtype) {
+  uint64_t bytes = dtype.size();
+  for (int dim : shape) {
+    if (dim < 0) return std::nullopt;
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
+
+uint64_t default_memory_limit() {
+  static const uint64_t limit = [] {
+    long pages = sysconf(_SC_PHYS_PAGES);
+    long page_size = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_size <= 0) return std::numeric_limits<uint64_t>::max();
+    return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  }();
+  return limit;
+}
+
+void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec) {
+  const SubgraphRunner subgraphs = [&graph, &env, &exec](const Graph& body, const std::vector<Value>& inputs) {
+    return run_subgraph(graph.subgraph(body), inputs, env, exec);
   };
+  const uint64_t limit = exec.memory_limit != 0 ? exec.memory_limit : default_memory_limit();
   for (size_t n = begin; n < end; ++n) {
-    const Node& node = graph.nodes[n];
-    if (node.op == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
-    NodeContext ctx(node, gather_inputs(node, env), device, &subgraphs);
-    OpOutputs outputs = call_op(node, ctx);
+    const Node& node = graph.node(n);
+    const OpRow* row = graph.rows[n];
+    if (row == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
+    NodeContext ctx(node, gather_inputs(node, *row, env), exec.device, &subgraphs, row);
+    OpOutputs outputs = call_op(*row, ctx);
     if (outputs.size() > node.outputs.size()) outputs.resize(node.outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].is_tensor()) check_output_size(ctx, node.outputs[i], outputs[i].tensor(), limit);
       if (!node.outputs[i].empty()) env.set(node.outputs[i], std::move(outputs[i]));
     }
     for (size_t i = outputs.size(); i < node.outputs.size(); ++i) {
@@ -81,15 +119,16 @@ void run_nodes(const Graph& graph, size_t begin, size_t end, Environment& env, m
   }
 }
 
-std::vector<Value> run_subgraph(const Graph& body, const std::vector<Value>& inputs,
-                                const Environment& outer, mx::Device device) {
+std::vector<Value> run_subgraph(const BoundGraph& bound, const std::vector<Value>& inputs,
+                                const Environment& outer, const Execution& exec) {
+  const Graph& body = *bound.graph;
   Environment scope(&outer);
   bind_initializers(body, nullptr, scope);
   if (inputs.size() > body.inputs.size()) {
     throw Error(str("subgraph '", body.name, "' takes ", body.inputs.size(), " inputs, got ", inputs.size()));
   }
   for (size_t i = 0; i < inputs.size(); ++i) scope.set(body.inputs[i].name, inputs[i]);
-  run_nodes(body, 0, body.nodes.size(), scope, device);
+  run_nodes(bound, 0, bound.size(), scope, exec);
   std::vector<Value> outputs;
   outputs.reserve(body.outputs.size());
   for (const ValueInfo& out : body.outputs) {

@@ -2,6 +2,8 @@
 // an array graph; values an op reads on the host are evaluated on demand.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -9,6 +11,7 @@
 #include <mlx/device.h>
 
 #include "graph/graph.h"
+#include "runtime/bound_graph.h"
 #include "transmuter/model.h"
 #include "transmuter/runtime.h"
 #include "transmuter/value.h"
@@ -33,13 +36,28 @@ class Environment {
 /** Binds the graph's initializers, replacing those named in `overrides`. */
 void bind_initializers(const Graph& graph, const Params* overrides, Environment& env);
 
+/** Where and within what limits nodes run. */
+struct Execution {
+  mx::Device device = mx::Device::cpu;
+  // No op output tensor may need more bytes than this (checked before MLX
+  // allocates it; MLX's CPU allocator does not report failures).
+  uint64_t memory_limit = 0;
+};
+
 /** Runs nodes [begin, end) of `graph`, reading and writing `env`. */
-void run_nodes(const Graph& graph, size_t begin, size_t end, Environment& env, mx::Device device);
+void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec);
 
 /** Runs a subgraph (If/Loop/Scan body) whose declared inputs take `inputs`;
  * names of `outer` stay visible. Returns the body's declared outputs. */
-std::vector<Value> run_subgraph(const Graph& body, const std::vector<Value>& inputs,
-                                const Environment& outer, mx::Device device);
+std::vector<Value> run_subgraph(const BoundGraph& body, const std::vector<Value>& inputs,
+                                const Environment& outer, const Execution& exec);
+
+/** Bytes a tensor of `shape` and `dtype` needs, or nullopt when the count
+ * overflows 64 bits. */
+std::optional<uint64_t> checked_nbytes(const mx::Shape& shape, mx::Dtype dtype);
+
+/** The memory limit when none is configured: the machine's physical memory. */
+uint64_t default_memory_limit();
 
 /** The graph's declared outputs, read from `env`, in declared order. */
 Outputs collect_outputs(const Graph& graph, const Environment& env);

@@ -5,22 +5,26 @@
 #include <string>
 
 #include "graph/graph.h"
+#include "runtime/bound_graph.h"
 #include "transmuter/model.h"
 
 namespace transmuter {
 
 struct Model::State {
-  std::shared_ptr<Graph> graph;
+  std::shared_ptr<const Graph> graph;  // after load-time passes
+  std::unique_ptr<BoundGraph> bound;   // graph bound to the registry
   Params params;
   int64_t ir_version = 0;
   std::string producer;
-  std::string path;
+  std::string source;
+  std::vector<std::string> passes_applied;
 };
 
-/** A Model over an already built graph: binds every node to its registry row
+/** A Model over an already built graph: runs the load-time passes (when
+ * `options.run_passes`), binds every node to its registry row
  * (UnsupportedError listing all that have none) and collects the params.
  * `source` names the model in messages. */
-Model make_model(std::shared_ptr<Graph> graph, const std::string& source, int64_t ir_version = 0,
-                 std::string producer = "");
+Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const LoadOptions& options = {},
+                 int64_t ir_version = 0, std::string producer = "");
 
 }  // namespace transmuter

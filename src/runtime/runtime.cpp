@@ -22,13 +22,14 @@ mx::Device default_device() {
 }
 
 Outputs run(const Model& model, const Params& params, const Inputs& inputs, const RunOptions& options) {
-  const Graph& graph = model.graph();
+  const BoundGraph& bound = *model.internal_state().bound;
+  const Graph& graph = *bound.graph;
   validate_inputs(graph, inputs);
-  mx::Device device = options.device.value_or(default_device());
+  Execution exec{options.device.value_or(default_device()), options.memory_limit};
   Environment env;
   bind_initializers(graph, &params, env);
   for (const auto& [name, value] : inputs) env.set(name, value);
-  run_nodes(graph, 0, graph.nodes.size(), env, device);
+  run_nodes(bound, 0, bound.size(), env, exec);
   return collect_outputs(graph, env);
 }
 

@@ -2,29 +2,12 @@
 #include <unordered_set>
 
 #include "ops/registry.h"
+#include "graph/subgraphs.h"
 #include "runtime/compiler.h"
 
 namespace transmuter {
 
 namespace {
-
-void collect_outer_reads(const Graph& graph, std::unordered_set<std::string>& defined,
-                         std::vector<std::string>& reads) {
-  for (const ValueInfo& in : graph.inputs) defined.insert(in.name);
-  for (const auto& [name, value] : graph.initializers) defined.insert(name);
-  for (const Node& node : graph.nodes) {
-    for (const std::string& name : node.inputs) {
-      if (!name.empty() && defined.count(name) == 0) reads.push_back(name);
-    }
-    for (const Attribute& attr : node.attributes) {
-      if (attr.g) collect_outer_reads(*attr.g, defined, reads);
-      for (const auto& g : attr.graphs) {
-        if (g) collect_outer_reads(*g, defined, reads);
-      }
-    }
-    for (const std::string& name : node.outputs) defined.insert(name);
-  }
-}
 
 struct ValueFlags {
   bool traced = false;         // depends on input data
@@ -36,14 +19,13 @@ bool is_plain_tensor(const ValueInfo& info) {
   return info.kind == ValueInfo::Kind::kTensor && info.elem_type != OnnxType::kString;
 }
 
-// True when the node may output something other than a plain tensor: a Cast
-// to STRING, or an output that value_info declares as a string tensor,
-// sequence or optional. Such a node runs eagerly, as its readers do.
-bool produces_non_tensor(const Node& node, const std::unordered_map<std::string, const ValueInfo*>& declared) {
-  if (node.domain.empty() && node.op_type == "Cast") {
-    const Attribute* to = node.find_attribute("to");
-    if (to != nullptr && to->i == static_cast<int64_t>(OnnxType::kString)) return true;
-  }
+// True when the node may output something other than a plain tensor: its row
+// says so for this node (Cast to STRING), or value_info declares an output a
+// string tensor, sequence or optional. Such a node runs eagerly, as its
+// readers do.
+bool produces_non_tensor(const Node& node, const OpRow* row,
+                         const std::unordered_map<std::string, const ValueInfo*>& declared) {
+  if (row != nullptr && row->makes_non_tensor != nullptr && row->makes_non_tensor(node)) return true;
   for (const std::string& name : node.outputs) {
     auto it = declared.find(name);
     if (it != declared.end() && it->second->kind != ValueInfo::Kind::kUnknown && !is_plain_tensor(*it->second)) {
@@ -53,30 +35,10 @@ bool produces_non_tensor(const Node& node, const std::unordered_map<std::string,
   return false;
 }
 
-bool is_shape_query(const Node& node) {
-  return node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size");
-}
-
 }  // namespace
 
-std::vector<std::string> node_reads(const Node& node) {
-  std::vector<std::string> reads;
-  for (const std::string& name : node.inputs) {
-    if (!name.empty()) reads.push_back(name);
-  }
-  for (const Attribute& attr : node.attributes) {
-    std::vector<std::shared_ptr<Graph>> graphs = attr.graphs;
-    if (attr.g) graphs.push_back(attr.g);
-    for (const auto& g : graphs) {
-      if (!g) continue;
-      std::unordered_set<std::string> defined;
-      collect_outer_reads(*g, defined, reads);
-    }
-  }
-  return reads;
-}
-
-SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& static_inputs) {
+SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>& static_inputs) {
+  const Graph& graph = *bound.graph;
   std::unordered_map<std::string, ValueFlags> flags;
   for (const ValueInfo& in : graph.inputs) {
     bool data = static_inputs.count(in.name) == 0;
@@ -99,22 +61,23 @@ SegmentLayout plan_segments(const Graph& graph, const std::set<std::string>& sta
       in_flags.dynamic_shape |= f.dynamic_shape;
       in_flags.non_tensor |= f.non_tensor;
     }
+    const OpRow* row = bound.rows[i];
     bool host_input_traced = false;
-    if (node.op != nullptr) {
-      for (int h : node.op->host_inputs) {
+    if (row != nullptr) {
+      for (int h : row->host_inputs) {
         if (h < static_cast<int>(node.inputs.size()) && !node.inputs[h].empty()) {
           host_input_traced |= flags[node.inputs[h]].traced;
         }
       }
     }
     // Non-tensor values cannot cross a compiled boundary: their readers run eagerly.
-    bool non_tensor_out = produces_non_tensor(node, declared);
-    is_break[i] = (node.op != nullptr && node.op->eager_only) || host_input_traced || in_flags.non_tensor ||
+    bool non_tensor_out = produces_non_tensor(node, row, declared);
+    is_break[i] = (row != nullptr && row->eager_only) || host_input_traced || in_flags.non_tensor ||
                   (non_tensor_out && in_flags.traced);
     ValueFlags out;
     if (is_break[i]) {
       out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape, in_flags.non_tensor || non_tensor_out};
-    } else if (is_shape_query(node)) {
+    } else if (row != nullptr && row->reads_only_shapes) {
       bool input_dynamic = !node.inputs.empty() && flags[node.inputs[0]].dynamic_shape;
       out = {input_dynamic, false, false};
     } else {

@@ -15,7 +15,6 @@ Node add_node(const std::string& a, const std::string& b, const std::string& out
   node.name = "add_" + out;
   node.op_type = "Add";
   node.opset = 18;
-  node.op = builtin_registry().find("", "Add", 18);
   node.inputs = {a, b};
   node.outputs = {out};
   return node;
@@ -40,7 +39,8 @@ TEST(Interpreter, SubgraphSeesOuterNamesAndItsOwnInputs) {
   body.nodes.push_back(add_node("i", "outer_value", "o"));
   Environment outer;
   outer.set("outer_value", mx::array(10.f));
-  std::vector<Value> out = run_subgraph(body, {mx::array(5.f)}, outer, mx::Device::cpu);
+  std::unique_ptr<BoundGraph> bound = bind_graph(body, builtin_registry(), "test");
+  std::vector<Value> out = run_subgraph(*bound, {mx::array(5.f)}, outer, Execution{});
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(testing::to_doubles(out[0].tensor()), std::vector<double>{15});
 }
@@ -51,11 +51,35 @@ TEST(Interpreter, UnboundInputNamesTheNode) {
   Environment env;
   env.set("x", mx::array(1.f));
   try {
-    run_nodes(graph, 0, 1, env, mx::Device::cpu);
+    run_nodes(*bind_graph(graph, builtin_registry(), "test"), 0, 1, env, Execution{});
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("node 'add_y': input 'nowhere' has no value"), std::string::npos) << e.what();
   }
+}
+
+TEST(Interpreter, RefusesAnOutputOverTheMemoryLimitBeforeAllocating) {
+  Graph graph;
+  graph.nodes.push_back(add_node("x", "x", "y"));
+  Environment env;
+  env.set("x", mx::zeros({1024}, mx::float32));
+  Execution exec;
+  exec.memory_limit = 1000;  // the output needs 4096 bytes
+  try {
+    run_nodes(*bind_graph(graph, builtin_registry(), "test"), 0, 1, env, exec);
+    FAIL() << "expected the memory limit to refuse the output";
+  } catch (const OpError& e) {
+    EXPECT_NE(std::string(e.what()).find("[Add v7] node 'add_y': output 'y' would need 4096 bytes, over the "
+                                         "memory limit of 1000 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Interpreter, CheckedByteCountsDetectOverflow) {
+  EXPECT_EQ(checked_nbytes({2, 3}, mx::float32), 24u);
+  EXPECT_EQ(checked_nbytes({65536, 65536, 65536, 65536}, mx::float32), std::nullopt);
+  EXPECT_EQ(checked_nbytes({-1, 2}, mx::float32), std::nullopt);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/compiler.h"
+#include "runtime/model_state.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
 
@@ -17,7 +18,7 @@ TEST(Segments, ShapeOfTracedValueIsAHostValue) {
                     .node("Reshape", {"x", "s"}, {"y"})
                     .output("y")
                     .build();
-  SegmentLayout layout = plan_segments(model.graph(), {});
+  SegmentLayout layout = plan_segments(*model.internal_state().bound, {});
   EXPECT_EQ(layout.graph_breaks, 0u);
   ASSERT_EQ(layout.compiled_segments, 1u);
   EXPECT_EQ(layout.steps[0].traced_inputs, std::vector<std::string>{"x"});
@@ -35,7 +36,7 @@ TEST(Segments, ShapeAfterADataDependentBreakIsTraced) {
                     .node("Reshape", {"n", "s"}, {"y"})
                     .output("y")
                     .build();
-  SegmentLayout layout = plan_segments(model.graph(), {});
+  SegmentLayout layout = plan_segments(*model.internal_state().bound, {});
   ASSERT_EQ(layout.steps.size(), 3u);
   EXPECT_TRUE(layout.steps[0].eager);   // NonZero
   EXPECT_FALSE(layout.steps[1].eager);  // Shape, Neg
@@ -55,7 +56,7 @@ TEST(Segments, HostValuesProducedInASegmentAreCaptured) {
                     .output("y")
                     .output("nz")
                     .build();
-  SegmentLayout layout = plan_segments(model.graph(), {});
+  SegmentLayout layout = plan_segments(*model.internal_state().bound, {});
   ASSERT_EQ(layout.steps.size(), 3u);
   EXPECT_EQ(layout.steps[0].host_outputs, std::vector<std::string>{"s"});
   EXPECT_TRUE(layout.steps[0].traced_outputs.empty());
@@ -69,8 +70,8 @@ TEST(Segments, StaticInputsMakeHostInputsKnown) {
                     .node("Reshape", {"x", "shape"}, {"y"})
                     .output("y")
                     .build();
-  EXPECT_EQ(plan_segments(model.graph(), {}).graph_breaks, 1u);
-  EXPECT_EQ(plan_segments(model.graph(), {"shape"}).graph_breaks, 0u);
+  EXPECT_EQ(plan_segments(*model.internal_state().bound, {}).graph_breaks, 1u);
+  EXPECT_EQ(plan_segments(*model.internal_state().bound, {"shape"}).graph_breaks, 0u);
 }
 
 }  // namespace

@@ -43,6 +43,8 @@ GraphBuilder& GraphBuilder::output(const std::string& name) {
   return *this;
 }
 
-Model GraphBuilder::build() const { return make_model(std::make_shared<Graph>(*graph_), "test-graph"); }
+Model GraphBuilder::build(const LoadOptions& options) const {
+  return make_model(std::make_shared<Graph>(*graph_), "test-graph", options);
+}
 
 }  // namespace transmuter::testing

@@ -22,7 +22,7 @@ class GraphBuilder {
   GraphBuilder& output(const std::string& name);
 
   /** The Model (ops resolved against the built-in registry). */
-  Model build() const;
+  Model build(const LoadOptions& options = {}) const;
 
  private:
   std::shared_ptr<Graph> graph_;

@@ -58,12 +58,12 @@ std::vector<Value> run_op(const std::string& op_type, int opset, const std::vect
   node.attributes = attributes;
   for (size_t i = 0; i < inputs.size(); ++i) node.inputs.push_back(str("in", i));
   for (int i = 0; i < num_outputs; ++i) node.outputs.push_back(str("out", i));
-  node.op = builtin_registry().find("", op_type, opset);
-  if (node.op == nullptr) throw UnsupportedError(str(op_type, " opset ", opset, " is not registered"));
+  const OpRow* row = builtin_registry().find("", op_type, opset);
+  if (row == nullptr) throw UnsupportedError(str(op_type, " opset ", opset, " is not registered"));
   std::vector<const Value*> ptrs;
   for (const Value& v : inputs) ptrs.push_back(&v);
-  NodeContext ctx(node, ptrs, mx::Device::cpu, nullptr);
-  return node.op->fn(ctx);
+  NodeContext ctx(node, ptrs, mx::Device::cpu, nullptr, row);
+  return row->fn(ctx);
 }
 
 std::vector<mx::array> run_compiled(const std::string& op_type, int opset, const std::vector<Value>& inputs,

@@ -349,16 +349,27 @@ OpOutputs cast_like(NodeContext& ctx) {
   return {cast_value(ctx, ctx.value(0), to, options_from(ctx))};
 }
 
+// A Cast to STRING outputs a string tensor, which cannot cross a compiled
+// boundary (opset 1 spells `to` as a string, later opsets as a type number).
+bool casts_to_string(const Node& node) {
+  const Attribute* to = node.find_attribute("to");
+  if (to == nullptr) return false;
+  return to->type == AttrType::kString ? to->s == "STRING" : to->i == static_cast<int64_t>(OnnxType::kString);
+}
+
 }  // namespace
 
 void register_cast(OpRegistry& r) {
   r.add({
-      {"Cast", kOnnx, 1, 5, cast_v1},
+      {.op_type = "Cast", .domain = kOnnx, .since = 1, .until = 5, .fn = cast_v1,
+       .makes_non_tensor = casts_to_string},
       // 6: `to` becomes an int; 19: `saturate` for float8; 24: `round_mode`
       // for float8e8m0. Absent attributes take the defaults, so one function
       // serves all.
-      {"Cast", kOnnx, 6, 18, cast_op},
-      {"Cast", kOnnx, 19, kOpen, cast_op},
+      {.op_type = "Cast", .domain = kOnnx, .since = 6, .until = 18, .fn = cast_op,
+       .makes_non_tensor = casts_to_string},
+      {.op_type = "Cast", .domain = kOnnx, .since = 19, .until = kOpen, .fn = cast_op,
+       .makes_non_tensor = casts_to_string},
       {"CastLike", kOnnx, 15, 18, cast_like},
       {"CastLike", kOnnx, 19, kOpen, cast_like},
   });

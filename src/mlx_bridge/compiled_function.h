@@ -1,0 +1,48 @@
+// A function compiled by MLX under an id of ours, so that its entry in MLX's
+// compile cache can be erased when the function is dropped.
+//
+// MLX internals used (pinned to the MLX version; tests/mlx_bridge checks them):
+// mx::detail::compile(fn, id) and mx::detail::compile_erase(cache, id). Since
+// MLX 0.32 each thread has its own compile cache (mx::detail::compile_cache()
+// is thread_local), so a CompiledFunction remembers the cache of the thread
+// that created it and erases from that one, whichever thread destroys it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <mlx/array.h>
+#include <mlx/compile_impl.h>
+
+namespace transmuter {
+
+namespace mx = mlx::core;
+
+class CompiledFunction {
+ public:
+  using Fn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+
+  /** Wraps `fn` in MLX's compile. Call the result only on the creating thread:
+   * MLX traces and caches per thread. */
+  explicit CompiledFunction(Fn fn);
+  ~CompiledFunction();
+  CompiledFunction(const CompiledFunction&) = delete;
+  CompiledFunction& operator=(const CompiledFunction&) = delete;
+
+  std::vector<mx::array> operator()(const std::vector<mx::array>& args) const { return compiled_(args); }
+
+  /** True while the creating thread's compile cache still exists (the thread
+   * has not exited). */
+  bool cache_alive() const { return !cache_.expired(); }
+
+ private:
+  std::uintptr_t id_;
+  mx::detail::CompileCacheWeakPtr cache_;
+  Fn compiled_;
+};
+
+/** True when the calling thread's MLX compile cache is `cache`. */
+bool is_current_compile_cache(const mx::detail::CompileCacheWeakPtr& cache);
+
+}  // namespace transmuter

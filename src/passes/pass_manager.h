@@ -1,0 +1,34 @@
+// Load-time rewrites of a graph, between reading the file and binding its
+// nodes to the registry (src/runtime/load.cpp). One pass per file, each with
+// the subgraph it matches drawn in its header comment. Passes match op types by
+// name (they sit below the registry) and must leave results equal to those of
+// the unrewritten graph within float rounding; each has a test that runs a
+// model with and without it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace transmuter {
+
+struct Pass {
+  std::string_view name;
+  /** Rewrites the main graph in place; returns the number of rewrites. */
+  size_t (*run)(Graph& graph);
+};
+
+/** The passes load() runs, in order. */
+const std::vector<Pass>& default_passes();
+
+/** Runs `passes` in order over `graph`, then drops initializers nothing reads
+ * any more. Returns the names of the passes that rewrote something. */
+std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passes);
+
+// The passes (one file each).
+size_t fold_batch_norm_into_conv(Graph& graph);
+
+}  // namespace transmuter

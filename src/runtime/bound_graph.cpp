@@ -1,0 +1,53 @@
+#include "runtime/bound_graph.h"
+
+#include <set>
+#include <tuple>
+
+#include "graph/subgraphs.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+
+const BoundGraph& BoundGraph::subgraph(const Graph& body) const {
+  auto it = subgraphs.find(&body);
+  if (it == subgraphs.end()) throw Error(str("subgraph '", body.name, "' is not a subgraph of this graph"));
+  return *it->second;
+}
+
+namespace {
+
+using MissingKey = std::tuple<std::string, std::string, int64_t>;
+
+std::unique_ptr<BoundGraph> bind_collecting(const Graph& graph, const OpRegistry& registry,
+                                            std::set<MissingKey>& missing) {
+  auto bound = std::make_unique<BoundGraph>();
+  bound->graph = &graph;
+  bound->rows.reserve(graph.nodes.size());
+  for (const Node& node : graph.nodes) {
+    const OpRow* row = registry.find(node.domain, node.op_type, node.opset);
+    if (row == nullptr) missing.insert({node.domain.empty() ? "ai.onnx" : node.domain, node.op_type, node.opset});
+    bound->rows.push_back(row);
+    for_each_subgraph(node, [&](const Graph& body) {
+      bound->subgraphs.emplace(&body, bind_collecting(body, registry, missing));
+    });
+  }
+  return bound;
+}
+
+}  // namespace
+
+std::unique_ptr<BoundGraph> bind_graph(const Graph& graph, const OpRegistry& registry, const std::string& source) {
+  std::set<MissingKey> missing;
+  std::unique_ptr<BoundGraph> bound = bind_collecting(graph, registry, missing);
+  if (missing.empty()) return bound;
+  std::string list;
+  std::vector<MissingOperator> ops;
+  for (const auto& [domain, op_type, opset] : missing) {
+    list += str("\n  ", domain, " ", op_type, " (opset ", opset, ")");
+    ops.push_back({domain, op_type, opset});
+  }
+  throw UnsupportedError(str(source, ": ", missing.size(), " operator(s) have no implementation:", list),
+                         std::move(ops));
+}
+
+}  // namespace transmuter

@@ -1,0 +1,34 @@
+// A graph bound to the operator registry: what the interpreter and the compile
+// planner run. Binding happens in one place, after load-time passes (load.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "graph/graph.h"
+#include "ops/registry.h"
+
+namespace transmuter {
+
+struct BoundGraph {
+  const Graph* graph = nullptr;
+  std::vector<const OpRow*> rows;  // rows[i] implements graph->nodes[i]
+  // The bound bodies of this graph's nodes' GRAPH/GRAPHS attributes.
+  std::unordered_map<const Graph*, std::unique_ptr<BoundGraph>> subgraphs;
+
+  const Node& node(size_t i) const { return graph->nodes[i]; }
+  size_t size() const { return rows.size(); }
+  /** The bound form of `body`, a subgraph attribute of one of this graph's
+   * nodes; throws transmuter::Error when it is not one. */
+  const BoundGraph& subgraph(const Graph& body) const;
+};
+
+/** Binds every node of `graph` and its subgraphs to its row in `registry`.
+ * Throws UnsupportedError listing every (domain, op_type, opset) without an
+ * implementation; `source` names the model in that message. `graph` must
+ * outlive the result. */
+std::unique_ptr<BoundGraph> bind_graph(const Graph& graph, const OpRegistry& registry, const std::string& source);
+
+}  // namespace transmuter

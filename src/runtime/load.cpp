@@ -1,0 +1,51 @@
+// load(): read the file -> load-time passes -> bind to the registry. Reading
+// (src/onnx) also inlines model-local functions and sorts the nodes.
+#include <filesystem>
+
+#include "onnx/model_file.h"
+#include "ops/registry.h"
+#include "passes/pass_manager.h"
+#include "runtime/model_state.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+
+namespace {
+
+Params collect_params(const Graph& graph) {
+  Params params;
+  for (const auto& [name, value] : graph.initializers) {
+    if (value.is_tensor()) params.emplace(name, value.tensor());
+  }
+  return params;
+}
+
+}  // namespace
+
+Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const LoadOptions& options,
+                 int64_t ir_version, std::string producer) {
+  auto state = std::make_shared<Model::State>();
+  if (options.run_passes) state->passes_applied = run_passes(*graph, default_passes());
+  state->bound = bind_graph(*graph, builtin_registry(), source);
+  state->ir_version = ir_version;
+  state->producer = std::move(producer);
+  state->params = collect_params(*graph);
+  state->graph = std::move(graph);
+  state->source = source;
+  return Model(state);
+}
+
+Model load(const std::string& source, const LoadOptions& options) {
+  if (source.rfind("hf://", 0) == 0) {
+    throw Error(str(source, ": hf:// sources need the Hugging Face Hub client, which is not built yet"));
+  }
+  ModelFile file = read_model_file(std::filesystem::path(source));
+  std::string producer = file.producer_name + (file.producer_version.empty() ? "" : " " + file.producer_version);
+  return make_model(file.graph, source, options, file.ir_version, producer);
+}
+
+Value load_value_file(const std::string& path, const ValueInfo& declared) {
+  return read_value_file(std::filesystem::path(path), declared);
+}
+
+}  // namespace transmuter
