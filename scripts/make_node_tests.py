@@ -9,8 +9,10 @@ This script writes each case in the layout onnx used to ship:
     <out>/<test_name>/model.onnx
     <out>/<test_name>/test_data_set_0/input_<i>.pb   (TensorProto, SequenceProto
     <out>/<test_name>/test_data_set_0/output_<i>.pb   or OptionalProto by graph type)
+    <out>/<test_name>/data.json                       {"rtol": ..., "atol": ...} of the case
 
-A stamp file holding the onnx version makes repeated runs a no-op.
+A stamp file holding the onnx version (and this layout's version) makes
+repeated runs a no-op.
 
 Usage: make_node_tests.py [--out DIR] [--force]
 """
@@ -18,6 +20,7 @@ Usage: make_node_tests.py [--out DIR] [--force]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -28,6 +31,7 @@ from onnx import TensorProto, numpy_helper
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / ".cache" / "onnx-node-tests"
 STAMP_NAME = ".onnx-version"
+LAYOUT = "layout 2 (data.json tolerances)"
 
 
 def serialize_value(value, type_proto: onnx.TypeProto, name: str) -> bytes:
@@ -55,6 +59,8 @@ def write_case(out: Path, case) -> None:
         shutil.rmtree(case_dir)
     case_dir.mkdir(parents=True)
     (case_dir / "model.onnx").write_bytes(case.model.SerializeToString())
+    # The case's own tolerances, as onnx's backend runner reads them from data.json.
+    (case_dir / "data.json").write_text(json.dumps({"rtol": case.rtol, "atol": case.atol}) + "\n")
     graph = case.model.graph
     for set_index, (inputs, outputs) in enumerate(case.data_sets):
         data_dir = case_dir / f"test_data_set_{set_index}"
@@ -77,7 +83,7 @@ def main() -> int:
     args = parser.parse_args()
 
     stamp = args.out / STAMP_NAME
-    if not args.force and stamp.exists() and stamp.read_text().strip() == onnx.__version__:
+    if not args.force and stamp.exists() and stamp.read_text().strip() == f"{onnx.__version__} {LAYOUT}":
         count = sum(1 for p in args.out.iterdir() if p.is_dir())
         print(f"{count} node test cases already in {args.out} (onnx {onnx.__version__})")
         return 0
@@ -96,7 +102,7 @@ def main() -> int:
             shutil.rmtree(entry)
     for case in cases:
         write_case(args.out, case)
-    stamp.write_text(onnx.__version__ + "\n")
+    stamp.write_text(f"{onnx.__version__} {LAYOUT}\n")
     print(f"wrote {len(cases)} node test cases to {args.out} (onnx {onnx.__version__})")
     return 0
 

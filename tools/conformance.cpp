@@ -1,15 +1,24 @@
 // `transmuter conformance`: runs ONNX backend node test cases
-// (<case>/model.onnx + test_data_set_N/{input,output}_i.pb) eager and/or
-// compiled, and compares every output with the expected data.
+// (<case>/model.onnx + test_data_set_N/{input,output}_i.pb) in up to three
+// modes and compares every output with the expected data:
+//   eager            tr::run
+//   compiled-static  tr::compile with the inputs that feed host inputs
+//                    (Reshape's shape...) static, as Shape-derived values are
+//                    in real models: the op is traced inside a segment
+//   compiled-traced  tr::compile with every input traced: such ops become
+//                    graph breaks, which this mode exercises
 //
-// Tolerance: |actual - expected| <= atol + rtol * |expected| with rtol 1e-3,
-// atol 1e-7, the defaults of onnx.backend.test's own runner; NaN matches NaN;
-// dtype, shape and strings must match exactly.
+// Tolerance, as onnx.backend.test's runner: |actual - expected| <= atol +
+// rtol * |expected| with the case's rtol/atol (data.json; default 1e-3 and
+// 1e-7), rtol at least 2^-6 (two ulps) for bfloat16; NaN matches NaN; dtype,
+// shape and strings must match exactly.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -26,8 +35,34 @@ namespace transmuter::cli {
 
 namespace {
 
-constexpr double kRtol = 1e-3;
-constexpr double kAtol = 1e-7;
+struct Tolerance {
+  double rtol = 1e-3;
+  double atol = 1e-7;
+};
+
+// The number after `"key":` in a small JSON object, or `fallback`.
+double json_number(const std::string& text, const std::string& key, double fallback) {
+  size_t at = text.find("\"" + key + "\"");
+  if (at == std::string::npos) return fallback;
+  at = text.find(':', at);
+  if (at == std::string::npos) return fallback;
+  try {
+    return std::stod(text.substr(at + 1));
+  } catch (const std::exception&) {
+    throw Error(str("data.json: '", key, "' is not a number"));
+  }
+}
+
+// The case's tolerances (data.json beside model.onnx, as onnx's loader reads them).
+Tolerance case_tolerance(const fs::path& dir) {
+  Tolerance t;
+  std::ifstream in(dir / "data.json");
+  if (!in) return t;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  t.rtol = json_number(text, "rtol", t.rtol);
+  t.atol = json_number(text, "atol", t.atol);
+  return t;
+}
 
 enum class Status { kPassed, kFailed, kExpectedFailure, kUnexpectedPass, kSkipped };
 
@@ -43,10 +78,13 @@ struct CaseResult {
 struct ExpectedFailures {
   std::map<std::string, std::string> reason_by_key;  // "name" or "name@mode"
 
+  // "name@compiled-traced", then "name@compiled" (both compiled modes), then "name".
   const std::string* find(const std::string& name, const std::string& mode) const {
-    auto it = reason_by_key.find(name + "@" + mode);
-    if (it == reason_by_key.end()) it = reason_by_key.find(name);
-    return it == reason_by_key.end() ? nullptr : &it->second;
+    for (const std::string& key : {name + "@" + mode, name + "@" + mode.substr(0, mode.find('-')), name}) {
+      auto it = reason_by_key.find(key);
+      if (it != reason_by_key.end()) return &it->second;
+    }
+    return nullptr;
   }
 };
 
@@ -81,7 +119,7 @@ ExpectedFailures read_expected(const std::string& path) {
   return out;
 }
 
-std::string compare_tensors(const mx::array& actual_in, const mx::array& expected_in) {
+std::string compare_tensors(const mx::array& actual_in, const mx::array& expected_in, Tolerance tolerance) {
   if (actual_in.dtype() != expected_in.dtype()) {
     return str("dtype ", onnx_type_name(to_onnx_type(actual_in.dtype())), ", expected ",
                onnx_type_name(to_onnx_type(expected_in.dtype())));
@@ -93,6 +131,8 @@ std::string compare_tensors(const mx::array& actual_in, const mx::array& expecte
     return str("shape [", a.str(), "], expected [", e.str(), "]");
   }
   if (actual_in.size() == 0) return "";
+  if (expected_in.dtype() == mx::bfloat16) tolerance.rtol = std::max(tolerance.rtol, 1.0 / 64);
+  const double kRtol = tolerance.rtol, kAtol = tolerance.atol;
   mx::array actual = mx::astype(actual_in, mx::float64, mx::Device::cpu);
   mx::array expected = mx::astype(expected_in, mx::float64, mx::Device::cpu);
   mx::array diff = mx::abs(mx::subtract(actual, expected, mx::Device::cpu), mx::Device::cpu);
@@ -109,11 +149,11 @@ std::string compare_tensors(const mx::array& actual_in, const mx::array& expecte
   return str(bad_count, " of ", actual.size(), " values differ (worst |diff| ", worst.item<double>(), ")");
 }
 
-std::string compare_values(const Value& actual, const Value& expected) {
+std::string compare_values(const Value& actual, const Value& expected, const Tolerance& tolerance) {
   if (actual.kind() != expected.kind()) return str("got ", actual.describe(), ", expected ", expected.describe());
   switch (expected.kind()) {
     case Value::Kind::kNone: return "";
-    case Value::Kind::kTensor: return compare_tensors(actual.tensor(), expected.tensor());
+    case Value::Kind::kTensor: return compare_tensors(actual.tensor(), expected.tensor(), tolerance);
     case Value::Kind::kStrings:
       if (actual.strings().shape != expected.strings().shape) return "string tensor shape differs";
       return actual.strings().data == expected.strings().data ? "" : "string values differ";
@@ -122,7 +162,7 @@ std::string compare_values(const Value& actual, const Value& expected) {
       const Sequence& e = expected.sequence_items();
       if (a.size() != e.size()) return str("sequence of ", a.size(), ", expected ", e.size());
       for (size_t i = 0; i < a.size(); ++i) {
-        std::string m = compare_values(a[i], e[i]);
+        std::string m = compare_values(a[i], e[i], tolerance);
         if (!m.empty()) return str("sequence item ", i, ": ", m);
       }
       return "";
@@ -145,6 +185,7 @@ std::string run_case(const fs::path& dir, const Model& model, const std::string&
   const std::vector<ValueInfo>& declared_inputs = model.inputs();
   const std::vector<ValueInfo>& declared_outputs = model.outputs();
   std::optional<CompiledModel> compiled;
+  const Tolerance tolerance = case_tolerance(dir);
   for (const fs::path& set : data_sets(dir)) {
     Inputs inputs;
     for (size_t i = 0; i < declared_inputs.size(); ++i) {
@@ -157,10 +198,9 @@ std::string run_case(const fs::path& dir, const Model& model, const std::string&
     if (mode == "eager") {
       outputs = run(model, model.params(), inputs, {mx::Device::cpu});
     } else {
-      // Graph inputs that feed a host input of some node (Reshape's shape,
-      // Slice's starts...) are passed as static inputs, as a real model's
-      // Shape-derived values would be, so the op is traced, not a graph break.
-      if (!compiled) compiled = compile(model, {}, {model.inputs_read_on_host(), 8, mx::Device::cpu});
+      std::vector<std::string> static_inputs;
+      if (mode == "compiled-static") static_inputs = model.inputs_read_on_host();
+      if (!compiled) compiled = compile(model, {}, {static_inputs, 8, mx::Device::cpu});
       outputs = (*compiled)(inputs);
     }
     std::vector<mx::array> arrays;
@@ -172,7 +212,7 @@ std::string run_case(const fs::path& dir, const Model& model, const std::string&
       fs::path file = set / str("output_", i, ".pb");
       if (!fs::exists(file)) continue;
       Value expected = load_value_file(file.string(), declared_outputs[i]);
-      std::string m = compare_values(outputs.values[i], expected);
+      std::string m = compare_values(outputs.values[i], expected, tolerance);
       if (!m.empty()) return str(set.filename().string(), " output '", declared_outputs[i].name, "': ", m);
     }
   }
@@ -253,13 +293,17 @@ const char* status_name(Status s) {
 
 int conformance_main(const Args& args) {
   std::string cases = args.get("cases", "");
-  if (cases.empty() || !fs::is_directory(cases)) throw Error("usage: transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE] [--expected FILE]");
+  if (cases.empty() || !fs::is_directory(cases)) {
+    throw Error("usage: transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE] "
+                "[--expected FILE]");
+  }
   std::regex filter(args.get("filter", ".*"));
   std::string mode_arg = args.get("mode", "both");
   std::vector<std::string> modes;
-  if (mode_arg == "both") modes = {"eager", "compiled"};
-  else if (mode_arg == "eager" || mode_arg == "compiled") modes = {mode_arg};
-  else throw Error(str("--mode expects eager, compiled or both, got '", mode_arg, "'"));
+  if (mode_arg == "both") modes = {"eager", "compiled-static", "compiled-traced"};
+  else if (mode_arg == "compiled") modes = {"compiled-static", "compiled-traced"};
+  else if (mode_arg == "eager" || mode_arg == "compiled-static" || mode_arg == "compiled-traced") modes = {mode_arg};
+  else throw Error(str("--mode expects eager, compiled, compiled-static, compiled-traced or both, got '", mode_arg, "'"));
   ExpectedFailures expected = read_expected(args.get("expected", ""));
   bool verbose = args.get("verbose", "0") != "0";
 

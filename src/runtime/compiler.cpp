@@ -98,6 +98,11 @@ class Plan {
 // The plans of one calling thread. MLX keeps its compile cache per thread, so
 // plans (and their compiled functions) are never shared between threads.
 struct Executor {
+  // MLX keys compiled functions by the thread's default stream, which the
+  // thread's first evaluation settles: without this, a thread's first plan
+  // would be traced twice (tests/mlx_bridge/compiled_function_test.cpp).
+  Executor() { mx::eval(mx::add(mx::array(0.0f), mx::array(0.0f))); }
+
   mx::detail::CompileCacheWeakPtr cache = mx::detail::compile_cache();
   std::list<std::pair<std::string, std::unique_ptr<Plan>>> plans;  // most recently used first
 };

@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <span>
+
+#include "onnx/since_versions.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 #include "transmuter/error.h"
@@ -63,6 +68,67 @@ TEST(OpRegistry, BuiltinRegistryHasNoGapsForCoreOps) {
     }
     EXPECT_NE(first, nullptr) << op << " is not registered";
   }
+}
+
+}  // namespace
+}  // namespace transmuter
+
+namespace transmuter {
+namespace {
+
+// Every row of a default-domain op must start at a schema version and end just
+// before one (or stay open), rows of one op must not leave gaps, and the last
+// must be open: otherwise a model at some opset finds no row, or a row that
+// implements the wrong version. Versions older than an op's first row are not
+// checked here (implementing them is issue 6's work).
+std::vector<std::string> version_range_problems(const std::vector<const OpRow*>& rows) {
+  std::vector<std::string> problems;
+  std::map<std::string, std::vector<const OpRow*>> by_op;
+  for (const OpRow* row : rows) {
+    if (row->domain.empty()) by_op[std::string(row->op_type)].push_back(row);
+  }
+  for (const auto& [op, op_rows] : by_op) {
+    std::span<const int> versions = onnx_since_versions("", op);
+    if (versions.empty()) {
+      problems.push_back(str(op, ": no such ai.onnx schema"));
+      continue;
+    }
+    auto is_version = [&](int v) { return std::find(versions.begin(), versions.end(), v) != versions.end(); };
+    for (size_t i = 0; i < op_rows.size(); ++i) {
+      const OpRow& row = *op_rows[i];
+      if (!is_version(row.since)) problems.push_back(str(op, " v", row.since, ": not a schema version"));
+      if (row.until != kOpen && !is_version(row.until + 1)) {
+        problems.push_back(str(op, " v", row.since, "-", row.until, ": ends before no schema version"));
+      }
+      if (i + 1 < op_rows.size() && op_rows[i + 1]->since != row.until + 1) {
+        problems.push_back(str(op, ": gap after v", row.until));
+      }
+    }
+    if (op_rows.back()->until != kOpen) {
+      problems.push_back(str(op, ": newest versions from v", op_rows.back()->until + 1, " have no row"));
+    }
+  }
+  return problems;
+}
+
+TEST(OpRegistry, RowsMatchOnnxSchemaSinceVersions) {
+  std::vector<std::string> problems = version_range_problems(builtin_registry().rows());
+  std::string all;
+  for (const std::string& p : problems) all += "\n  " + p;
+  EXPECT_TRUE(problems.empty()) << problems.size() << " problem(s):" << all;
+}
+
+TEST(OpRegistry, VersionRangeCheckCatchesMistakes) {
+  auto fn = [](NodeContext&) -> OpOutputs { return {}; };
+  OpRow starts_off{"Softmax", kOnnx, 12, kOpen, fn};  // 12 is no Softmax version
+  OpRow closed{"Softmax", kOnnx, 13, 17, fn};         // 18 is no version, and 13+ stays uncovered
+  OpRow first{"Softmax", kOnnx, 1, 10, fn};
+  OpRow after_gap{"Softmax", kOnnx, 13, kOpen, fn};   // 11-12 missing
+  EXPECT_EQ(version_range_problems({&starts_off}).size(), 1u);
+  EXPECT_EQ(version_range_problems({&closed}).size(), 2u);
+  EXPECT_EQ(version_range_problems({&first, &after_gap}).size(), 1u);
+  OpRow v1{"Softmax", kOnnx, 1, 10, fn}, v11{"Softmax", kOnnx, 11, 12, fn}, v13{"Softmax", kOnnx, 13, kOpen, fn};
+  EXPECT_TRUE(version_range_problems({&v1, &v11, &v13}).empty());
 }
 
 }  // namespace
