@@ -3,10 +3,20 @@
 #include <gtest/gtest.h>
 #include <mlx/mlx.h>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "support/proto_writer.h"
 #include "support/expect_error.h"
@@ -424,6 +434,63 @@ TEST_F(ModelFiles, EmptyAndMissingFiles) {
   EXPECT_NE(error_of([&] { read_model_file(empty); }).find("model has no graph"), std::string::npos);
   EXPECT_NE(error_of([&] { read_model_file(dir_ / "missing.onnx"); }).find("cannot open"),
             std::string::npos);
+}
+
+// Runs `fn` on another thread and returns the ModelFormatError it throws;
+// "timed out" when it blocks (as open() on a FIFO does), so that a
+// regression fails the test instead of hanging the suite.
+std::string error_within_seconds(std::function<void()> fn, int seconds) {
+  auto result = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> done = result->get_future();
+  std::thread([result, fn = std::move(fn)] {
+    try {
+      fn();
+      result->set_value("no error");
+    } catch (const ModelFormatError& e) {
+      result->set_value(e.what());
+    } catch (const std::exception& e) {
+      result->set_value(std::string("another exception: ") + e.what());
+    }
+  }).detach();
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) return "timed out";
+  return done.get();
+}
+
+// A Unix socket bound at `path` (closed again; the file stays).
+void make_socket(const fs::path& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  ASSERT_LT(path.string().size(), sizeof(address.sun_path));
+  std::strcpy(address.sun_path, path.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ::close(fd);
+}
+
+TEST_F(ModelFiles, ExternalDataMustBeARegularFile) {
+  ASSERT_EQ(::mkfifo((dir_ / "fifo.bin").c_str(), 0600), 0);
+  fs::create_directory(dir_ / "folder.bin");
+  make_socket(dir_ / "socket.bin");
+  for (const auto& [location, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"fifo.bin", "is a FIFO"}, {"folder.bin", "is a directory"}, {"socket.bin", "is a socket"}}) {
+    proto::GraphParts g;
+    g.nodes = {proto::node("Identity", {"W"}, {"Y"})};
+    g.initializers = {proto::external_tensor("W", OnnxType::kFloat, {2}, location, 0, 8)};
+    g.outputs = {proto::value_info("Y", OnnxType::kFloat, {2})};
+    const fs::path path = write("model.onnx", proto::model(proto::graph(g)).data());
+    const std::string message = error_within_seconds([path] { read_model_file(path); }, 10);
+    EXPECT_NE(message.find(kind), std::string::npos) << message;
+    EXPECT_NE(message.find("must be regular files"), std::string::npos) << message;
+    EXPECT_NE(message.find("initializer[0] 'W'"), std::string::npos) << message;
+  }
+}
+
+TEST_F(ModelFiles, ModelFileThatIsAFifoIsRefused) {
+  const fs::path fifo = dir_ / "model.onnx";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string message = error_within_seconds([fifo] { read_model_file(fifo); }, 10);
+  EXPECT_NE(message.find(fifo.string() + ": is a FIFO"), std::string::npos) << message;
 }
 
 TEST_F(ModelFiles, ValueFilesTensorSequenceOptional) {
