@@ -242,6 +242,43 @@ TEST(ModelFile, ModelLocalFunctionsAreInlined) {
   EXPECT_EQ(nodes[1].outputs, (std::vector<std::string>{"C"}));
 }
 
+// F0 calls F1 `fanout` times, F1 calls F2 ..., the last runs one Relu: a
+// few hundred bytes that expand to fanout^depth nodes.
+ProtoWriter function_bomb(int depth, int fanout) {
+  std::vector<ProtoWriter> functions;
+  for (int level = 0; level < depth; ++level) {
+    ProtoWriter f;
+    f.string(1, str("F", level)).string(4, "x").string(5, "y");
+    if (level + 1 == depth) {
+      f.message(7, proto::node("Relu", {"x"}, {"y"}));
+    } else {
+      std::string in = "x";
+      for (int i = 0; i < fanout; ++i) {
+        const std::string out = i + 1 == fanout ? "y" : str("t", i);
+        f.message(7, proto::node(str("F", level + 1), {in}, {out}, "", "bomb"));
+        in = out;
+      }
+    }
+    f.message(9, proto::opset("", 17)).string(10, "bomb");
+    functions.push_back(f);
+  }
+  proto::GraphParts g;
+  g.nodes = {proto::node("F0", {"X"}, {"Y"}, "", "bomb")};
+  g.inputs = {proto::value_info("X", OnnxType::kFloat, {1})};
+  g.outputs = {proto::value_info("Y", OnnxType::kFloat, {1})};
+  return proto::model(proto::graph(g), {{"", 17}, {"bomb", 1}}, 8, functions);
+}
+
+TEST(ModelFile, FunctionBombIsRefusedBeforeExpanding) {
+  const ProtoWriter bomb = function_bomb(16, 4);  // 4^15 nodes
+  EXPECT_LT(bomb.data().size(), 2500u);
+  const std::string message = error_of([&] { load(bomb); });
+  EXPECT_NE(message.find("function 'F0'"), std::string::npos) << message;
+  EXPECT_NE(message.find("cap of 4194304"), std::string::npos) << message;
+  // A small instance of the same shape still loads: 3^3 Relus.
+  EXPECT_EQ(load(function_bomb(4, 3)).graph->nodes.size(), 27u);
+}
+
 // -------------------------------------------------------------- bad input
 
 TEST(ModelFile, BadWireTypeNamesThePath) {
