@@ -242,6 +242,24 @@ TEST(ModelFile, ModelLocalFunctionsAreInlined) {
   EXPECT_EQ(nodes[1].outputs, (std::vector<std::string>{"C"}));
 }
 
+TEST(ModelFile, NegativeDimValueIsAnUnknownDim) {
+  // Several exporters write a dynamic batch as dim_value: -1.
+  ProtoWriter shape;
+  shape.message(1, ProtoWriter().int64(1, -1)).message(1, ProtoWriter().int64(1, 3));
+  ProtoWriter tensor_type;
+  tensor_type.varint(1, static_cast<uint64_t>(OnnxType::kFloat)).message(2, shape);
+  proto::GraphParts g;
+  g.nodes = {proto::node("Relu", {"X"}, {"Y"})};
+  g.inputs = {proto::value_info("X", ProtoWriter().message(1, tensor_type))};
+  g.outputs = {proto::value_info("Y", OnnxType::kFloat, {-1, 3})};
+  const ModelFile m = load(proto::model(proto::graph(g)));
+  const ValueInfo& x = m.graph->inputs.at(0);
+  ASSERT_EQ(x.shape.size(), 2u);
+  EXPECT_FALSE(x.shape[0].value.has_value());
+  EXPECT_TRUE(x.shape[0].symbol.empty());
+  EXPECT_EQ(x.shape[1].value, 3);
+}
+
 // F0 calls F1 `fanout` times, F1 calls F2 ..., the last runs one Relu: a
 // few hundred bytes that expand to fanout^depth nodes.
 ProtoWriter function_bomb(int depth, int fanout) {
