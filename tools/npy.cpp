@@ -293,6 +293,16 @@ mx::allocator::Data allocate(const NpyHeader& header, const std::string& where) 
 
 char* bytes_of(mx::allocator::Data& data) { return static_cast<char*>(data.buffer().raw_ptr()); }
 
+// The filled buffer as an array. Bool bytes other than 0 and 1 are not valid
+// C++ bools: normalized, as NumPy reads any non-zero byte as True.
+mx::array to_array(mx::allocator::Data data, const NpyHeader& header) {
+  if (header.dtype == mx::bool_) {
+    char* bytes = bytes_of(data);
+    for (uint64_t i = 0; i < header.data_bytes; ++i) bytes[i] = bytes[i] != 0;
+  }
+  return mx::array(std::move(data), to_shape(header.shape), header.dtype);
+}
+
 }  // namespace
 
 NpyHeader parse_npy_header(std::string_view text, const std::string& where) {
@@ -335,7 +345,7 @@ mx::array read_npy(const std::filesystem::path& path) {
     fail(where, str(".npy data is longer than the ", header.data_bytes, " bytes that shape ",
                     shape_text(header.shape), " of ", descr_of_dtype(header.dtype), " needs"));
   }
-  return mx::array(std::move(data), to_shape(header.shape), header.dtype);
+  return to_array(std::move(data), header);
 }
 
 mx::array read_npy_bytes(std::span<const uint8_t> bytes, const std::string& where) {
@@ -351,7 +361,7 @@ mx::array read_npy_bytes(std::span<const uint8_t> bytes, const std::string& wher
   if (data.size() != header.data_bytes) fail_data_size(where, data.size(), header);
   mx::allocator::Data buffer = allocate(header, where);
   if (!data.empty()) std::memcpy(bytes_of(buffer), data.data(), data.size());
-  return mx::array(std::move(buffer), to_shape(header.shape), header.dtype);
+  return to_array(std::move(buffer), header);
 }
 
 void write_npy(const std::filesystem::path& path, const mx::array& input) {

@@ -211,6 +211,16 @@ TEST(Npy, BadPreamblesNameWhatIsWrong) {
   EXPECT_NE(npy_error(short_header).find("truncated .npy header"), std::string::npos);
 }
 
+TEST(Npy, BoolBytesAreNormalized) {
+  const fs::path path = write_file(
+      "bool.npy", npy_bytes("{'descr': '|b1', 'fortran_order': False, 'shape': (3,)}", std::string("\x00\x07\x01", 3)));
+  const mx::array a = read_npy(path);
+  EXPECT_EQ(a.dtype(), mx::bool_);
+  const mx::array bytes = mx::view(a, mx::uint8);
+  mx::eval(bytes);
+  EXPECT_EQ(std::vector<uint8_t>(bytes.data<uint8_t>(), bytes.data<uint8_t>() + 3), (std::vector<uint8_t>{0, 1, 1}));
+}
+
 TEST(Npy, ReadsFromMemory) {
   const std::string bytes = npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (3,)}",
                                       std::string("\x05\0\0\0\0\0\0\0\x06\0\0\0\0\0\0\0\x07\0\0\0\0\0\0\0", 24));
