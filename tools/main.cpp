@@ -145,7 +145,8 @@ mx::Shape fill_shape(const ValueInfo& info, const std::map<std::string, int64_t>
     auto given = dims.find(d.symbol);
     const int64_t value = d.value ? *d.value : (given == dims.end() ? 1 : given->second);
     if (value < 0 || value > std::numeric_limits<int32_t>::max()) {
-      throw InputError(str("input '", info.name, "': dimension ", i, " is ", value, " (shape ", shape_text(info),
+      throw InputError(str("input '", info.name, "': dimension ", i, " is ", value, " (shape ",
+                           shape_text(info),
                            "), outside the int32 range of MLX shapes; it cannot be filled at random"));
     }
     shape.push_back(static_cast<int32_t>(value));

@@ -301,13 +301,15 @@ TEST(FunctionInliner, FreshNamesSkipTakenSuffixes) {
   Graph g;
   g.nodes = {make_node("Relu", {"X"}, {"A0", "Scale/t_2"}, "pre")};
   for (int i = 0; i < 5; ++i) {
-    g.nodes.push_back(make_node("Scale", {"A" + std::to_string(i)}, {"A" + std::to_string(i + 1)}, "", "local"));
+    const std::string in = "A" + std::to_string(i), out = "A" + std::to_string(i + 1);
+    g.nodes.push_back(make_node("Scale", {in}, {out}, "", "local"));
   }
   inline_functions(g, {scale_function()});
   ASSERT_EQ(g.nodes.size(), 11u);
   std::vector<std::string> internal;
   for (size_t i = 1; i < g.nodes.size(); i += 2) internal.push_back(g.nodes[i].outputs.at(0));
-  EXPECT_EQ(internal, (std::vector<std::string>{"Scale/t", "Scale/t_1", "Scale/t_3", "Scale/t_4", "Scale/t_5"}));
+  EXPECT_EQ(internal,
+            (std::vector<std::string>{"Scale/t", "Scale/t_1", "Scale/t_3", "Scale/t_4", "Scale/t_5"}));
 }
 
 }  // namespace

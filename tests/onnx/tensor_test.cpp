@@ -510,7 +510,8 @@ TEST(Tensor, SparseTensorWithHugeDenseShapeIsRefused) {
   MessagePath path("t.onnx");
   const std::string message =
       error_of([&] { read_sparse_tensor(sparse.to_bytes(), path, TensorSource{}); });
-  EXPECT_NE(message.find("t.onnx: sparse tensor of dims [1048576,1048576] would densify to 4398046511104 bytes"),
+  EXPECT_NE(message.find("t.onnx: sparse tensor of dims [1048576,1048576] would densify to "
+                         "4398046511104 bytes"),
             std::string::npos)
       << message;
 }

@@ -59,6 +59,10 @@ TEST(Npy, BadFilesAreErrorsNamingTheFile) {
   EXPECT_THROW(read_npy(temp_file("does_not_exist.npy")), Error);
 }
 
+// Headers up to the shape tuple, for cases about the shape.
+const std::string kF4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
+const std::string kF8 = "{'descr': '<f8', 'fortran_order': False, 'shape': ";
+
 // An .npy file from its parts: `header` is the dict text as written.
 std::string npy_bytes(const std::string& header, const std::string& data, int version = 1) {
   std::string out = "\x93NUMPY";
@@ -106,7 +110,8 @@ TEST(Npy, KeysInAnyOrderVersionsTwoAndThreeAndPython2Longs) {
   const std::string data = floats({1, 2, 3, 4, 5, 6});
   for (int version : {1, 2, 3}) {
     const fs::path path = write_file(
-        "order.npy", npy_bytes("{\"shape\": (2L, 3L), 'fortran_order': False, 'descr': '<f4'}", data, version));
+        "order.npy",
+        npy_bytes("{\"shape\": (2L, 3L), 'fortran_order': False, 'descr': '<f4'}", data, version));
     mx::array a = read_npy(path);
     EXPECT_EQ(a.shape(), (mx::Shape{2, 3})) << "version " << version;
     EXPECT_EQ(testing::to_doubles(a), (std::vector<double>{1, 2, 3, 4, 5, 6}));
@@ -115,39 +120,42 @@ TEST(Npy, KeysInAnyOrderVersionsTwoAndThreeAndPython2Longs) {
 
 TEST(Npy, LongHeaderIsParsedWithoutRecursion) {
   // 50 KB of padding made std::regex overflow the stack.
-  const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }" + std::string(50000, ' ');
+  const std::string header =
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }" + std::string(50000, ' ');
   const fs::path path = write_file("long_header.npy", npy_bytes(header, floats({7, 8}), 2));
   EXPECT_EQ(testing::to_doubles(read_npy(path)), (std::vector<double>{7, 8}));
   // 50 KB of dimensions: more than NumPy's 64.
   std::string shape;
   for (int i = 0; i < 16000; ++i) shape += "1, ";
   const std::string message =
-      npy_error(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (" + shape + ")}", floats({1}), 2));
+      npy_error(npy_bytes(kF4 + "(" + shape + ")}", floats({1}), 2));
   EXPECT_NE(message.find("shape has more than 64 dimensions"), std::string::npos) << message;
 }
 
 TEST(Npy, ShapeProductOverflowIsAnError) {
   const std::string message = npy_error(
-      npy_bytes("{'descr': '<f8', 'fortran_order': False, 'shape': (2147483647, 2147483647, 2147483647, 8)}", ""));
+      npy_bytes(kF8 + "(2147483647, 2147483647, 2147483647, 8)}", ""));
   EXPECT_NE(message.find("element count of shape (2147483647, 2147483647, 2147483647, 8) overflows"),
             std::string::npos)
       << message;
   const std::string bytes_message = npy_error(
-      npy_bytes("{'descr': '<f8', 'fortran_order': False, 'shape': (2147483647, 2147483647, 4)}", ""));
+      npy_bytes(kF8 + "(2147483647, 2147483647, 4)}", ""));
   EXPECT_NE(bytes_message.find("byte size of shape"), std::string::npos) << bytes_message;
 }
 
 TEST(Npy, DataMustMatchTheShapeExactly) {
   const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }";
   const std::string more = npy_error(npy_bytes(header, floats({1, 2, 3, 4, 5})));
-  EXPECT_NE(more.find(".npy data is 20 bytes, but shape (2, 2) of <f4 needs exactly 16 bytes"), std::string::npos)
+  EXPECT_NE(more.find(".npy data is 20 bytes, but shape (2, 2) of <f4 needs exactly 16 bytes"),
+            std::string::npos)
       << more;
   const std::string fewer = npy_error(npy_bytes(header, floats({1, 2, 3})));
-  EXPECT_NE(fewer.find(".npy data is 12 bytes, but shape (2, 2) of <f4 needs exactly 16 bytes"), std::string::npos)
+  EXPECT_NE(fewer.find(".npy data is 12 bytes, but shape (2, 2) of <f4 needs exactly 16 bytes"),
+            std::string::npos)
       << fewer;
   // A huge shape over a tiny file fails on the size, before allocating.
   const std::string huge =
-      npy_error(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1048576, 1048576)}", floats({1})));
+      npy_error(npy_bytes(kF4 + "(1048576, 1048576)}", floats({1})));
   EXPECT_NE(huge.find("needs exactly 4398046511104 bytes"), std::string::npos) << huge;
 }
 
@@ -157,7 +165,8 @@ TEST(Npy, BadDimensionsNameWhatIsWrong) {
   };
   EXPECT_NE(npy_error(header("(2, x)")).find("expected a dimension (a non-negative integer) at offset"),
             std::string::npos);
-  EXPECT_NE(npy_error(header("(2, -3)")).find("negative dimension in 'shape' (dimension 1)"), std::string::npos);
+  EXPECT_NE(npy_error(header("(2, -3)")).find("negative dimension in 'shape' (dimension 1)"),
+            std::string::npos);
   const std::string big = npy_error(header("(99999999999999999999999999,)"));
   EXPECT_NE(big.find("dimension 0 of 'shape' (99999999999999999999999999) exceeds the int32 range"),
             std::string::npos)
@@ -178,9 +187,11 @@ TEST(Npy, MalformedHeadersNameWhatIsWrong) {
   EXPECT_NE(error_for("{'descr': '<f4', 'fortran_order': False, 'shape': (), 'extra': 1}")
                 .find("unexpected key 'extra'"),
             std::string::npos);
-  EXPECT_NE(error_for("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': ()}").find("structured dtypes"),
+  EXPECT_NE(error_for("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': ()}")
+                .find("structured dtypes"),
             std::string::npos);
-  EXPECT_NE(error_for("{'descr': '>f4', 'fortran_order': False, 'shape': ()}").find("unsupported .npy dtype '>f4'"),
+  EXPECT_NE(error_for("{'descr': '>f4', 'fortran_order': False, 'shape': ()}")
+                .find("unsupported .npy dtype '>f4'"),
             std::string::npos);
   EXPECT_NE(error_for("{'descr': '<f4', 'fortran_order': True, 'shape': ()}").find("Fortran-order"),
             std::string::npos);
@@ -213,17 +224,20 @@ TEST(Npy, BadPreamblesNameWhatIsWrong) {
 
 TEST(Npy, BoolBytesAreNormalized) {
   const fs::path path = write_file(
-      "bool.npy", npy_bytes("{'descr': '|b1', 'fortran_order': False, 'shape': (3,)}", std::string("\x00\x07\x01", 3)));
+      "bool.npy",
+      npy_bytes("{'descr': '|b1', 'fortran_order': False, 'shape': (3,)}", std::string("\x00\x07\x01", 3)));
   const mx::array a = read_npy(path);
   EXPECT_EQ(a.dtype(), mx::bool_);
   const mx::array bytes = mx::view(a, mx::uint8);
   mx::eval(bytes);
-  EXPECT_EQ(std::vector<uint8_t>(bytes.data<uint8_t>(), bytes.data<uint8_t>() + 3), (std::vector<uint8_t>{0, 1, 1}));
+  EXPECT_EQ(std::vector<uint8_t>(bytes.data<uint8_t>(), bytes.data<uint8_t>() + 3),
+            (std::vector<uint8_t>{0, 1, 1}));
 }
 
 TEST(Npy, ReadsFromMemory) {
+  const std::vector<int64_t> values = {5, 6, 7};
   const std::string bytes = npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (3,)}",
-                                      std::string("\x05\0\0\0\0\0\0\0\x06\0\0\0\0\0\0\0\x07\0\0\0\0\0\0\0", 24));
+                                      std::string(reinterpret_cast<const char*>(values.data()), 24));
   const mx::array a =
       read_npy_bytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, "memory");
   EXPECT_EQ(a.dtype(), mx::int64);
