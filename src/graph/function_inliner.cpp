@@ -112,7 +112,12 @@ class FunctionInliner {
       if (active == function) throw recursion_error(node, *function);
     }
     check_cap(node, *function);
-    ++calls_;
+    // Backstop, as for nodes: calls inside subgraphs that a caller passes in
+    // through attribute references are not in the precomputed sizes.
+    if (++calls_ > kMaxInlinedCalls) {
+      throw ModelFormatError(str(call_label(node), ": inlining model functions expands more than ",
+                                 kMaxInlinedCalls, " function calls"));
+    }
     stack_.push_back(function);
     for (Node& body_node : instantiate(node, *function)) expand_node(std::move(body_node), out);
     stack_.pop_back();
