@@ -1,10 +1,14 @@
 // The `transmuter` command-line tool: info, run, bench, conformance.
 // The contract is in DESIGN.md ("The command-line contract").
+#include <unistd.h>
+
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -116,21 +120,54 @@ int info_main(const Args& args) {
   return 0;
 }
 
-// Seeded random values of the declared dtype and shape for inputs not given.
-mx::array random_input(const ValueInfo& info, const std::map<std::string, int>& dims, uint64_t seed) {
-  mx::Shape shape;
-  for (const Dim& d : info.shape) {
-    if (d.value) {
-      shape.push_back(static_cast<int>(*d.value));
-    } else {
-      auto it = dims.find(d.symbol);
-      shape.push_back(it == dims.end() ? 1 : it->second);
-    }
+uint64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  uint64_t bytes = 0;
+  if (pages <= 0 || page_size <= 0 ||
+      __builtin_mul_overflow(static_cast<uint64_t>(pages), static_cast<uint64_t>(page_size), &bytes)) {
+    return std::numeric_limits<uint64_t>::max();
   }
+  return bytes;
+}
+
+// The shape to fill: declared dims, `--dim` values for symbolic ones, else 1.
+// Refuses what MLX cannot hold (int32 dims) and what cannot fit in memory:
+// a failed allocation inside MLX is a crash, not an exception.
+mx::Shape fill_shape(const ValueInfo& info, const std::map<std::string, int64_t>& dims, mx::Dtype dtype) {
+  mx::Shape shape;
+  uint64_t count = 1;
+  bool overflow = false;
+  for (size_t i = 0; i < info.shape.size(); ++i) {
+    const Dim& d = info.shape[i];
+    auto given = dims.find(d.symbol);
+    const int64_t value = d.value ? *d.value : (given == dims.end() ? 1 : given->second);
+    if (value < 0 || value > std::numeric_limits<int32_t>::max()) {
+      throw InputError(str("input '", info.name, "': dimension ", i, " is ", value, " (shape ",
+                           shape_text(info),
+                           "), outside the int32 range of MLX shapes; it cannot be filled at random"));
+    }
+    shape.push_back(static_cast<int32_t>(value));
+    overflow |= __builtin_mul_overflow(count, static_cast<uint64_t>(value), &count);
+  }
+  uint64_t bytes = 0;
+  overflow |= __builtin_mul_overflow(count, static_cast<uint64_t>(mx::size_of(dtype)), &bytes);
+  const uint64_t memory = physical_memory_bytes();
+  if (overflow || bytes > memory) {
+    throw InputError(str("input '", info.name, "': filling shape ", shape_text(info), " at random needs ",
+                         overflow ? std::string("more than 2^64") : std::to_string(bytes),
+                         " bytes, more than this machine's physical memory (", memory,
+                         " bytes); pass --input, or --dim for symbolic dimensions"));
+  }
+  return shape;
+}
+
+// Seeded random values of the declared dtype and shape for inputs not given.
+mx::array random_input(const ValueInfo& info, const std::map<std::string, int64_t>& dims, uint64_t seed) {
   auto dtype = to_mlx_dtype(info.elem_type);
   if (info.kind != ValueInfo::Kind::kTensor || !dtype) {
     throw InputError(str("input '", info.name, "' (", kind_text(info), ") cannot be filled at random; pass --input"));
   }
+  const mx::Shape shape = fill_shape(info, dims, *dtype);
   mx::array key = mx::random::key(seed);
   if (mx::issubdtype(*dtype, mx::floating)) return mx::astype(mx::random::normal(shape, mx::float32, 0, 1, key), *dtype);
   if (*dtype == mx::bool_) return mx::random::bernoulli(mx::array(0.5f), shape, key);
@@ -145,10 +182,15 @@ struct PreparedInputs {
 
 PreparedInputs prepare_inputs(const Model& model, const Args& args) {
   PreparedInputs prepared;
-  std::map<std::string, int> dims;
+  std::map<std::string, int64_t> dims;
   for (const std::string& d : args.all("dim")) {
     auto [name, value] = split_assignment(d, "dim");
-    dims[name] = std::stoi(value);
+    int64_t number = -1;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
+    if (ec != std::errc() || end != value.data() + value.size() || number < 0) {
+      throw Error(str("--dim ", name, ": expects a non-negative integer, got '", value, "'"));
+    }
+    dims[name] = number;
   }
   for (const std::string& opt : {std::string("input"), std::string("static")}) {
     for (const std::string& spec : args.all(opt)) {

@@ -1,5 +1,6 @@
 #include "graph/function_inliner.h"
 
+#include <algorithm>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -9,10 +10,6 @@
 namespace transmuter {
 
 namespace {
-
-// Guards against models whose functions call each other so often that the
-// expansion explodes (f calls g twice, g calls h twice, ...).
-constexpr size_t kMaxInlinedNodes = size_t{1} << 22;
 
 std::string call_label(const Node& node) {
   return str("node '", node.name, "' (", node.domain.empty() ? "" : node.domain + ".",
@@ -57,6 +54,27 @@ class FunctionInliner {
     collect_names(graph, used_names_);
   }
 
+  // Checked before each call is expanded, from sizes computed once per
+  // function, so an exponential expansion fails before any work is done.
+  void check_cap(const Node& call, const Function& function) {
+    const Expansion size = expanded_size(function);
+    if (size.nodes > kMaxInlinedNodes - std::min(emitted_, kMaxInlinedNodes)) {
+      const std::string amount =
+          size.nodes > kMaxInlinedNodes
+              ? std::string("more than the cap of ")
+              : str(size.nodes, " nodes, with ", emitted_, " already created, over the cap of ");
+      throw ModelFormatError(str(call_label(call), ": inlining function '", function.name,
+                                 "' would create ", amount, kMaxInlinedNodes, " inlined nodes"));
+    }
+    // Calls of functions with empty bodies create no nodes but still cost
+    // time: they have a cap of their own.
+    if (size.calls > kMaxInlinedCalls - std::min(calls_, kMaxInlinedCalls)) {
+      throw ModelFormatError(str(call_label(call), ": inlining function '", function.name,
+                                 "' would expand more than the cap of ", kMaxInlinedCalls,
+                                 " function calls"));
+    }
+  }
+
   void expand_graph(Graph& graph) {
     std::vector<Node> expanded;
     expanded.reserve(graph.nodes.size());
@@ -81,6 +99,8 @@ class FunctionInliner {
           if (g) expand_graph(*g);
         }
       }
+      // A backstop: check_cap has accounted for these nodes already, except
+      // those in subgraphs a caller passes in through attribute references.
       if (++emitted_ > kMaxInlinedNodes) {
         throw ModelFormatError(str("inlining model functions gives more than ", kMaxInlinedNodes,
                                    " nodes"));
@@ -89,23 +109,90 @@ class FunctionInliner {
       return;
     }
     for (const Function* active : stack_) {
-      if (active == function) {
-        throw ModelFormatError(str(call_label(node), ": function '", function->name,
-                                   "' calls itself (recursion is not allowed in ONNX functions)"));
-      }
+      if (active == function) throw recursion_error(node, *function);
+    }
+    check_cap(node, *function);
+    // Backstop, as for nodes: calls inside subgraphs that a caller passes in
+    // through attribute references are not in the precomputed sizes.
+    if (++calls_ > kMaxInlinedCalls) {
+      throw ModelFormatError(str(call_label(node), ": inlining model functions expands more than ",
+                                 kMaxInlinedCalls, " function calls"));
     }
     stack_.push_back(function);
     for (Node& body_node : instantiate(node, *function)) expand_node(std::move(body_node), out);
     stack_.pop_back();
   }
 
-  std::string fresh_name(const std::string& base) {
-    std::string candidate = base;
-    for (size_t suffix = 1; used_names_.contains(candidate); ++suffix) {
-      candidate = str(base, "_", suffix);
+  static ModelFormatError recursion_error(const Node& call, const Function& function) {
+    return ModelFormatError(str(call_label(call), ": function '", function.name,
+                                "' calls itself (recursion is not allowed in ONNX functions)"));
+  }
+
+  // What expanding one call of `function` creates: nodes (nested calls
+  // expanded, nodes of subgraphs included) and calls, each saturated at its
+  // cap + 1. Memoized: each function body is walked once. A call cycle
+  // counts as nothing here; expanding it then reports the recursion.
+  struct Expansion {
+    uint64_t nodes = 0;
+    uint64_t calls = 0;
+    void add(const Expansion& other) {
+      nodes = std::min(nodes + other.nodes, kMaxInlinedNodes + 1);
+      calls = std::min(calls + other.calls, kMaxInlinedCalls + 1);
     }
-    used_names_.insert(candidate);
+  };
+
+  Expansion expanded_size(const Function& function) {
+    auto [entry, inserted] = sizes_.try_emplace(&function);
+    if (!inserted) return entry->second;
+    const Expansion size = nodes_size(function.nodes);
+    sizes_[&function] = size;  // `entry` may be invalidated by nested inserts
+    return size;
+  }
+
+  Expansion nodes_size(const std::vector<Node>& nodes) {
+    Expansion total;
+    for (const Node& node : nodes) {
+      if (const Function* callee = find(node)) {
+        total.add({0, 1});
+        total.add(expanded_size(*callee));
+        continue;
+      }
+      total.add({1, 0});
+      for (const Attribute& attribute : node.attributes) {
+        if (attribute.g) total.add(nodes_size(attribute.g->nodes));
+        for (const auto& g : attribute.graphs) {
+          if (g) total.add(nodes_size(g->nodes));
+        }
+      }
+    }
+    return total;
+  }
+
+  // A name not used anywhere in the graph: `base`, else `base_K` with K
+  // counted per base. Resuming from the last K keeps this O(1) amortized:
+  // each taken `base_K` is skipped at most once (scanning from 1 on every
+  // call made inlining quadratic in the number of calls).
+  std::string fresh_name(const std::string& base) {
+    if (used_names_.insert(base).second) return base;
+    size_t& suffix = next_suffix_[base];
+    std::string candidate;
+    do {
+      candidate = base + "_" + std::to_string(++suffix);
+    } while (!used_names_.insert(candidate).second);
     return candidate;
+  }
+
+  // Generated names grow with the nesting depth (outer/inner/node); bounds
+  // their total size so deep chains of long names cannot exhaust memory
+  // while staying under the node cap.
+  void count_name_bytes(const Node& node) {
+    name_bytes_ += node.name.size();
+    for (const std::string& output : node.outputs) name_bytes_ += output.size();
+    if (name_bytes_ > kMaxInlinedNameBytes) {
+      throw ModelFormatError(str("node '", node.name.substr(0, 200),
+                                 "...': inlining model functions generates more than ",
+                                 kMaxInlinedNameBytes, " bytes of node and value names"));
+    }
   }
 
   // The body of `function` with names bound for the call `call`.
@@ -142,6 +229,7 @@ class FunctionInliner {
       for (std::string& input : node.inputs) rename_value(input, rename);
       for (std::string& output : node.outputs) rename_value(output, rename);
       bind_attributes(node, call, function, rename);
+      count_name_bytes(node);
       body.push_back(std::move(node));
     }
     return body;
@@ -155,7 +243,7 @@ class FunctionInliner {
   // Substitutes ref_attr_name attributes of `node` (and of nodes in its
   // subgraphs) and renames the function-scope values its subgraphs read.
   void bind_attributes(Node& node, const Node& call, const Function& function,
-                       const RenameMap& rename) {
+                       RenameMap& rename) {
     std::vector<Attribute> bound;
     for (Attribute& attribute : node.attributes) {
       if (!attribute.ref_attr_name.empty()) {
@@ -185,20 +273,30 @@ class FunctionInliner {
     node.attributes = std::move(bound);
   }
 
+  // `rename` is restored before returning; it is lent, not copied, so that
+  // binding stays linear in the body however many subgraphs it holds.
   void bind_subgraph(Graph& graph, const Node& call, const Function& function,
-                     const RenameMap& rename) {
-    // Names the subgraph defines shadow the function's.
-    RenameMap visible = rename;
-    for (const ValueInfo& v : graph.inputs) visible.erase(v.name);
-    for (const auto& [name, value] : graph.initializers) visible.erase(name);
+                     RenameMap& rename) {
+    // Names the subgraph defines shadow the function's: hidden while its
+    // nodes are bound.
+    std::vector<std::pair<std::string, std::string>> hidden;
+    auto hide = [&](const std::string& name) {
+      auto found = rename.find(name);
+      if (found == rename.end()) return;
+      hidden.emplace_back(found->first, std::move(found->second));
+      rename.erase(found);
+    };
+    for (const ValueInfo& v : graph.inputs) hide(v.name);
+    for (const auto& [name, value] : graph.initializers) hide(name);
     for (const Node& node : graph.nodes) {
-      for (const std::string& output : node.outputs) visible.erase(output);
+      for (const std::string& output : node.outputs) hide(output);
     }
     for (Node& node : graph.nodes) {
-      for (std::string& input : node.inputs) rename_value(input, visible);
-      bind_attributes(node, call, function, visible);
+      for (std::string& input : node.inputs) rename_value(input, rename);
+      bind_attributes(node, call, function, rename);
     }
-    for (ValueInfo& output : graph.outputs) rename_value(output.name, visible);
+    for (ValueInfo& output : graph.outputs) rename_value(output.name, rename);
+    for (auto& [name, value] : hidden) rename.emplace(std::move(name), std::move(value));
   }
 
   static const Attribute* referenced(const std::string& name, const Node& call,
@@ -212,8 +310,12 @@ class FunctionInliner {
 
   std::map<std::pair<std::string, std::string>, const Function*> by_key_;
   std::unordered_set<std::string> used_names_;
+  std::unordered_map<std::string, size_t> next_suffix_;  // per fresh_name base
+  std::unordered_map<const Function*, Expansion> sizes_;  // expanded_size memo
   std::vector<const Function*> stack_;
-  size_t emitted_ = 0;
+  uint64_t emitted_ = 0;  // nodes created so far
+  uint64_t calls_ = 0;    // calls expanded so far
+  uint64_t name_bytes_ = 0;
 };
 
 }  // namespace

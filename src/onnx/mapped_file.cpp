@@ -34,16 +34,36 @@ class FileDescriptor {
   throw ModelFormatError(str(path.string(), ": cannot ", what, ": ", std::strerror(errno)));
 }
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "an unknown kind of file";
+}
+
+void require_regular(const std::filesystem::path& path, const struct stat& info) {
+  if (!S_ISREG(info.st_mode)) {
+    throw ModelFormatError(str(path.string(), ": is ", file_kind(info.st_mode),
+                               "; model and external data files must be regular files"));
+  }
+}
+
 }  // namespace
 
 MappedFile::MappedFile(std::filesystem::path path) : path_(std::move(path)) {
-  FileDescriptor fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path_, "open");
+  // Checked before open(): opening a FIFO for reading blocks until a writer
+  // appears, and a device may have side effects or never end.
   struct stat info {};
+  if (::stat(path_.c_str(), &info) != 0) fail(path_, "open");
+  require_regular(path_, info);
+  // O_NONBLOCK: should the path be swapped for a FIFO after the check, open()
+  // returns at once and the fstat below refuses it.
+  FileDescriptor fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) fail(path_, "open");
   if (::fstat(fd.get(), &info) != 0) fail(path_, "stat");
-  if (!S_ISREG(info.st_mode)) {
-    throw ModelFormatError(str(path_.string(), ": not a regular file"));
-  }
+  require_regular(path_, info);
   size_ = static_cast<size_t>(info.st_size);
   if (size_ == 0) return;  // mmap rejects length 0; an empty file has no bytes
   // MAP_PRIVATE + PROT_WRITE: MLX may write into a buffer it believes it

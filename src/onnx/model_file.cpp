@@ -88,7 +88,17 @@ std::vector<Dim> read_shape(Bytes bytes, const MessagePath& path) {
     WireReader dim_reader(reader.bytes(), dim_path);
     while (dim_reader.next()) {
       switch (dim_reader.field()) {
-        case 1: dim.value = dim_reader.int64(); break;
+        // Exports write a dynamic batch as dim_value -1: a negative value
+        // means unknown, as an absent one does.
+        case 1: {
+          const int64_t value = dim_reader.int64();
+          if (value >= 0) {
+            dim.value = value;
+          } else {
+            dim.value.reset();
+          }
+          break;
+        }
         case 2: dim.symbol = dim_reader.string(); break;
         default: dim_reader.skip();
       }

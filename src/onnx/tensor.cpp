@@ -1,5 +1,8 @@
 #include "onnx/tensor.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -261,8 +264,14 @@ TypeInfo type_info(OnnxType type, const MessagePath& path) {
   return {Storage::kDirect, *dtype, 8 * static_cast<size_t>(mx::size_of(*dtype))};
 }
 
-uint64_t stored_byte_count(const TypeInfo& info, uint64_t count) {
-  return (count * info.stored_bits + 7) / 8;
+// Bytes that `count` elements take in raw_data (sub-byte types packed).
+uint64_t stored_byte_count(const TypeInfo& info, uint64_t count, const std::vector<int64_t>& dims,
+                           const MessagePath& path) {
+  uint64_t bits = 0;
+  if (__builtin_mul_overflow(count, static_cast<uint64_t>(info.stored_bits), &bits)) {
+    path.fail(str("byte size of dims ", dims_text(dims), " overflows"));
+  }
+  return bits / 8 + (bits % 8 != 0);
 }
 
 mx::Shape to_shape(const std::vector<int64_t>& dims) {
@@ -271,10 +280,20 @@ mx::Shape to_shape(const std::vector<int64_t>& dims) {
   return shape;
 }
 
+// Thrown by OutputBuffer; read_tensor and read_sparse_tensor turn it into a
+// ModelFormatError that names the tensor.
+struct AllocationFailure {
+  size_t nbytes;
+};
+
 // An MLX-owned buffer that the decoders write into.
 class OutputBuffer {
  public:
-  explicit OutputBuffer(size_t nbytes) : data_(mx::allocator::malloc(nbytes)) {}
+  // mx::allocator::malloc does not check (MLX 0.32): the CPU allocator
+  // hands back a null buffer when malloc fails, and writing to it crashes.
+  explicit OutputBuffer(size_t nbytes) : data_(mx::allocator::malloc(nbytes)) {
+    if (nbytes != 0 && data_.buffer().ptr() == nullptr) throw AllocationFailure{nbytes};
+  }
   template <typename T>
   T* as() {
     return static_cast<T*>(data_.buffer().raw_ptr());
@@ -389,7 +408,7 @@ std::optional<mx::array> alias_bytes(std::span<const uint8_t> bytes, const mx::S
 mx::array decode_raw(std::span<const uint8_t> bytes, const char* origin, OnnxType type,
                      const TypeInfo& info, uint64_t count, const std::vector<int64_t>& dims,
                      const OwnedMemory& memory, const MessagePath& path) {
-  const uint64_t expected = stored_byte_count(info, count);
+  const uint64_t expected = stored_byte_count(info, count, dims, path);
   if (bytes.size() != expected) {
     path.fail(str(origin, " has ", bytes.size(), " bytes, expected ", expected, " for ",
                   onnx_type_name(type), dims_text(dims)));
@@ -494,7 +513,7 @@ mx::array decode_typed(const TensorFields& t, OnnxType type, const TypeInfo& inf
     default: break;
   }
   // One byte (or one packed byte of sub-byte elements) per int32_data entry.
-  const uint64_t expected = stored_byte_count(info, count);
+  const uint64_t expected = stored_byte_count(info, count, t.dims, path);
   check_count(t.int32_data, expected, "int32_data", type, t.dims, path);
   const std::vector<uint8_t> bytes = bytes_of(t.int32_data);
   switch (info.storage) {
@@ -546,10 +565,12 @@ Value decode_strings(const TensorFields& t, uint64_t count, const MessagePath& p
   return StringTensor{t.dims, t.string_data};
 }
 
-}  // namespace
+[[noreturn]] void fail_allocation(const AllocationFailure& failure, const MessagePath& path) {
+  path.fail(str("cannot allocate ", failure.nbytes, " bytes for the decoded tensor"));
+}
 
-NamedValue read_tensor(std::span<const uint8_t> message, const MessagePath& path,
-                       const TensorSource& source) {
+NamedValue decode_tensor(std::span<const uint8_t> message, const MessagePath& path,
+                         const TensorSource& source) {
   TensorFields t = read_fields(message, path);
   if (t.has_segment) path.fail("segmented tensors (TensorProto.segment) are not supported");
   const auto type = static_cast<OnnxType>(t.data_type);
@@ -571,15 +592,56 @@ NamedValue read_tensor(std::span<const uint8_t> message, const MessagePath& path
   return out;
 }
 
+}  // namespace
+
+NamedValue read_tensor(std::span<const uint8_t> message, const MessagePath& path,
+                       const TensorSource& source) {
+  try {
+    return decode_tensor(message, path, source);
+  } catch (const AllocationFailure& failure) {
+    fail_allocation(failure, path);
+  }
+}
+
 // ====================================================== SparseTensorProto
 
 namespace {
+
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return std::numeric_limits<uint64_t>::max();
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(pages), static_cast<uint64_t>(page_size),
+                             &bytes)) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return bytes;
+}
+
+// The dense form of a sparse tensor is not in the file, so a few bytes could
+// otherwise ask for terabytes. Refused before anything is allocated.
+void check_dense_size(uint64_t dense_count, size_t itemsize, const std::vector<int64_t>& dims,
+                      const MessagePath& path) {
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(dense_count, static_cast<uint64_t>(itemsize), &bytes)) {
+    path.fail(str("byte size of sparse tensor dims ", dims_text(dims), " overflows"));
+  }
+  const uint64_t physical = physical_memory_bytes();
+  const uint64_t limit = std::min(kMaxSparseDenseBytes, physical);
+  if (bytes <= limit) return;
+  const char* what =
+      limit == physical ? "the machine's physical memory" : "the limit for densified sparse tensors";
+  path.fail(str("sparse tensor of dims ", dims_text(dims), " would densify to ", bytes,
+                " bytes, more than ", what, " (", limit, " bytes)"));
+}
 
 // Scatters `values` (one element of `itemsize` bytes each) into a zeroed
 // dense buffer at the linear positions given by `indices`.
 mx::array densify(const mx::array& values, const std::vector<int64_t>& positions,
                   const std::vector<int64_t>& dims, uint64_t dense_count, const MessagePath& path) {
   const size_t itemsize = values.itemsize();
+  check_dense_size(dense_count, itemsize, dims, path);
   OutputBuffer out(dense_count * itemsize);
   uint8_t* dst = out.as<uint8_t>();
   if (dense_count != 0) std::memset(dst, 0, dense_count * itemsize);
@@ -603,10 +665,8 @@ std::vector<int64_t> host_int64s(const mx::array& a) {
   return {data, data + wide.size()};
 }
 
-}  // namespace
-
-NamedValue read_sparse_tensor(std::span<const uint8_t> message, const MessagePath& path,
-                              const TensorSource& source) {
+NamedValue decode_sparse_tensor(std::span<const uint8_t> message, const MessagePath& path,
+                                const TensorSource& source) {
   std::optional<NamedValue> values;
   std::optional<NamedValue> indices;
   std::vector<int64_t> dims;
@@ -661,6 +721,17 @@ NamedValue read_sparse_tensor(std::span<const uint8_t> message, const MessagePat
                   nnz, " values and dims ", dims_text(dims)));
   }
   return {values->name, densify(vals, positions, dims, dense_count, path)};
+}
+
+}  // namespace
+
+NamedValue read_sparse_tensor(std::span<const uint8_t> message, const MessagePath& path,
+                              const TensorSource& source) {
+  try {
+    return decode_sparse_tensor(message, path, source);
+  } catch (const AllocationFailure& failure) {
+    fail_allocation(failure, path);
+  }
 }
 
 }  // namespace transmuter

@@ -76,8 +76,14 @@ struct NamedValue {
 NamedValue read_tensor(std::span<const uint8_t> message, const MessagePath& path,
                        const TensorSource& source);
 
+/** The most bytes a sparse tensor's dense form may take (also never more
+ * than the machine's physical memory): that form is not in the file, so a
+ * 200-byte message could otherwise ask for terabytes. */
+inline constexpr uint64_t kMaxSparseDenseBytes = uint64_t{16} << 30;
+
 /** Decodes a SparseTensorProto into the dense tensor it stands for (zeros
- * where no value is given). The name is that of its `values` tensor. */
+ * where no value is given). The name is that of its `values` tensor. Dense
+ * forms over kMaxSparseDenseBytes are a ModelFormatError. */
 NamedValue read_sparse_tensor(std::span<const uint8_t> message, const MessagePath& path,
                               const TensorSource& source);
 

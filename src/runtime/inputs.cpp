@@ -1,5 +1,7 @@
 #include "runtime/inputs.h"
 
+#include <limits>
+
 #include <mlx/mlx.h>
 
 #include "transmuter/error.h"
@@ -22,7 +24,12 @@ void check_tensor(const ValueInfo& info, const mx::array& a) {
   }
   for (size_t d = 0; d < info.shape.size(); ++d) {
     const Dim& dim = info.shape[d];
-    if (dim.value && *dim.value != a.shape(static_cast<int>(d))) {
+    if (!dim.value || *dim.value < 0) continue;  // symbolic or unknown: any size
+    if (*dim.value > std::numeric_limits<int32_t>::max()) {
+      throw InputError(str("input '", info.name, "': dimension ", d, " is declared ", *dim.value,
+                           ", beyond the int32 range of MLX shapes; no input can match it"));
+    }
+    if (*dim.value != a.shape(static_cast<int>(d))) {
       throw InputError(str("input '", info.name, "': dimension ", d, " must be ", *dim.value, ", got ",
                            a.shape(static_cast<int>(d))));
     }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "support/expect_error.h"
 #include "transmuter/error.h"
 
@@ -202,6 +204,112 @@ TEST(FunctionInliner, BodySubgraphsReadRenamedFunctionValues) {
   EXPECT_EQ(second_branch.nodes[0].inputs[0], g.nodes[2].outputs[0]);
   EXPECT_NE(&first_branch, &second_branch) << "each call gets its own copy of the subgraph";
   EXPECT_EQ(branch->nodes[0].inputs[0], "t") << "the function itself is not modified";
+}
+
+TEST(FunctionInliner, MutualRecursionIsAnError) {
+  Function f, g;
+  f.name = "F";
+  g.name = "G";
+  for (Function* fn : {&f, &g}) {
+    fn->domain = "local";
+    fn->inputs = {"x"};
+    fn->outputs = {"y"};
+  }
+  f.nodes = {make_node("G", {"x"}, {"y"}, "to_g", "local")};
+  g.nodes = {make_node("F", {"x"}, {"y"}, "to_f", "local")};
+  Graph graph;
+  graph.nodes = {make_node("F", {"A"}, {"B"}, "call", "local")};
+  EXPECT_NE(error_of([&] { inline_functions(graph, {f, g}); }).find("calls itself"), std::string::npos);
+}
+
+// `levels` functions F0..F{levels-1}: F_k calls F_{k+1} `fanout` times in a
+// chain; the last holds one Relu. One call of F0 expands to fanout^(levels-1)
+// nodes.
+std::vector<Function> fan_out_functions(int levels, int fanout) {
+  std::vector<Function> functions(static_cast<size_t>(levels));
+  for (int level = 0; level < levels; ++level) {
+    Function& f = functions[static_cast<size_t>(level)];
+    f.name = "F" + std::to_string(level);
+    f.domain = "local";
+    f.inputs = {"x"};
+    f.outputs = {"y"};
+    if (level + 1 == levels) {
+      f.nodes = {make_node("Relu", {"x"}, {"y"}, "relu")};
+      continue;
+    }
+    std::string in = "x";
+    for (int i = 0; i < fanout; ++i) {
+      const std::string out = i + 1 == fanout ? "y" : "t" + std::to_string(i);
+      f.nodes.push_back(make_node("F" + std::to_string(level + 1), {in}, {out}, "", "local"));
+      in = out;
+    }
+  }
+  return functions;
+}
+
+TEST(FunctionInliner, ExpansionOverTheCapIsRefusedBeforeExpanding) {
+  Graph g;
+  g.nodes = {make_node("F0", {"A"}, {"B"}, "call", "local")};
+  const std::string message = error_of([&] { inline_functions(g, fan_out_functions(16, 4)); });
+  EXPECT_NE(message.find("node 'call' (local.F0): inlining function 'F0' would create more than the cap of "
+                         "4194304 inlined nodes"),
+            std::string::npos)
+      << message;
+  ASSERT_EQ(g.nodes.size(), 1u) << "refused before anything was expanded";
+}
+
+TEST(FunctionInliner, CallsOfEmptyFunctionsHaveACapToo) {
+  // No node is ever created, yet 4^15 calls would be expanded.
+  std::vector<Function> functions = fan_out_functions(16, 4);
+  functions.back().nodes.clear();
+  Graph g;
+  g.nodes = {make_node("F0", {"A"}, {"B"}, "call", "local")};
+  const std::string message = error_of([&] { inline_functions(g, functions); });
+  EXPECT_NE(message.find("inlining function 'F0' would expand more than the cap of 4194304 function calls"),
+            std::string::npos)
+      << message;
+}
+
+TEST(FunctionInliner, CapCountsNodesAlreadyCreated) {
+  // F0 expands to exactly 2^22 nodes: the cap, one too many after a Relu.
+  Graph g;
+  g.nodes = {make_node("Relu", {"A"}, {"B"}, "first"), make_node("F0", {"B"}, {"C"}, "call", "local")};
+  const std::string message = error_of([&] { inline_functions(g, fan_out_functions(23, 2)); });
+  EXPECT_NE(message.find("would create 4194304 nodes, with 1 already created, over the cap of 4194304"),
+            std::string::npos)
+      << message;
+}
+
+TEST(FunctionInliner, NestedCallsExpandToTheCountedNodes) {
+  Graph g;
+  g.nodes = {make_node("F0", {"A"}, {"B"}, "call", "local")};
+  inline_functions(g, fan_out_functions(4, 3));
+  ASSERT_EQ(g.nodes.size(), 27u);
+  std::set<std::string> outputs;
+  for (const Node& node : g.nodes) {
+    EXPECT_EQ(node.op_type, "Relu");
+    outputs.insert(node.outputs.at(0));
+  }
+  EXPECT_EQ(outputs.size(), 27u) << "every value is defined once";
+  EXPECT_EQ(g.nodes.front().inputs.at(0), "A");
+  EXPECT_EQ(g.nodes.back().outputs.at(0), "B");
+}
+
+TEST(FunctionInliner, FreshNamesSkipTakenSuffixes) {
+  // Unnamed calls all prefix their internal values "Scale/": the names are
+  // Scale/t, Scale/t_1, ... and must step over one the graph already uses.
+  Graph g;
+  g.nodes = {make_node("Relu", {"X"}, {"A0", "Scale/t_2"}, "pre")};
+  for (int i = 0; i < 5; ++i) {
+    const std::string in = "A" + std::to_string(i), out = "A" + std::to_string(i + 1);
+    g.nodes.push_back(make_node("Scale", {in}, {out}, "", "local"));
+  }
+  inline_functions(g, {scale_function()});
+  ASSERT_EQ(g.nodes.size(), 11u);
+  std::vector<std::string> internal;
+  for (size_t i = 1; i < g.nodes.size(); i += 2) internal.push_back(g.nodes[i].outputs.at(0));
+  EXPECT_EQ(internal,
+            (std::vector<std::string>{"Scale/t", "Scale/t_1", "Scale/t_3", "Scale/t_4", "Scale/t_5"}));
 }
 
 }  // namespace

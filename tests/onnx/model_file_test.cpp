@@ -3,10 +3,20 @@
 #include <gtest/gtest.h>
 #include <mlx/mlx.h>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "support/proto_writer.h"
 #include "support/expect_error.h"
@@ -232,6 +242,61 @@ TEST(ModelFile, ModelLocalFunctionsAreInlined) {
   EXPECT_EQ(nodes[1].outputs, (std::vector<std::string>{"C"}));
 }
 
+TEST(ModelFile, NegativeDimValueIsAnUnknownDim) {
+  // Several exporters write a dynamic batch as dim_value: -1.
+  ProtoWriter shape;
+  shape.message(1, ProtoWriter().int64(1, -1)).message(1, ProtoWriter().int64(1, 3));
+  ProtoWriter tensor_type;
+  tensor_type.varint(1, static_cast<uint64_t>(OnnxType::kFloat)).message(2, shape);
+  proto::GraphParts g;
+  g.nodes = {proto::node("Relu", {"X"}, {"Y"})};
+  g.inputs = {proto::value_info("X", ProtoWriter().message(1, tensor_type))};
+  g.outputs = {proto::value_info("Y", OnnxType::kFloat, {-1, 3})};
+  const ModelFile m = load(proto::model(proto::graph(g)));
+  const ValueInfo& x = m.graph->inputs.at(0);
+  ASSERT_EQ(x.shape.size(), 2u);
+  EXPECT_FALSE(x.shape[0].value.has_value());
+  EXPECT_TRUE(x.shape[0].symbol.empty());
+  EXPECT_EQ(x.shape[1].value, 3);
+}
+
+// F0 calls F1 `fanout` times, F1 calls F2 ..., the last runs one Relu: a
+// few hundred bytes that expand to fanout^depth nodes.
+ProtoWriter function_bomb(int depth, int fanout) {
+  std::vector<ProtoWriter> functions;
+  for (int level = 0; level < depth; ++level) {
+    ProtoWriter f;
+    f.string(1, str("F", level)).string(4, "x").string(5, "y");
+    if (level + 1 == depth) {
+      f.message(7, proto::node("Relu", {"x"}, {"y"}));
+    } else {
+      std::string in = "x";
+      for (int i = 0; i < fanout; ++i) {
+        const std::string out = i + 1 == fanout ? "y" : str("t", i);
+        f.message(7, proto::node(str("F", level + 1), {in}, {out}, "", "bomb"));
+        in = out;
+      }
+    }
+    f.message(9, proto::opset("", 17)).string(10, "bomb");
+    functions.push_back(f);
+  }
+  proto::GraphParts g;
+  g.nodes = {proto::node("F0", {"X"}, {"Y"}, "", "bomb")};
+  g.inputs = {proto::value_info("X", OnnxType::kFloat, {1})};
+  g.outputs = {proto::value_info("Y", OnnxType::kFloat, {1})};
+  return proto::model(proto::graph(g), {{"", 17}, {"bomb", 1}}, 8, functions);
+}
+
+TEST(ModelFile, FunctionBombIsRefusedBeforeExpanding) {
+  const ProtoWriter bomb = function_bomb(16, 4);  // 4^15 nodes
+  EXPECT_LT(bomb.data().size(), 2500u);
+  const std::string message = error_of([&] { load(bomb); });
+  EXPECT_NE(message.find("function 'F0'"), std::string::npos) << message;
+  EXPECT_NE(message.find("cap of 4194304"), std::string::npos) << message;
+  // A small instance of the same shape still loads: 3^3 Relus.
+  EXPECT_EQ(load(function_bomb(4, 3)).graph->nodes.size(), 27u);
+}
+
 // -------------------------------------------------------------- bad input
 
 TEST(ModelFile, BadWireTypeNamesThePath) {
@@ -424,6 +489,63 @@ TEST_F(ModelFiles, EmptyAndMissingFiles) {
   EXPECT_NE(error_of([&] { read_model_file(empty); }).find("model has no graph"), std::string::npos);
   EXPECT_NE(error_of([&] { read_model_file(dir_ / "missing.onnx"); }).find("cannot open"),
             std::string::npos);
+}
+
+// Runs `fn` on another thread and returns the ModelFormatError it throws;
+// "timed out" when it blocks (as open() on a FIFO does), so that a
+// regression fails the test instead of hanging the suite.
+std::string error_within_seconds(std::function<void()> fn, int seconds) {
+  auto result = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> done = result->get_future();
+  std::thread([result, fn = std::move(fn)] {
+    try {
+      fn();
+      result->set_value("no error");
+    } catch (const ModelFormatError& e) {
+      result->set_value(e.what());
+    } catch (const std::exception& e) {
+      result->set_value(std::string("another exception: ") + e.what());
+    }
+  }).detach();
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) return "timed out";
+  return done.get();
+}
+
+// A Unix socket bound at `path` (closed again; the file stays).
+void make_socket(const fs::path& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  ASSERT_LT(path.string().size(), sizeof(address.sun_path));
+  std::strcpy(address.sun_path, path.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ::close(fd);
+}
+
+TEST_F(ModelFiles, ExternalDataMustBeARegularFile) {
+  ASSERT_EQ(::mkfifo((dir_ / "fifo.bin").c_str(), 0600), 0);
+  fs::create_directory(dir_ / "folder.bin");
+  make_socket(dir_ / "socket.bin");
+  for (const auto& [location, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"fifo.bin", "is a FIFO"}, {"folder.bin", "is a directory"}, {"socket.bin", "is a socket"}}) {
+    proto::GraphParts g;
+    g.nodes = {proto::node("Identity", {"W"}, {"Y"})};
+    g.initializers = {proto::external_tensor("W", OnnxType::kFloat, {2}, location, 0, 8)};
+    g.outputs = {proto::value_info("Y", OnnxType::kFloat, {2})};
+    const fs::path path = write("model.onnx", proto::model(proto::graph(g)).data());
+    const std::string message = error_within_seconds([path] { read_model_file(path); }, 10);
+    EXPECT_NE(message.find(kind), std::string::npos) << message;
+    EXPECT_NE(message.find("must be regular files"), std::string::npos) << message;
+    EXPECT_NE(message.find("initializer[0] 'W'"), std::string::npos) << message;
+  }
+}
+
+TEST_F(ModelFiles, ModelFileThatIsAFifoIsRefused) {
+  const fs::path fifo = dir_ / "model.onnx";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string message = error_within_seconds([fifo] { read_model_file(fifo); }, 10);
+  EXPECT_NE(message.find(fifo.string() + ": is a FIFO"), std::string::npos) << message;
 }
 
 TEST_F(ModelFiles, ValueFilesTensorSequenceOptional) {

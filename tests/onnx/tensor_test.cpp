@@ -432,6 +432,15 @@ TEST(Tensor, ElementCountOverflow) {
   EXPECT_NE(error_of([&] { decode(w); }).find("overflows"), std::string::npos);
 }
 
+TEST(Tensor, ByteSizeOverflowIsRefused) {
+  // 2^58 complex64 elements pass the element-count bound, but their bit
+  // count (2^64) wrapped to 0 and matched an empty raw_data.
+  const int64_t d = int64_t{1} << 29;
+  const auto w = proto::raw_tensor("w", OnnxType::kComplex64, {d, d}, "");
+  const std::string message = error_of([&] { decode(w); });
+  EXPECT_NE(message.find("byte size of dims [536870912,536870912] overflows"), std::string::npos) << message;
+}
+
 TEST(Tensor, TypedFieldCountMismatch) {
   auto w = proto::tensor("w", OnnxType::kInt64, {3});
   w.packed_int64s(7, {1, 2});
@@ -490,6 +499,33 @@ TEST(Tensor, SparseTensorWithCoordinatesAndBadIndex) {
   EXPECT_NE(error_of([&] { read_sparse_tensor(bad.to_bytes(), path, TensorSource{}); })
                 .find("sparse index 4"),
             std::string::npos);
+}
+
+TEST(Tensor, SparseTensorWithHugeDenseShapeIsRefused) {
+  // A 2^40-element dense shape for one value: 4 TiB from a few bytes.
+  ProtoWriter sparse;
+  sparse.message(1, proto::raw_tensor("sp", OnnxType::kFloat, {1}, proto::raw({1.f})));
+  sparse.message(2, proto::raw_tensor("", OnnxType::kInt64, {1}, proto::raw<int64_t>({0})));
+  sparse.packed_int64s(3, {int64_t{1} << 20, int64_t{1} << 20});
+  MessagePath path("t.onnx");
+  const std::string message =
+      error_of([&] { read_sparse_tensor(sparse.to_bytes(), path, TensorSource{}); });
+  EXPECT_NE(message.find("t.onnx: sparse tensor of dims [1048576,1048576] would densify to "
+                         "4398046511104 bytes"),
+            std::string::npos)
+      << message;
+}
+
+TEST(Tensor, SparseTensorDenseCountOverflowIsRefused) {
+  const int64_t big = (int64_t{1} << 31) - 1;
+  ProtoWriter sparse;
+  sparse.message(1, proto::raw_tensor("sp", OnnxType::kFloat, {1}, proto::raw({1.f})));
+  sparse.message(2, proto::raw_tensor("", OnnxType::kInt64, {1}, proto::raw<int64_t>({0})));
+  sparse.packed_int64s(3, {big, big, big});
+  MessagePath path("t.onnx");
+  const std::string message =
+      error_of([&] { read_sparse_tensor(sparse.to_bytes(), path, TensorSource{}); });
+  EXPECT_NE(message.find("overflows"), std::string::npos) << message;
 }
 
 // ------------------------------------------------------------- external data
