@@ -62,12 +62,26 @@ struct Pooling {
   }
 };
 
+// A pool composes one slice per window element; beyond this many the graph
+// (and the host loops over offsets) would not finish in reasonable time.
+constexpr int64_t kMaxWindowElements = 1 << 16;
+
 Pooling make_pooling(const NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   if (x.ndim() < 3) throw ctx.error("input must have rank >= 3 ([N, C, D1, ...]), got ", x.ndim());
   std::vector<int64_t> input(x.shape().begin() + 2, x.shape().end());
   ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, static_cast<int>(input.size()));
+  const int64_t window = checked_product(ctx, attrs.kernel_shape, "window size");
+  if (window > kMaxWindowElements) {
+    throw ctx.error("a window of ", window, " elements exceeds the ", kMaxWindowElements, " supported");
+  }
   WindowGeometry geometry = resolve_window(ctx, attrs, input);
+  // The padded input and the output are MLX shapes: int32 dims.
+  for (size_t i = 0; i < input.size(); ++i) {
+    to_int32(ctx, geometry.output[i], "output size");
+    const int64_t reach = (geometry.output[i] - 1) * attrs.strides[i] + attrs.window_extent(i);
+    to_int32(ctx, std::max(reach, input[i] + geometry.pad_begin[i]), "padded input size");
+  }
   return {x, attrs, geometry, input};
 }
 
