@@ -78,7 +78,6 @@ TEST(NodeContext, ToShapeRejectsNegativeAndHugeDims) {
   EXPECT_THROW(to_shape(ctx, {int64_t{1} << 40}), OpError);
 }
 
-
 TEST(NodeContext, CheckedShapeArithmeticThrowsInsteadOfWrapping) {
   Node node = make_node({});
   NodeContext ctx(node, {}, mx::Device::cpu, nullptr);

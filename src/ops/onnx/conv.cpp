@@ -86,8 +86,8 @@ OpOutputs conv(NodeContext& ctx) {
     try {
       return mx::conv_general(channels_last(x, s), channels_last(w, s), to_ints(ctx, attrs.strides, "stride"),
                               to_ints(ctx, g.pad_begin, "pad"), to_ints(ctx, g.pad_end, "pad"),
-                              to_ints(ctx, attrs.dilations, "dilation"), {},
-                              static_cast<int>(group), false, s);
+                              to_ints(ctx, attrs.dilations, "dilation"), {}, static_cast<int>(group), false,
+                              s);
     } catch (const std::invalid_argument& e) {
       throw ctx.error(e.what());
     }
@@ -181,7 +181,8 @@ OpOutputs conv_transpose(NodeContext& ctx) {
   }
   mx::array y = [&] {
     try {
-      return mx::conv_general(channels_last(x, s), weight, {}, lo, hi, to_ints(ctx, attrs.dilations, "dilation"),
+      return mx::conv_general(channels_last(x, s), weight, {}, lo, hi,
+                              to_ints(ctx, attrs.dilations, "dilation"),
                               to_ints(ctx, attrs.strides, "stride"), group, true, s);
     } catch (const std::invalid_argument& e) {
       throw ctx.error(e.what());

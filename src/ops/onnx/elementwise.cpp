@@ -176,8 +176,8 @@ mx::array equal_strings(const NodeContext& ctx, const StringTensor& a, const Str
     }
   }
   std::vector<uint8_t> bytes(result.begin(), result.end());
-  mx::array flat = mx::array(bytes.begin(), mx::Shape{to_int32(ctx, static_cast<int64_t>(count), "element count")},
-                             mx::uint8);
+  mx::array flat = mx::array(
+      bytes.begin(), mx::Shape{to_int32(ctx, static_cast<int64_t>(count), "element count")}, mx::uint8);
   return mx::astype(mx::reshape(flat, out_shape, mx::Device::cpu), mx::bool_, mx::Device::cpu);
 }
 

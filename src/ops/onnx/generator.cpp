@@ -74,8 +74,8 @@ OpOutputs range(NodeContext& ctx) {
     __int128 count = span / delta + ((span % delta != 0 && (span < 0) == (delta < 0)) ? 1 : 0);
     if (count < 0) count = 0;
     if (count > std::numeric_limits<int32_t>::max()) {
-      throw ctx.error("would produce more than 2^31 - 1 elements (start ", start, ", limit ", limit, ", delta ",
-                      delta, ")");
+      throw ctx.error("would produce more than 2^31 - 1 elements (start ", start, ", limit ", limit,
+                      ", delta ", delta, ")");
     }
     // Built lazily (the runtime's memory check sees the size before anything
     // is allocated) in uint64, whose wrap-around is defined: i * delta may
@@ -90,8 +90,9 @@ OpOutputs range(NodeContext& ctx) {
   int count = range_count(ctx, start, limit, delta);
   // float64 is CPU-only in MLX; the step indices are exact integers.
   mx::array steps = mx::arange(0, count, 1, mx::float64, mx::Device::cpu);
-  mx::array out = mx::add(mx::array(start, mx::float64),
-                          mx::multiply(steps, mx::array(delta, mx::float64), mx::Device::cpu), mx::Device::cpu);
+  mx::array out =
+      mx::add(mx::array(start, mx::float64),
+              mx::multiply(steps, mx::array(delta, mx::float64), mx::Device::cpu), mx::Device::cpu);
   return {mx::astype(out, dtype, ctx.stream())};
 }
 

@@ -37,8 +37,9 @@ mx::array wrap_negative(const mx::array& index, int dim, mx::StreamOrDevice s) {
     return index;
   }
   // int8/int16 can hold neither every dim nor index + dim: widen first.
-  const mx::array wide =
-      mx::issubdtype(index.dtype(), mx::integer) && index.itemsize() < 4 ? mx::astype(index, mx::int32, s) : index;
+  const mx::array wide = mx::issubdtype(index.dtype(), mx::integer) && index.itemsize() < 4
+                             ? mx::astype(index, mx::int32, s)
+                             : index;
   mx::array negative = mx::less(wide, mx::array(0, wide.dtype()), s);
   return mx::where(negative, mx::add(wide, mx::array(dim, wide.dtype()), s), wide, s);
 }
@@ -96,8 +97,8 @@ void require_indexable(const NodeContext& ctx, const mx::array& indices, int axi
 // Traced gather: each index clamped into [-size, size - 1], then wrapped, so
 // it always lands in [0, size).
 mx::array clamped_index(const mx::array& index, int size, mx::StreamOrDevice s) {
-  mx::array i = mx::clip(mx::astype(index, mx::int64, s), mx::array(-int64_t{size}),
-                         mx::array(int64_t{size} - 1), s);
+  mx::array i =
+      mx::clip(mx::astype(index, mx::int64, s), mx::array(-int64_t{size}), mx::array(int64_t{size} - 1), s);
   return wrap_negative(i, size, s);
 }
 
@@ -252,7 +253,8 @@ mx::array axis_coordinates(const mx::Shape& shape, int d, mx::Dtype dtype, mx::S
 // The last dim of ND indices [..., k] as k coordinate arrays of shape [...].
 std::vector<mx::array> index_columns(const mx::array& indices, mx::StreamOrDevice s) {
   std::vector<mx::array> columns;
-  for (int i = 0; i < indices.shape(-1); ++i) columns.push_back(mx::take(indices, i, rank_of(indices) - 1, s));
+  for (int i = 0; i < indices.shape(-1); ++i)
+    columns.push_back(mx::take(indices, i, rank_of(indices) - 1, s));
   return columns;
 }
 
@@ -358,7 +360,8 @@ OpOutputs scatter_elements(NodeContext& ctx) {
   // Off the scatter axis, positions come from the indices' own shape.
   for (int d = 0; d < rank; ++d) {
     if (d != axis && indices.shape(d) > data.shape(d)) {
-      throw ctx.error("indices dim ", d, " (", indices.shape(d), ") exceeds the data's (", data.shape(d), ")");
+      throw ctx.error("indices dim ", d, " (", indices.shape(d), ") exceeds the data's (", data.shape(d),
+                      ")");
     }
   }
   const int size = data.shape(axis);
@@ -378,8 +381,8 @@ OpOutputs scatter_elements(NodeContext& ctx) {
   mx::array slices = mx::reshape(mx::astype(updates, data.dtype(), s), update_shape, s);
   ScatterFn scatter = scatter_for(ctx);
   if (!traced) return {scatter(data, coords, slices, axes, s)};
-  return {scatter_with_scratch(ctx, data, axis,
-                               [&](const mx::array& grown) { return scatter(grown, coords, slices, axes, s); })};
+  return {scatter_with_scratch(
+      ctx, data, axis, [&](const mx::array& grown) { return scatter(grown, coords, slices, axes, s); })};
 }
 
 // ScatterND: updates[i...] replaces the slice data[indices[i..., :]], of
@@ -420,8 +423,8 @@ OpOutputs scatter_nd(NodeContext& ctx) {
   for (int i = 0; i < k; ++i) {
     coords.push_back(index_or_scratch(columns[i], valid, data.shape(i), i == 0 ? data.shape(0) : 0, s));
   }
-  return {scatter_with_scratch(ctx, data, 0,
-                               [&](const mx::array& grown) { return scatter(grown, coords, slices, axes, s); })};
+  return {scatter_with_scratch(
+      ctx, data, 0, [&](const mx::array& grown) { return scatter(grown, coords, slices, axes, s); })};
 }
 
 // --- Trilu / OneHot / NonZero ------------------------------------------------------------

@@ -37,7 +37,8 @@ std::vector<int> normalize_axes(const NodeContext& ctx, const std::vector<int64_
 // Product of shape[begin:end], checked: a lazily broadcast array may have
 // dims whose product leaves int64.
 int64_t product(const NodeContext& ctx, const mx::Shape& shape, size_t begin, size_t end) {
-  return checked_product(ctx, std::vector<int64_t>(shape.begin() + begin, shape.begin() + end), "dims product");
+  return checked_product(ctx, std::vector<int64_t>(shape.begin() + begin, shape.begin() + end),
+                         "dims product");
 }
 
 // --- Transpose -----------------------------------------------------------------
@@ -149,7 +150,8 @@ OpOutputs squeeze_v13(NodeContext& ctx) {
 // may come in any order.
 mx::array unsqueeze_axes(const NodeContext& ctx, const mx::array& x, const std::vector<int64_t>& axes) {
   if (rank_of(x) + axes.size() > kMaxRank && !axes.empty()) {
-    throw ctx.error(axes.size(), " axes would give rank ", rank_of(x) + axes.size(), ", more than ", kMaxRank);
+    throw ctx.error(axes.size(), " axes would give rank ", rank_of(x) + axes.size(), ", more than ",
+                    kMaxRank);
   }
   const int out_rank = rank_of(x) + static_cast<int>(axes.size());
   return mx::expand_dims(x, normalize_axes(ctx, axes, out_rank), ctx.stream());
@@ -188,7 +190,8 @@ OpOutputs split_by_sizes(const NodeContext& ctx, const mx::array& x, int axis,
   int64_t total = 0;
   for (int64_t s : sizes) {
     // Bounding each size first keeps the sum from wrapping around to `dim`.
-    if (s < 0 || s > dim) throw ctx.error("split size ", s, " is out of range for axis ", axis, " of size ", dim);
+    if (s < 0 || s > dim)
+      throw ctx.error("split size ", s, " is out of range for axis ", axis, " of size ", dim);
     total += s;
   }
   if (total != dim) throw ctx.error("split sizes sum to ", total, " but axis ", axis, " has ", dim);
@@ -296,7 +299,8 @@ OpOutputs expand(NodeContext& ctx) {
   return {mx::broadcast_to(x, to_shape(ctx, out), ctx.stream())};
 }
 
-std::vector<int> repeats_vector(const NodeContext& ctx, const std::vector<int64_t>& repeats, const mx::Shape& shape) {
+std::vector<int> repeats_vector(const NodeContext& ctx, const std::vector<int64_t>& repeats,
+                                const mx::Shape& shape) {
   const int rank = static_cast<int>(shape.size());
   if (static_cast<int>(repeats.size()) != rank) {
     throw ctx.error(repeats.size(), " repeats for an input of rank ", rank);

@@ -134,20 +134,19 @@ TEST(ConvTranspose, GroupsKeepChannelsApart) {
   EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{11, 202}));
 }
 
-
 TEST(Conv, WindowAttributesBeyondInt32AreErrors) {
   // Used to be cut to int32 on the way to mx::conv_general (2^32 + 1 -> 1).
   const mx::array x = mx::zeros({1, 1, 4}), w = mx::zeros({1, 1, 1});
   EXPECT_EQ(testing::error_of<OpError>(
                 [&] { run_op("Conv", 11, {x, w}, {ints_attr("strides", {(int64_t{1} << 32) + 1})}); }),
             "[Conv v1] node 'test_Conv': attribute 'strides' value 4294967297 does not fit in int32");
-  EXPECT_NE(testing::error_of<OpError>(
-                [&] { run_op("Conv", 11, {x, w}, {ints_attr("pads", {int64_t{1} << 32, 0})}); })
-                .find("pad 4294967296 does not fit in int32"),
+  EXPECT_NE(testing::error_of<OpError>([&] {
+              run_op("Conv", 11, {x, w}, {ints_attr("pads", {int64_t{1} << 32, 0})});
+            }).find("pad 4294967296 does not fit in int32"),
             std::string::npos);
-  EXPECT_NE(testing::error_of<OpError>(
-                [&] { run_op("Conv", 11, {x, mx::zeros({1, 1, 1})}, {int_attr("group", int64_t{1} << 62)}); })
-                .find("channels do not match"),
+  EXPECT_NE(testing::error_of<OpError>([&] {
+              run_op("Conv", 11, {x, mx::zeros({1, 1, 1})}, {int_attr("group", int64_t{1} << 62)});
+            }).find("channels do not match"),
             std::string::npos);
 }
 

@@ -188,7 +188,6 @@ TEST(IndexingCompiled, TracedIndicesWrapNegatives) {
   EXPECT_EQ(to_doubles(lower[0]), (std::vector<double>{0, 0, 2, 3}));
 }
 
-
 // --- Bad values (docs/architecture.md, "Bad values") ---------------------------------------
 
 using testing::error_of;
@@ -231,7 +230,8 @@ TEST(BadIndices, GatherElementsAndGatherNDOutOfRange) {
 TEST(BadIndices, ScattersOutOfRange) {
   EXPECT_EQ(op_error("ScatterElements", 18, {mx::zeros({3}), i64({3}), mx::ones({1})}),
             "[ScatterElements v11] node 'test_ScatterElements': index 3 out of range for axis 0 of size 3");
-  EXPECT_EQ(op_error("Scatter", 10, {mx::zeros({1, 3}), i64({-4}, {1, 1}), mx::ones({1, 1})}, {int_attr("axis", 1)}),
+  EXPECT_EQ(op_error("Scatter", 10, {mx::zeros({1, 3}), i64({-4}, {1, 1}), mx::ones({1, 1})},
+                     {int_attr("axis", 1)}),
             "[Scatter v9] node 'test_Scatter': index -4 out of range for axis 1 of size 3");
   EXPECT_EQ(op_error("ScatterND", 18, {mx::zeros({2, 3}), i64({1, 3}, {1, 2}), mx::ones({1})}),
             "[ScatterND v11] node 'test_ScatterND': index 3 out of range for axis 1 of size 3");
@@ -270,28 +270,31 @@ TEST(BadIndicesCompiled, GathersClampTracedIndicesToTheNearestValidOne) {
 }
 
 TEST(BadIndicesCompiled, ScattersDropOutOfRangeUpdates) {
-  auto dropped = run_compiled("ScatterElements", 18,
-                              {mx::zeros({4}), i64({4, 1, -5, -1, kFar}), mx::array({1.f, 2.f, 3.f, 4.f, 5.f})},
-                              {0, 1, 2});
+  auto dropped = run_compiled(
+      "ScatterElements", 18,
+      {mx::zeros({4}), i64({4, 1, -5, -1, kFar}), mx::array({1.f, 2.f, 3.f, 4.f, 5.f})}, {0, 1, 2});
   EXPECT_EQ(to_doubles(dropped[0]), (std::vector<double>{0, 2, 0, 4}));
-  auto added = run_compiled("ScatterElements", 18, {mx::ones({4}), i64({1, 9, 1}), mx::array({1.f, 10.f, 2.f})},
-                            {0, 1, 2}, {string_attr("reduction", "add")});
+  auto added =
+      run_compiled("ScatterElements", 18, {mx::ones({4}), i64({1, 9, 1}), mx::array({1.f, 10.f, 2.f})},
+                   {0, 1, 2}, {string_attr("reduction", "add")});
   EXPECT_EQ(to_doubles(added[0]), (std::vector<double>{1, 4, 1, 1}));
   auto along_rows = run_compiled("ScatterElements", 18,
                                  {mx::zeros({2, 3}), i64({3, 0}, {2, 1}), mx::array({7.f, 8.f}, {2, 1})},
                                  {0, 1, 2}, {int_attr("axis", 1)});
   EXPECT_EQ(to_doubles(along_rows[0]), (std::vector<double>{0, 0, 0, 8, 0, 0}));
   // ScatterND rows 3 and -4 of a [3, 2] tensor do not exist; row 1 does.
-  auto rows = run_compiled("ScatterND", 18, {mx::zeros({3, 2}), i64({3, 1, -4}, {3, 1}), iota({3, 2})}, {0, 1, 2});
+  auto rows =
+      run_compiled("ScatterND", 18, {mx::zeros({3, 2}), i64({3, 1, -4}, {3, 1}), iota({3, 2})}, {0, 1, 2});
   EXPECT_EQ(to_doubles(rows[0]), (std::vector<double>{0, 0, 2, 3, 0, 0}));
   // A tuple is dropped whole when any coordinate is out of range.
-  auto tuples =
-      run_compiled("ScatterND", 18, {mx::zeros({2, 2}), i64({1, 5, 0, 1}, {2, 2}), mx::array({7.f, 8.f})}, {0, 1, 2});
+  auto tuples = run_compiled(
+      "ScatterND", 18, {mx::zeros({2, 2}), i64({1, 5, 0, 1}, {2, 2}), mx::array({7.f, 8.f})}, {0, 1, 2});
   EXPECT_EQ(to_doubles(tuples[0]), (std::vector<double>{0, 8, 0, 0}));
 }
 
 TEST(BadIndicesCompiled, ScatterNDIntoAnEmptyAxisWritesNothing) {
-  auto out = run_compiled("ScatterND", 18, {mx::zeros({2, 0}), i64({0, 0}, {1, 2}), mx::ones({1})}, {0, 1, 2});
+  auto out =
+      run_compiled("ScatterND", 18, {mx::zeros({2, 0}), i64({0, 0}, {1, 2}), mx::ones({1})}, {0, 1, 2});
   EXPECT_EQ(out[0].shape(), (mx::Shape{2, 0}));
 }
 
@@ -302,7 +305,8 @@ TEST(BadIndicesCompiled, KnownIndicesAreCheckedUnderCompileToo) {
 }
 
 TEST(BadIndicesCompiled, AnEmptyAxisCannotBeGathered) {
-  std::string message = error_of<OpError>([] { run_compiled("Gather", 13, {mx::zeros({0}), i64({0})}, {0, 1}); });
+  std::string message =
+      error_of<OpError>([] { run_compiled("Gather", 13, {mx::zeros({0}), i64({0})}, {0, 1}); });
   EXPECT_EQ(message, "[Gather v1] node 'test_Gather': axis 0 of size 0 cannot be indexed");
   // No index, nothing to clamp: the empty result is fine.
   auto empty = run_compiled("Gather", 13, {mx::zeros({0}), i64({})}, {0, 1});
@@ -315,8 +319,9 @@ TEST(Slice, ExtremeStartsEndsAndSteps) {
   EXPECT_EQ(to_doubles(out0(back)), (std::vector<double>{4}));
   auto front = run_op("Slice", 13, {iota({5}), i64({kMin}), i64({kMax}), i64({0}), i64({kMax})});
   EXPECT_EQ(to_doubles(out0(front)), (std::vector<double>{0}));
-  EXPECT_NE(op_error("Slice", 13, {iota({5}), i64({0}), i64({5}), i64({0}), i64({0})}).find("step cannot be 0"),
-            std::string::npos);
+  EXPECT_NE(
+      op_error("Slice", 13, {iota({5}), i64({0}), i64({5}), i64({0}), i64({0})}).find("step cannot be 0"),
+      std::string::npos);
 }
 
 TEST(Trilu, ExtremeDiagonalOffsets) {

@@ -150,7 +150,6 @@ TEST(GlobalPool, AverageAndMaxKeepSpatialAxes) {
   EXPECT_EQ(to_doubles(max[0].tensor()), (std::vector<double>{9}));
 }
 
-
 TEST(MaxPool, HugeWindowsAreErrorsNotHangsOrTruncations) {
   const mx::array x = mx::zeros({1, 1, 4});
   EXPECT_EQ(testing::error_of<OpError>(
@@ -158,7 +157,8 @@ TEST(MaxPool, HugeWindowsAreErrorsNotHangsOrTruncations) {
             "[MaxPool v1] node 'test_MaxPool': kernel_shape value 4294967298 does not fit in int32");
   // One slice per window element: 2^20 would not finish.
   EXPECT_EQ(testing::error_of<OpError>([&] {
-              run_op("MaxPool", 12, {x}, {ints_attr("kernel_shape", {int64_t{1} << 20}), ints_attr("pads", {0, 1 << 20})});
+              run_op("MaxPool", 12, {x},
+                     {ints_attr("kernel_shape", {int64_t{1} << 20}), ints_attr("pads", {0, 1 << 20})});
             }),
             "[MaxPool v1] node 'test_MaxPool': a window of 1048576 elements exceeds the 65536 supported");
 }

@@ -141,12 +141,12 @@ TEST(RandomGenerators, RandomNormalNeedsAShape) {
   }
 }
 
-
 TEST(RandomGenerators, MultinomialSampleSizeBeyondInt32IsAnError) {
   std::string message = testing::error_of<OpError>([] {
     run_op("Multinomial", 7, {mx::zeros({1, 2})}, {int_attr("sample_size", (int64_t{1} << 32) + 1)});
   });
-  EXPECT_EQ(message, "[Multinomial v7] node 'test_Multinomial': sample_size 4294967297 does not fit in int32");
+  EXPECT_EQ(message,
+            "[Multinomial v7] node 'test_Multinomial': sample_size 4294967297 does not fit in int32");
 }
 
 }  // namespace

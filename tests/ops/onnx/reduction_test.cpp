@@ -186,7 +186,6 @@ TEST(TopK, KLargerThanTheAxisIsAnError) {
   EXPECT_THROW(run_op("TopK", 11, {mx::array({1.f, 2.f}), axes({3})}, {}, 2), OpError);
 }
 
-
 TEST(TopK, KBeyondInt32NamesTheValue) {
   std::string message = testing::error_of<OpError>(
       [] { run_op("TopK", 11, {mx::array({1.f, 2.f}), axes({int64_t{1} << 40})}, {}, 2); });
