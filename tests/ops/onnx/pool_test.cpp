@@ -161,6 +161,14 @@ TEST(MaxPool, HugeWindowsAreErrorsNotHangsOrTruncations) {
                      {ints_attr("kernel_shape", {int64_t{1} << 20}), ints_attr("pads", {0, 1 << 20})});
             }),
             "[MaxPool v1] node 'test_MaxPool': a window of 1048576 elements exceeds the 65536 supported");
+  // Three output dims of 2^31 - 1 each: the host tables' size would wrap.
+  const int64_t b = int64_t{1} << 30, e = b - 2;
+  std::string message = testing::error_of<OpError>([&] {
+    run_op("MaxPool", 12, {mx::zeros({1, 1, 1, 1, 1})},
+           {ints_attr("kernel_shape", {1, 1, 1}), ints_attr("pads", {b, b, b, e, e, e})});
+  });
+  EXPECT_NE(message.find("output size"), std::string::npos) << message;
+  EXPECT_NE(message.find("overflows int64"), std::string::npos) << message;
 }
 
 }  // namespace
