@@ -126,6 +126,8 @@ TransposedPads transposed_pads(const NodeContext& ctx, const ConvPoolAttributes&
     return p;
   }
   if (output_shape.size() != rank) throw ctx.error("output_shape must have ", rank, " values");
+  // int32 values keep the int64 pad arithmetic below from overflowing.
+  for (int64_t d : output_shape) to_int32(ctx, d, "output_shape value");
   for (size_t i = 0; i < rank; ++i) {
     int64_t total =
         attrs.strides[i] * (in[i] - 1) + output_padding[i] + attrs.window_extent(i) - output_shape[i];
@@ -154,6 +156,7 @@ OpOutputs conv_transpose(NodeContext& ctx) {
   std::vector<int64_t> output_padding = ctx.attr_ints("output_padding", std::vector<int64_t>(spatial, 0));
   if (static_cast<int>(output_padding.size()) != spatial)
     throw ctx.error("output_padding must have ", spatial, " values");
+  for (int64_t p : output_padding) to_int32(ctx, p, "output_padding value");
   TransposedPads pads = transposed_pads(ctx, attrs, spatial_dims(x), output_padding);
 
   // [C, M/g, k...] -> [g, C/g, M/g, k...] -> [g, M/g, k..., C/g] -> [M, k..., C/g]

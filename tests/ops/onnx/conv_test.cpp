@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "support/expect_error.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
@@ -147,6 +149,20 @@ TEST(Conv, WindowAttributesBeyondInt32AreErrors) {
   EXPECT_NE(testing::error_of<OpError>([&] {
               run_op("Conv", 11, {x, mx::zeros({1, 1, 1})}, {int_attr("group", int64_t{1} << 62)});
             }).find("channels do not match"),
+            std::string::npos);
+}
+
+TEST(ConvTranspose, OutputShapeAndPaddingBeyondInt32AreErrors) {
+  const mx::array x = mx::zeros({1, 1, 2}), w = mx::zeros({1, 1, 1});
+  EXPECT_EQ(
+      testing::error_of<OpError>(
+          [&] { run_op("ConvTranspose", 11, {x, w}, {ints_attr("output_shape", {int64_t{1} << 62})}); }),
+      "[ConvTranspose v1] node 'test_ConvTranspose': output_shape value 4611686018427387904 does not fit in "
+      "int32");
+  EXPECT_NE(testing::error_of<OpError>([&] {
+              run_op("ConvTranspose", 11, {x, w},
+                     {ints_attr("output_padding", {std::numeric_limits<int64_t>::min()})});
+            }).find("output_padding value -9223372036854775808 does not fit in int32"),
             std::string::npos);
 }
 
