@@ -149,7 +149,33 @@ int NodeContext::normalize_axis(int64_t axis, int rank) const {
   return static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 
+int to_int32(const NodeContext& ctx, int64_t value, std::string_view what) {
+  if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max()) {
+    throw ctx.error(what, " ", value, " does not fit in int32");
+  }
+  return static_cast<int>(value);
+}
+
+int64_t checked_add(const NodeContext& ctx, int64_t a, int64_t b, std::string_view what) {
+  int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) throw ctx.error(what, " ", a, " + ", b, " overflows int64");
+  return sum;
+}
+
+int64_t checked_mul(const NodeContext& ctx, int64_t a, int64_t b, std::string_view what) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) throw ctx.error(what, " ", a, " * ", b, " overflows int64");
+  return product;
+}
+
+int64_t checked_product(const NodeContext& ctx, const std::vector<int64_t>& dims, std::string_view what) {
+  int64_t product = 1;
+  for (int64_t d : dims) product = checked_mul(ctx, product, d, what);
+  return product;
+}
+
 mx::Shape to_shape(const NodeContext& ctx, const std::vector<int64_t>& dims) {
+  if (dims.size() > kMaxRank) throw ctx.error("shape has ", dims.size(), " dims, more than ", kMaxRank);
   mx::Shape shape;
   shape.reserve(dims.size());
   for (int64_t d : dims) {
@@ -157,6 +183,16 @@ mx::Shape to_shape(const NodeContext& ctx, const std::vector<int64_t>& dims) {
       throw ctx.error("dimension ", d, " is negative or exceeds int32");
     }
     shape.push_back(static_cast<int32_t>(d));
+  }
+  // A product that wraps (65536^4 is 0 in 64 bits) would pass for a small
+  // array; the byte size (8 bytes per element at most) must fit as well.
+  int64_t bytes = 8;
+  for (int64_t d : dims) {
+    if (__builtin_mul_overflow(bytes, d, &bytes)) {
+      std::string listed;
+      for (int64_t e : dims) listed += str(listed.empty() ? "" : ", ", e);
+      throw ctx.error("shape [", listed, "] has more elements than int64 can count in bytes");
+    }
   }
   return shape;
 }

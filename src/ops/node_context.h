@@ -101,7 +101,27 @@ class NodeContext {
   const OpRow* row_;
 };
 
-/** MLX shape from ONNX int64 dims; throws OpError via `ctx` on overflow. */
+/** Most dims a shape built from values may have. MLX's CPU backend has no
+ * limit, its CUDA kernels take 10 after merging contiguous dims; 64 is far
+ * above any real model and keeps a shape tensor of a million ones from
+ * becoming a rank-1e6 array. */
+inline constexpr size_t kMaxRank = 64;
+
+/** MLX shape from ONNX int64 dims; throws OpError via `ctx` when a dim is
+ * negative or exceeds int32, the rank exceeds kMaxRank, or the element count
+ * (times 8 bytes) overflows int64. */
 mx::Shape to_shape(const NodeContext& ctx, const std::vector<int64_t>& dims);
+
+// Checked arithmetic for shape math: MLX dims, indices and counts are int32,
+// so every int64 value from a model passes through one of these. Each throws
+// an OpError via `ctx` naming `what` and the offending value instead of
+// wrapping.
+/** `value` as int32. */
+int to_int32(const NodeContext& ctx, int64_t value, std::string_view what);
+/** a + b and a * b in int64. */
+int64_t checked_add(const NodeContext& ctx, int64_t a, int64_t b, std::string_view what);
+int64_t checked_mul(const NodeContext& ctx, int64_t a, int64_t b, std::string_view what);
+/** Product of `dims` (1 when empty) in int64. */
+int64_t checked_product(const NodeContext& ctx, const std::vector<int64_t>& dims, std::string_view what);
 
 }  // namespace transmuter

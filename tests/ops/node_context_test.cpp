@@ -1,8 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+
 #include <mlx/mlx.h>
 
 #include "ops/node_context.h"
+#include "support/expect_error.h"
 #include "support/op_test_support.h"
 
 namespace transmuter {
@@ -72,6 +76,37 @@ TEST(NodeContext, ToShapeRejectsNegativeAndHugeDims) {
   EXPECT_EQ(to_shape(ctx, {2, 3}), (mx::Shape{2, 3}));
   EXPECT_THROW(to_shape(ctx, {-1}), OpError);
   EXPECT_THROW(to_shape(ctx, {int64_t{1} << 40}), OpError);
+}
+
+TEST(NodeContext, CheckedShapeArithmeticThrowsInsteadOfWrapping) {
+  Node node = make_node({});
+  NodeContext ctx(node, {}, mx::Device::cpu, nullptr);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(to_int32(ctx, -5, "pad"), -5);
+  EXPECT_EQ(testing::error_of<OpError>([&] { to_int32(ctx, int64_t{1} << 31, "pad"); }),
+            "[Fake v17] node 'n1': pad 2147483648 does not fit in int32");
+  EXPECT_EQ(checked_add(ctx, kMax - 1, 1, "sum"), kMax);
+  EXPECT_EQ(testing::error_of<OpError>([&] { checked_add(ctx, kMax, 1, "sum"); }),
+            "[Fake v17] node 'n1': sum 9223372036854775807 + 1 overflows int64");
+  EXPECT_EQ(checked_mul(ctx, int64_t{1} << 31, int64_t{1} << 31, "size"), int64_t{1} << 62);
+  EXPECT_THROW(checked_mul(ctx, int64_t{1} << 32, int64_t{1} << 31, "size"), OpError);
+  EXPECT_EQ(checked_product(ctx, {}, "size"), 1);
+  EXPECT_THROW(checked_product(ctx, {65536, 65536, 65536, 65536}, "size"), OpError);
+}
+
+TEST(NodeContext, ToShapeChecksDimsRankAndElementCount) {
+  Node node = make_node({});
+  NodeContext ctx(node, {}, mx::Device::cpu, nullptr);
+  EXPECT_EQ(to_shape(ctx, {2, 0, 3}), (mx::Shape{2, 0, 3}));
+  EXPECT_EQ(to_shape(ctx, std::vector<int64_t>(kMaxRank, 1)).size(), kMaxRank);
+  EXPECT_THROW(to_shape(ctx, std::vector<int64_t>(kMaxRank + 1, 1)), OpError);
+  EXPECT_THROW(to_shape(ctx, {int64_t{1} << 31}), OpError);
+  EXPECT_THROW(to_shape(ctx, {-1}), OpError);
+  // Each dim fits int32, but the element count wraps to 0 in 64 bits.
+  EXPECT_THROW(to_shape(ctx, {65536, 65536, 65536, 65536}), OpError);
+  // 2^60 elements of 8 bytes is 2^63 bytes: one past int64.
+  EXPECT_THROW(to_shape(ctx, {1 << 30, 1 << 30, 1}), OpError);
+  EXPECT_EQ(to_shape(ctx, {1 << 30, 1 << 29}).size(), 2u);
 }
 
 }  // namespace

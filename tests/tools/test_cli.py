@@ -274,3 +274,125 @@ def test_bad_dim_option_is_a_clear_error(tmp_path):
     result = cli_quick("run", str(tmp_path / "m.onnx"), "--dim", "batch=lots")
     assert result.returncode == 1, result.stderr
     assert "--dim batch: expects a non-negative integer, got 'lots'" in result.stderr
+
+
+# --- Bad values inside operators (docs/architecture.md, "Bad values") --------------------------
+
+def _save_model(path, nodes, inputs, outputs, initializers=()):
+    """Writes a small opset-18 model; inputs/outputs are (name, elem_type, shape) triples."""
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info(*o) for o in outputs], list(initializers))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def _assert_clear_error(result, message):
+    # Exit code 1 (a negative code would be a signal) and the op's message.
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_gather_index_out_of_range_in_an_initializer_is_a_clear_error(tmp_path, mode):
+    from onnx import TensorProto, numpy_helper
+
+    model = _save_model(tmp_path / "m.onnx", [_node("Gather", ["data", "idx"], ["y"], "g")],
+                        [("data", TensorProto.FLOAT, [5])], [("y", TensorProto.FLOAT, [1])],
+                        [numpy_helper.from_array(np.array([7], dtype=np.int64), "idx")])
+    result = cli("run", str(model), "--mode", mode, "--output-dir", str(tmp_path / "out"))
+    _assert_clear_error(result, "[Gather v1] node 'g': index 7 out of range for axis 0 of size 5")
+
+
+def test_gather_index_input_is_checked_eagerly_and_clamped_when_compiled(tmp_path):
+    from onnx import TensorProto
+
+    model = _save_model(tmp_path / "m.onnx", [_node("Gather", ["data", "idx"], ["y"], "g")],
+                        [("data", TensorProto.FLOAT, [5]), ("idx", TensorProto.INT64, [2])],
+                        [("y", TensorProto.FLOAT, [2])])
+    data = np.arange(5, dtype=np.float32) + 10
+    np.save(tmp_path / "data.npy", data)
+    np.save(tmp_path / "idx.npy", np.array([1 << 40, -100], dtype=np.int64))
+    args = ["run", str(model), "--input", f"data={tmp_path / 'data.npy'}", "--input",
+            f"idx={tmp_path / 'idx.npy'}", "--output-dir", str(tmp_path / "out")]
+    _assert_clear_error(cli(*args, "--mode", "eager"),
+                        "[Gather v1] node 'g': index 1099511627776 out of range for axis 0 of size 5")
+    result = cli(*args, "--mode", "compiled")
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y.npy"), data[[4, 0]])
+
+
+def test_scatter_nd_out_of_range_is_a_clear_error(tmp_path):
+    from onnx import TensorProto, numpy_helper
+
+    model = _save_model(tmp_path / "m.onnx", [_node("ScatterND", ["data", "idx", "upd"], ["y"], "s")],
+                        [("data", TensorProto.FLOAT, [4]), ("upd", TensorProto.FLOAT, [1])],
+                        [("y", TensorProto.FLOAT, [4])],
+                        [numpy_helper.from_array(np.array([[1 << 20]], dtype=np.int64), "idx")])
+    _assert_clear_error(cli("run", str(model)), "[ScatterND v11] node 's': index 1048576 out of range for axis 0")
+
+
+def test_depth_to_space_huge_blocksize_is_a_clear_error_not_sigfpe(tmp_path):
+    from onnx import TensorProto
+
+    model = _save_model(tmp_path / "m.onnx", [_node("DepthToSpace", ["x"], ["y"], "d", blocksize=65536)],
+                        [("x", TensorProto.FLOAT, [1, 4, 1, 1])], [("y", TensorProto.FLOAT, None)])
+    _assert_clear_error(cli("run", str(model)), "[DepthToSpace v1] node 'd': channels 4 not divisible by "
+                        "blocksize^2 = 4294967296")
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_constant_of_shape_whose_count_wraps_is_a_clear_error(tmp_path, mode):
+    from onnx import TensorProto, numpy_helper
+
+    model = _save_model(tmp_path / "m.onnx", [_node("ConstantOfShape", ["shape"], ["y"], "c")], [],
+                        [("y", TensorProto.FLOAT, None)],
+                        [numpy_helper.from_array(np.array([65536] * 4, dtype=np.int64), "shape")])
+    _assert_clear_error(cli("run", str(model), "--mode", mode),
+                        "[ConstantOfShape v9] node 'c': shape [65536, 65536, 65536, 65536] has more elements")
+
+
+def test_pad_beyond_int32_is_a_clear_error_not_truncated(tmp_path):
+    from onnx import TensorProto, numpy_helper
+
+    model = _save_model(tmp_path / "m.onnx", [_node("Pad", ["x", "pads"], ["y"], "p")],
+                        [("x", TensorProto.FLOAT, [2])], [("y", TensorProto.FLOAT, None)],
+                        [numpy_helper.from_array(np.array([(1 << 32) + 1, 0], dtype=np.int64), "pads")])
+    _assert_clear_error(cli("run", str(model)), "[Pad v18] node 'p': padded size of axis 0 4294967299 does not "
+                        "fit in int32")
+
+
+def _node(op, inputs, outputs, name, **attributes):
+    from onnx import helper
+
+    return helper.make_node(op, inputs, outputs, name=name, **attributes)
+
+
+# Shapes that are valid but far too large: the interpreter's memory limit refuses the output
+# before MLX allocates it (docs/architecture.md, "Memory limit").
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+@pytest.mark.parametrize("case", ["ConstantOfShape", "Expand", "OneHot"])
+def test_outputs_beyond_physical_memory_are_refused_before_allocation(tmp_path, mode, case):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    huge = np.array([1 << 17, 1 << 17], dtype=np.int64)  # 2^34 elements
+    if case == "ConstantOfShape":
+        nodes = [helper.make_node("ConstantOfShape", ["shape"], ["y"])]
+        inits = [numpy_helper.from_array(huge, "shape")]
+        inputs, out_type = [], TensorProto.FLOAT
+    elif case == "Expand":
+        nodes = [helper.make_node("Expand", ["x", "shape"], ["y"])]
+        inits = [numpy_helper.from_array(huge, "shape")]
+        inputs, out_type = [("x", TensorProto.FLOAT, [1])], TensorProto.FLOAT
+    else:
+        nodes = [helper.make_node("OneHot", ["x", "depth", "values"], ["y"])]
+        inits = [numpy_helper.from_array(np.array(2**31 - 1, dtype=np.int64), "depth"),
+                 numpy_helper.from_array(np.array([0, 1], dtype=np.float32), "values")]
+        inputs, out_type = [("x", TensorProto.INT64, [8])], TensorProto.FLOAT
+    model = _save_model(tmp_path / "m.onnx", nodes, inputs, [("y", out_type, None)], inits)
+    result = cli_quick("run", str(model), "--mode", mode, "--output-dir", str(tmp_path / "out"))
+    _assert_clear_error(result, "over the memory limit")
+    assert f"[{case} v" in result.stderr

@@ -17,7 +17,12 @@
 namespace transmuter {
 namespace {
 
-std::vector<int> to_ints(const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); }
+// Checked: SAME pads and ConvTranspose's derived pads are computed in int64.
+std::vector<int> to_ints(const NodeContext& ctx, const std::vector<int64_t>& v, std::string_view what) {
+  std::vector<int> out;
+  for (int64_t x : v) out.push_back(to_int32(ctx, x, what));
+  return out;
+}
 
 // [N, C, D...] -> [N, D..., C]
 mx::array channels_last(const mx::array& x, mx::StreamOrDevice s) {
@@ -72,16 +77,17 @@ OpOutputs conv(NodeContext& ctx) {
   const mx::array& w = ctx.input(1);
   ConvPoolAttributes attrs = checked_attributes(ctx, x, w);
   const int64_t group = ctx.attr_int("group", 1);
-  if (group < 1 || x.shape(1) != w.shape(1) * group || w.shape(0) % group != 0) {
+  if (group < 1 || group > x.shape(1) || x.shape(1) != w.shape(1) * group || w.shape(0) % group != 0) {
     throw ctx.error("channels do not match: input ", x.shape(1), ", weight ", w.shape(0), "x", w.shape(1),
                     ", group ", group);
   }
   WindowGeometry g = resolve_window(ctx, attrs, spatial_dims(x));
   mx::array y = [&] {
     try {
-      return mx::conv_general(channels_last(x, s), channels_last(w, s), to_ints(attrs.strides),
-                              to_ints(g.pad_begin), to_ints(g.pad_end), to_ints(attrs.dilations), {},
-                              static_cast<int>(group), false, s);
+      return mx::conv_general(channels_last(x, s), channels_last(w, s), to_ints(ctx, attrs.strides, "stride"),
+                              to_ints(ctx, g.pad_begin, "pad"), to_ints(ctx, g.pad_end, "pad"),
+                              to_ints(ctx, attrs.dilations, "dilation"), {}, static_cast<int>(group), false,
+                              s);
     } catch (const std::invalid_argument& e) {
       throw ctx.error(e.what());
     }
@@ -120,6 +126,8 @@ TransposedPads transposed_pads(const NodeContext& ctx, const ConvPoolAttributes&
     return p;
   }
   if (output_shape.size() != rank) throw ctx.error("output_shape must have ", rank, " values");
+  // int32 values keep the int64 pad arithmetic below from overflowing.
+  for (int64_t d : output_shape) to_int32(ctx, d, "output_shape value");
   for (size_t i = 0; i < rank; ++i) {
     int64_t total =
         attrs.strides[i] * (in[i] - 1) + output_padding[i] + attrs.window_extent(i) - output_shape[i];
@@ -140,7 +148,7 @@ OpOutputs conv_transpose(NodeContext& ctx) {
   const mx::array& w = ctx.input(1);
   const int spatial = static_cast<int>(x.ndim()) - 2;
   ConvPoolAttributes attrs = checked_attributes(ctx, x, w);
-  const int group = static_cast<int>(ctx.attr_int("group", 1));
+  const int group = to_int32(ctx, ctx.attr_int("group", 1), "group");
   const int in_channels = x.shape(1);
   if (group < 1 || w.shape(0) != in_channels || in_channels % group != 0) {
     throw ctx.error("channels do not match: input ", in_channels, ", weight ", w.shape(0), ", group ", group);
@@ -148,6 +156,7 @@ OpOutputs conv_transpose(NodeContext& ctx) {
   std::vector<int64_t> output_padding = ctx.attr_ints("output_padding", std::vector<int64_t>(spatial, 0));
   if (static_cast<int>(output_padding.size()) != spatial)
     throw ctx.error("output_padding must have ", spatial, " values");
+  for (int64_t p : output_padding) to_int32(ctx, p, "output_padding value");
   TransposedPads pads = transposed_pads(ctx, attrs, spatial_dims(x), output_padding);
 
   // [C, M/g, k...] -> [g, C/g, M/g, k...] -> [g, M/g, k..., C/g] -> [M, k..., C/g]
@@ -169,14 +178,15 @@ OpOutputs conv_transpose(NodeContext& ctx) {
     const int64_t full_pad = attrs.window_extent(i) - 1;
     const int64_t want_lo = full_pad - pads.begin[i];
     const int64_t want_hi = full_pad - pads.end[i] + output_padding[i];
-    lo.push_back(static_cast<int>(std::max<int64_t>(want_lo, 0)));
-    hi.push_back(static_cast<int>(std::max<int64_t>(want_hi, 0)));
-    crop_start[1 + i] = static_cast<int>(std::max<int64_t>(-want_lo, 0));
+    lo.push_back(to_int32(ctx, std::max<int64_t>(want_lo, 0), "padding"));
+    hi.push_back(to_int32(ctx, std::max<int64_t>(want_hi, 0), "padding"));
+    crop_start[1 + i] = to_int32(ctx, std::max<int64_t>(-want_lo, 0), "crop");
   }
   mx::array y = [&] {
     try {
-      return mx::conv_general(channels_last(x, s), weight, {}, lo, hi, to_ints(attrs.dilations),
-                              to_ints(attrs.strides), group, true, s);
+      return mx::conv_general(channels_last(x, s), weight, {}, lo, hi,
+                              to_ints(ctx, attrs.dilations, "dilation"),
+                              to_ints(ctx, attrs.strides, "stride"), group, true, s);
     } catch (const std::invalid_argument& e) {
       throw ctx.error(e.what());
     }
@@ -186,7 +196,7 @@ OpOutputs conv_transpose(NodeContext& ctx) {
   bool crop = false;
   for (int i = 0; i < spatial; ++i) {
     const int64_t want_hi = attrs.window_extent(i) - 1 - pads.end[i] + output_padding[i];
-    crop_stop[1 + i] -= static_cast<int>(std::max<int64_t>(-want_hi, 0));
+    crop_stop[1 + i] -= to_int32(ctx, std::max<int64_t>(-want_hi, 0), "crop");
     crop = crop || crop_start[1 + i] > 0 || want_hi < 0;
   }
   if (crop) y = mx::slice(y, crop_start, crop_stop, s);

@@ -17,6 +17,7 @@ std::vector<int64_t> per_axis(const NodeContext& ctx, const char* name, int spat
   }
   for (int64_t v : values) {
     if (v < 1) throw ctx.error("attribute '", name, "' must be positive, got ", v);
+    to_int32(ctx, v, str("attribute '", name, "' value"));
   }
   return values;
 }
@@ -35,6 +36,12 @@ ConvPoolAttributes ConvPoolAttributes::read(const NodeContext& ctx, int spatial_
     throw ctx.error("kernel_shape has ", a.kernel_shape.size(), " values but the input has ", spatial_rank,
                     " spatial axes");
   }
+  // Every value fits int32 (MLX's type for them), so the int64 window math
+  // below (products of two, sums of a few) cannot overflow.
+  for (int64_t k : a.kernel_shape) {
+    if (k < 1) throw ctx.error("kernel_shape must be positive, got ", k);
+    to_int32(ctx, k, "kernel_shape value");
+  }
   a.strides = per_axis(ctx, "strides", spatial_rank, 1);
   a.dilations = per_axis(ctx, "dilations", spatial_rank, 1);
   a.pads = ctx.attr_ints("pads", std::vector<int64_t>(2 * spatial_rank, 0));
@@ -43,6 +50,7 @@ ConvPoolAttributes ConvPoolAttributes::read(const NodeContext& ctx, int spatial_
   }
   for (int64_t p : a.pads) {
     if (p < 0) throw ctx.error("negative pads are not supported, got ", p);
+    to_int32(ctx, p, "pad");
   }
   a.auto_pad = ctx.attr_string("auto_pad", "NOTSET");
   if (a.auto_pad.empty()) a.auto_pad = "NOTSET";

@@ -163,6 +163,7 @@ size_t broadcast_offset(const std::vector<int64_t>& shape, const std::vector<int
 // comparison runs there and yields an ordinary bool tensor.
 mx::array equal_strings(const NodeContext& ctx, const StringTensor& a, const StringTensor& b) {
   std::vector<int64_t> shape = broadcast_shapes(ctx, a.shape, b.shape);
+  const mx::Shape out_shape = to_shape(ctx, shape);  // checked before the loop below
   size_t count = 1;
   for (int64_t d : shape) count *= d;
   std::vector<int64_t> index(shape.size(), 0);
@@ -175,8 +176,9 @@ mx::array equal_strings(const NodeContext& ctx, const StringTensor& a, const Str
     }
   }
   std::vector<uint8_t> bytes(result.begin(), result.end());
-  mx::array flat = mx::array(bytes.begin(), mx::Shape{static_cast<int>(count)}, mx::uint8);
-  return mx::astype(mx::reshape(flat, to_shape(ctx, shape), mx::Device::cpu), mx::bool_, mx::Device::cpu);
+  mx::array flat = mx::array(
+      bytes.begin(), mx::Shape{to_int32(ctx, static_cast<int64_t>(count), "element count")}, mx::uint8);
+  return mx::astype(mx::reshape(flat, out_shape, mx::Device::cpu), mx::bool_, mx::Device::cpu);
 }
 
 OpOutputs equal_op(NodeContext& ctx) {

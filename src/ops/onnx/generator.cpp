@@ -1,5 +1,6 @@
 // Operators that create tensors: Constant, ConstantOfShape, Range, EyeLike.
 // https://onnx.ai/onnx/operators/ (Constant, ConstantOfShape, Range, EyeLike)
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -67,20 +68,31 @@ OpOutputs range(NodeContext& ctx) {
   if (mx::issubdtype(dtype, mx::integer)) {
     int64_t start = ctx.host_int(0), limit = ctx.host_int(1), delta = ctx.host_int(2);
     if (delta == 0) throw ctx.error("delta must not be zero");
-    // Integer ceil division, exact beyond 2^53.
-    int64_t span = limit - start;
-    int64_t count = span / delta + ((span % delta != 0 && (span < 0) == (delta < 0)) ? 1 : 0);
-    count = std::max<int64_t>(count, 0);
-    if (count > std::numeric_limits<int32_t>::max()) throw ctx.error("would produce ", count, " elements");
-    std::vector<int64_t> values(count);
-    for (int64_t i = 0; i < count; ++i) values[i] = start + i * delta;
-    return {mx::astype(vector_array(values), dtype, ctx.stream())};
+    // Integer ceil division, exact beyond 2^53; in 128 bits because
+    // limit - start of INT64_MAX and INT64_MIN does not fit in 64.
+    const __int128 span = static_cast<__int128>(limit) - start;
+    __int128 count = span / delta + ((span % delta != 0 && (span < 0) == (delta < 0)) ? 1 : 0);
+    if (count < 0) count = 0;
+    if (count > std::numeric_limits<int32_t>::max()) {
+      throw ctx.error("would produce more than 2^31 - 1 elements (start ", start, ", limit ", limit,
+                      ", delta ", delta, ")");
+    }
+    // Built lazily (the runtime's memory check sees the size before anything
+    // is allocated) in uint64, whose wrap-around is defined: i * delta may
+    // leave int64 where start + i * delta, inside [start, limit), does not.
+    auto s = ctx.stream();
+    mx::array steps = mx::arange(0, static_cast<double>(count), 1, mx::uint64, s);
+    mx::array offsets = mx::multiply(steps, mx::array(static_cast<uint64_t>(delta), mx::uint64), s);
+    mx::array values = mx::add(offsets, mx::array(static_cast<uint64_t>(start), mx::uint64), s);
+    return {mx::astype(values, dtype, s)};
   }
   double start = ctx.host_double(0), limit = ctx.host_double(1), delta = ctx.host_double(2);
   int count = range_count(ctx, start, limit, delta);
-  std::vector<double> values(count);
-  for (int i = 0; i < count; ++i) values[i] = start + i * delta;
-  mx::array out = mx::array(values.begin(), {count}, mx::float64);
+  // float64 is CPU-only in MLX; the step indices are exact integers.
+  mx::array steps = mx::arange(0, count, 1, mx::float64, mx::Device::cpu);
+  mx::array out =
+      mx::add(mx::array(start, mx::float64),
+              mx::multiply(steps, mx::array(delta, mx::float64), mx::Device::cpu), mx::Device::cpu);
   return {mx::astype(out, dtype, ctx.stream())};
 }
 
@@ -96,7 +108,10 @@ OpOutputs eye_like(NodeContext& ctx) {
     if (!mapped) throw ctx.error("unsupported dtype ", onnx_type_name(type));
     dtype = *mapped;
   }
-  auto k = static_cast<int>(ctx.attr_int("k", 0));
+  // A diagonal beyond the matrix leaves it all zeros; keep it in int32.
+  const int64_t limit = std::min<int64_t>(static_cast<int64_t>(like.shape(0)) + like.shape(1),
+                                          std::numeric_limits<int32_t>::max());
+  const int k = static_cast<int>(std::clamp(ctx.attr_int("k", 0), -limit, limit));
   return {mx::eye(like.shape(0), like.shape(1), k, dtype, ctx.stream())};
 }
 

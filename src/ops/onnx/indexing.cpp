@@ -5,8 +5,16 @@
 // Index tensors are data (they may be traced under compilation), so negative
 // indices are wrapped with mx ops, never on the host. Slice bounds, Trilu's k
 // and OneHot's depth are host inputs.
+//
+// MLX's take, gather and scatter do not check bounds, so every index goes
+// through the checks below first: values known on the host (not tracers:
+// initializers, host constants, every eager run) are checked and a bad one is
+// an OpError; inside a compiled segment, where values are unknown while
+// tracing, gathers clamp each index to the nearest valid one and scatters drop
+// out-of-range updates (JAX's defaults). docs/architecture.md, "Bad values".
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -28,14 +36,106 @@ mx::array wrap_negative(const mx::array& index, int dim, mx::StreamOrDevice s) {
   if (!mx::issubdtype(index.dtype(), mx::signedinteger) && !mx::issubdtype(index.dtype(), mx::floating)) {
     return index;
   }
-  mx::array negative = mx::less(index, mx::array(0, index.dtype()), s);
-  return mx::where(negative, mx::add(index, mx::array(dim, index.dtype()), s), index, s);
+  // int8/int16 can hold neither every dim nor index + dim: widen first.
+  const mx::array wide = mx::issubdtype(index.dtype(), mx::integer) && index.itemsize() < 4
+                             ? mx::astype(index, mx::int32, s)
+                             : index;
+  mx::array negative = mx::less(wide, mx::array(0, wide.dtype()), s);
+  return mx::where(negative, mx::add(wide, mx::array(dim, wide.dtype()), s), wide, s);
 }
 
 void require_integer_indices(const NodeContext& ctx, const mx::array& index) {
   if (!mx::issubdtype(index.dtype(), mx::integer)) {
     throw ctx.error("indices must be int32 or int64, got ", index.dtype());
   }
+}
+
+// A scalar has no axis to index (normalize_axis accepts axis 0 for rank 0).
+void require_data_rank(const NodeContext& ctx, const mx::array& data) {
+  if (data.ndim() == 0) throw ctx.error("data must have rank >= 1, got a scalar");
+}
+
+// --- Index bounds --------------------------------------------------------------
+
+// `a` as int64; uint64 values beyond int64 saturate (they are out of range
+// either way).
+mx::array saturated_int64(mx::array a, mx::StreamOrDevice s) {
+  if (a.dtype() == mx::uint64) {
+    a = mx::minimum(a, mx::array(static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), mx::uint64), s);
+  }
+  return mx::astype(a, mx::int64, s);
+}
+
+// Throws an OpError naming the first index outside [-size, size) (ONNX
+// allows negatives down to -size). Column j of `indices` addresses data axis
+// axes[j] of size sizes[j]: one column is the whole tensor (Gather*,
+// ScatterElements), several are its last dim (GatherND, ScatterND). Only the
+// per-column min and max are evaluated, once.
+void check_index_values(const NodeContext& ctx, const mx::array& indices, const std::vector<int>& axes,
+                        const std::vector<int>& sizes) {
+  if (indices.size() == 0) return;
+  auto s = ctx.stream();
+  const int columns = static_cast<int>(axes.size());
+  mx::array table = mx::reshape(indices, {-1, columns}, s);
+  mx::array low = saturated_int64(mx::min(table, 0, false, s), s);
+  mx::array high = saturated_int64(mx::max(table, 0, false, s), s);
+  mx::eval({low, high});
+  for (int j = 0; j < columns; ++j) {
+    const int64_t lowest = low.data<int64_t>()[j], highest = high.data<int64_t>()[j];
+    if (highest >= sizes[j] || lowest < -int64_t{sizes[j]}) {
+      throw ctx.error("index ", highest >= sizes[j] ? highest : lowest, " out of range for axis ", axes[j],
+                      " of size ", sizes[j]);
+    }
+  }
+}
+
+// Traced indices cannot be checked; an empty axis has no index to clamp to.
+void require_indexable(const NodeContext& ctx, const mx::array& indices, int axis, int size) {
+  if (size == 0 && indices.size() > 0) throw ctx.error("axis ", axis, " of size 0 cannot be indexed");
+}
+
+// Traced gather: each index clamped into [-size, size - 1], then wrapped, so
+// it always lands in [0, size).
+mx::array clamped_index(const mx::array& index, int size, mx::StreamOrDevice s) {
+  mx::array i =
+      mx::clip(mx::astype(index, mx::int64, s), mx::array(-int64_t{size}), mx::array(int64_t{size} - 1), s);
+  return wrap_negative(i, size, s);
+}
+
+// Indices for mx::take along one axis of `size`: checked when known, clamped
+// when traced.
+mx::array bounded_index(const NodeContext& ctx, const mx::array& index, int axis, int size) {
+  if (!index.is_tracer()) {
+    check_index_values(ctx, index, {axis}, {size});
+    return wrap_negative(index, size, ctx.stream());
+  }
+  require_indexable(ctx, index, axis, size);
+  return clamped_index(index, size, ctx.stream());
+}
+
+// Traced scatter: where `valid`, the index wrapped into [0, size); elsewhere
+// `fallback`, which for the scratch axis is `size`: a slot one past the end
+// that the caller pads on and cuts off again, so the update lands nowhere.
+mx::array index_or_scratch(const mx::array& index, const mx::array& valid, int size, int fallback,
+                           mx::StreamOrDevice s) {
+  mx::array i = mx::astype(index, mx::int64, s);
+  return mx::where(valid, wrap_negative(i, size, s), mx::array(int64_t{fallback}), s);
+}
+
+mx::array in_range(const mx::array& index, int size, mx::StreamOrDevice s) {
+  mx::array i = mx::astype(index, mx::int64, s);
+  return mx::logical_and(mx::greater_equal(i, mx::array(-int64_t{size}), s),
+                         mx::less(i, mx::array(int64_t{size}), s), s);
+}
+
+// Scatters into `data` grown by one scratch slot at the end of `axis`, then
+// cuts the slot off: the traced scatters' way to drop updates.
+mx::array scatter_with_scratch(const NodeContext& ctx, const mx::array& data, int axis,
+                               const std::function<mx::array(const mx::array&)>& scatter) {
+  auto s = ctx.stream();
+  to_int32(ctx, int64_t{data.shape(axis)} + 1, "axis size with a scratch slot");
+  mx::array grown = mx::pad(data, {axis}, {0}, {1}, mx::array(0, data.dtype()), "constant", s);
+  return mx::slice(scatter(grown), mx::Shape(data.ndim(), 0), data.shape(), s);
 }
 
 // --- Slice ----------------------------------------------------------------------
@@ -115,9 +215,9 @@ OpOutputs gather(NodeContext& ctx) {
   const mx::array& data = ctx.input(0);
   const mx::array& indices = ctx.input(1);
   require_integer_indices(ctx, indices);
+  require_data_rank(ctx, data);
   int axis = ctx.normalize_axis(ctx.attr_int("axis", 0), rank_of(data));
-  mx::array wrapped = wrap_negative(indices, data.shape(axis), ctx.stream());
-  return {mx::take(data, wrapped, axis, ctx.stream())};
+  return {mx::take(data, bounded_index(ctx, indices, axis, data.shape(axis)), axis, ctx.stream())};
 }
 
 // out[i][j][k] = data[i][indices[i][j][k]][k] (axis 1). Indices have the
@@ -127,6 +227,7 @@ OpOutputs gather_elements(NodeContext& ctx) {
   const mx::array& data = ctx.input(0);
   const mx::array& indices = ctx.input(1);
   require_integer_indices(ctx, indices);
+  require_data_rank(ctx, data);
   const int rank = rank_of(data);
   if (rank_of(indices) != rank)
     throw ctx.error("indices rank ", indices.ndim(), " differs from data rank ", rank);
@@ -137,8 +238,8 @@ OpOutputs gather_elements(NodeContext& ctx) {
     if (stop[a] > data.shape(a)) throw ctx.error("indices dim ", a, " exceeds the data's");
   }
   mx::array cut = mx::slice(data, mx::Shape(rank, 0), stop, ctx.stream());
-  mx::array wrapped = wrap_negative(indices, data.shape(axis), ctx.stream());
-  return {mx::take_along_axis(cut, wrapped, axis, ctx.stream())};
+  mx::array bounded = bounded_index(ctx, indices, axis, data.shape(axis));
+  return {mx::take_along_axis(cut, bounded, axis, ctx.stream())};
 }
 
 // Coordinates that address every element of an index tensor of `shape`
@@ -149,15 +250,41 @@ mx::array axis_coordinates(const mx::Shape& shape, int d, mx::Dtype dtype, mx::S
   return mx::reshape(mx::arange(0, shape[d], 1, dtype, s), layout, s);
 }
 
-// Splits the last dim of ND indices [..., k] into k wrapped coordinate arrays
-// of shape [...], for data axes first_axis .. first_axis + k - 1.
-std::vector<mx::array> nd_coordinates(const mx::array& data, const mx::array& indices, int first_axis,
-                                      mx::StreamOrDevice s) {
-  const int k = indices.shape(-1);
-  std::vector<mx::array> coords;
-  for (int i = 0; i < k; ++i) {
-    mx::array c = mx::take(indices, i, rank_of(indices) - 1, s);
-    coords.push_back(wrap_negative(c, data.shape(first_axis + i), s));
+// The last dim of ND indices [..., k] as k coordinate arrays of shape [...].
+std::vector<mx::array> index_columns(const mx::array& indices, mx::StreamOrDevice s) {
+  std::vector<mx::array> columns;
+  for (int i = 0; i < indices.shape(-1); ++i)
+    columns.push_back(mx::take(indices, i, rank_of(indices) - 1, s));
+  return columns;
+}
+
+// The data axes first_axis .. first_axis + k - 1 that ND index tuples address.
+std::vector<int> tuple_axes(int first_axis, int k) {
+  std::vector<int> axes(k);
+  for (int i = 0; i < k; ++i) axes[i] = first_axis + i;
+  return axes;
+}
+
+std::vector<int> sizes_of(const mx::array& data, const std::vector<int>& axes) {
+  std::vector<int> sizes;
+  for (int a : axes) sizes.push_back(data.shape(a));
+  return sizes;
+}
+
+// ND index tuples for data axes first_axis .. first_axis + k - 1 as k
+// coordinate arrays in range: checked when known, clamped when traced.
+std::vector<mx::array> nd_coordinates(const NodeContext& ctx, const mx::array& data, const mx::array& indices,
+                                      int first_axis) {
+  auto s = ctx.stream();
+  const std::vector<int> axes = tuple_axes(first_axis, indices.shape(-1));
+  const std::vector<int> sizes = sizes_of(data, axes);
+  const bool traced = indices.is_tracer();
+  if (!traced) check_index_values(ctx, indices, axes, sizes);
+  std::vector<mx::array> coords = index_columns(indices, s);
+  for (size_t i = 0; i < coords.size(); ++i) {
+    if (traced) require_indexable(ctx, indices, axes[i], sizes[i]);
+    mx::array c = mx::astype(coords[i], mx::int64, s);
+    coords[i] = traced ? clamped_index(c, sizes[i], s) : wrap_negative(c, sizes[i], s);
   }
   return coords;
 }
@@ -183,10 +310,10 @@ OpOutputs gather_nd(NodeContext& ctx) {
   for (int j = 0; j < batch; ++j) {
     if (data.shape(j) != indices.shape(j))
       throw ctx.error("batch dim ", j, " differs between data and indices");
-    coords.push_back(axis_coordinates(tuple_shape, j, indices.dtype(), ctx.stream()));
+    coords.push_back(axis_coordinates(tuple_shape, j, mx::int64, ctx.stream()));
     axes.push_back(j);
   }
-  for (mx::array& c : nd_coordinates(data, indices, batch, ctx.stream())) {
+  for (mx::array& c : nd_coordinates(ctx, data, indices, batch)) {
     coords.push_back(c);
     axes.push_back(static_cast<int>(axes.size()));
   }
@@ -223,23 +350,39 @@ OpOutputs scatter_elements(NodeContext& ctx) {
   const mx::array& indices = ctx.input(1);
   const mx::array& updates = ctx.input(2);
   require_integer_indices(ctx, indices);
+  require_data_rank(ctx, data);
+  auto s = ctx.stream();
   const int rank = rank_of(data);
   if (rank_of(indices) != rank || indices.shape() != updates.shape()) {
     throw ctx.error("indices and updates must share one shape of the data's rank");
   }
   int axis = ctx.normalize_axis(ctx.attr_int("axis", 0), rank);
+  // Off the scatter axis, positions come from the indices' own shape.
+  for (int d = 0; d < rank; ++d) {
+    if (d != axis && indices.shape(d) > data.shape(d)) {
+      throw ctx.error("indices dim ", d, " (", indices.shape(d), ") exceeds the data's (", data.shape(d),
+                      ")");
+    }
+  }
+  const int size = data.shape(axis);
+  const bool traced = indices.is_tracer();
+  if (!traced) check_index_values(ctx, indices, {axis}, {size});
+  mx::array positions = traced ? index_or_scratch(indices, in_range(indices, size, s), size, size, s)
+                               : wrap_negative(mx::astype(indices, mx::int64, s), size, s);
   std::vector<mx::array> coords;
   std::vector<int> axes;
   for (int d = 0; d < rank; ++d) {
-    coords.push_back(d == axis ? wrap_negative(indices, data.shape(axis), ctx.stream())
-                               : axis_coordinates(indices.shape(), d, indices.dtype(), ctx.stream()));
+    coords.push_back(d == axis ? positions : axis_coordinates(indices.shape(), d, mx::int64, s));
     axes.push_back(d);
   }
   // mx::scatter takes one update slice per index: here 1x...x1.
   mx::Shape update_shape = indices.shape();
   update_shape.insert(update_shape.end(), rank, 1);
-  mx::array slices = mx::reshape(mx::astype(updates, data.dtype(), ctx.stream()), update_shape, ctx.stream());
-  return {scatter_for(ctx)(data, coords, slices, axes, ctx.stream())};
+  mx::array slices = mx::reshape(mx::astype(updates, data.dtype(), s), update_shape, s);
+  ScatterFn scatter = scatter_for(ctx);
+  if (!traced) return {scatter(data, coords, slices, axes, s)};
+  return {scatter_with_scratch(
+      ctx, data, axis, [&](const mx::array& grown) { return scatter(grown, coords, slices, axes, s); })};
 }
 
 // ScatterND: updates[i...] replaces the slice data[indices[i..., :]], of
@@ -249,6 +392,7 @@ OpOutputs scatter_nd(NodeContext& ctx) {
   const mx::array& indices = ctx.input(1);
   const mx::array& updates = ctx.input(2);
   require_integer_indices(ctx, indices);
+  auto s = ctx.stream();
   const int r = rank_of(data);
   const int k = indices.ndim() > 0 ? indices.shape(-1) : 0;
   if (k < 1 || k > r) throw ctx.error("index tuples of length ", k, " do not fit data of rank ", r);
@@ -258,13 +402,29 @@ OpOutputs scatter_nd(NodeContext& ctx) {
   if (updates.shape() != expected)
     throw ctx.error("updates shape does not match indices.shape[:-1] + data.shape[k:]");
 
-  std::vector<int> axes(k);
-  for (int i = 0; i < k; ++i) axes[i] = i;
+  const std::vector<int> axes = tuple_axes(0, k);
   mx::Shape slice_shape = tuple_shape;
   slice_shape.insert(slice_shape.end(), k, 1);
   slice_shape.insert(slice_shape.end(), data.shape().begin() + k, data.shape().end());
-  mx::array slices = mx::reshape(mx::astype(updates, data.dtype(), ctx.stream()), slice_shape, ctx.stream());
-  return {scatter_for(ctx)(data, nd_coordinates(data, indices, 0, ctx.stream()), slices, axes, ctx.stream())};
+  mx::array slices = mx::reshape(mx::astype(updates, data.dtype(), s), slice_shape, s);
+  ScatterFn scatter = scatter_for(ctx);
+  if (!indices.is_tracer()) return {scatter(data, nd_coordinates(ctx, data, indices, 0), slices, axes, s)};
+  // An empty tuple axis admits no valid tuple (and no scratch coordinate).
+  for (int i = 0; i < k; ++i) {
+    if (data.shape(i) == 0) return {data};
+  }
+
+  // Traced: a tuple with any coordinate out of range goes to the scratch
+  // row of axis 0 (its other coordinates to 0).
+  std::vector<mx::array> columns = index_columns(indices, s);
+  mx::array valid = mx::array(true);
+  for (int i = 0; i < k; ++i) valid = mx::logical_and(valid, in_range(columns[i], data.shape(i), s), s);
+  std::vector<mx::array> coords;
+  for (int i = 0; i < k; ++i) {
+    coords.push_back(index_or_scratch(columns[i], valid, data.shape(i), i == 0 ? data.shape(0) : 0, s));
+  }
+  return {scatter_with_scratch(
+      ctx, data, 0, [&](const mx::array& grown) { return scatter(grown, coords, slices, axes, s); })};
 }
 
 // --- Trilu / OneHot / NonZero ------------------------------------------------------------
@@ -275,8 +435,10 @@ OpOutputs trilu(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   if (x.ndim() < 2) throw ctx.error("input must have rank >= 2, got ", x.ndim());
   int64_t k = ctx.has_input(1) ? ctx.host_int(1) : 0;
-  // Offsets beyond the matrix act like the matrix edge; keep them in int32.
-  const int64_t limit = static_cast<int64_t>(x.shape(-2)) + x.shape(-1) + 1;
+  // Offsets beyond the matrix act like the matrix edge; keep them in int32
+  // (rows + cols + 1 itself may not fit).
+  const int64_t limit = std::min<int64_t>(static_cast<int64_t>(x.shape(-2)) + x.shape(-1) + 1,
+                                          std::numeric_limits<int32_t>::max());
   int diagonal = static_cast<int>(std::clamp(k, -limit, limit));
   bool upper = ctx.attr_int("upper", 1) != 0;
   return {upper ? mx::triu(x, diagonal, ctx.stream()) : mx::tril(x, diagonal, ctx.stream())};
@@ -336,7 +498,8 @@ OpOutputs non_zero(NodeContext& ctx) {
       flat /= x.shape(a);
     }
   }
-  return {mx::array(coords.begin(), mx::Shape{rank, static_cast<int>(count)}, mx::int64)};
+  const int columns = to_int32(ctx, static_cast<int64_t>(count), "non-zero count");
+  return {mx::array(coords.begin(), mx::Shape{rank, columns}, mx::int64)};
 }
 
 // ONNX allows string tensors here; they are not routed through mx ops yet.

@@ -162,7 +162,7 @@ OpOutputs group_normalization(NodeContext& ctx) {
   if (rank < 2) throw ctx.error("input must have rank >= 2 ([N, C, ...]), got ", rank);
   const int64_t groups = ctx.required_int("num_groups");
   const int channels = x.shape(1);
-  if (groups <= 0 || channels % groups != 0) {
+  if (groups <= 0 || groups > std::max(channels, 1) || channels % groups != 0) {
     throw ctx.error("num_groups ", groups, " does not divide the ", channels, " channels");
   }
   const float epsilon = ctx.attr_float("epsilon", 1e-5f);

@@ -62,12 +62,31 @@ struct Pooling {
   }
 };
 
+// A pool composes one slice per window element; beyond this many the graph
+// (and the host loops over offsets) would not finish in reasonable time.
+constexpr int64_t kMaxWindowElements = 1 << 16;
+
 Pooling make_pooling(const NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   if (x.ndim() < 3) throw ctx.error("input must have rank >= 3 ([N, C, D1, ...]), got ", x.ndim());
   std::vector<int64_t> input(x.shape().begin() + 2, x.shape().end());
   ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, static_cast<int>(input.size()));
+  const int64_t window = checked_product(ctx, attrs.kernel_shape, "window size");
+  if (window > kMaxWindowElements) {
+    throw ctx.error("a window of ", window, " elements exceeds the ", kMaxWindowElements, " supported");
+  }
   WindowGeometry geometry = resolve_window(ctx, attrs, input);
+  // The host tables (divisors, indices) hold one entry per output position
+  // and window element: their sizes must not wrap.
+  checked_mul(ctx, checked_product(ctx, geometry.output, "output size"), window, "window table size");
+  // MaxPool's Indices count images with an int32 arange.
+  to_int32(ctx, int64_t{x.shape(0)} * x.shape(1), "batch * channels");
+  // The padded input and the output are MLX shapes: int32 dims.
+  for (size_t i = 0; i < input.size(); ++i) {
+    to_int32(ctx, geometry.output[i], "output size");
+    const int64_t reach = (geometry.output[i] - 1) * attrs.strides[i] + attrs.window_extent(i);
+    to_int32(ctx, std::max(reach, input[i] + geometry.pad_begin[i]), "padded input size");
+  }
   return {x, attrs, geometry, input};
 }
 
@@ -203,11 +222,12 @@ mx::array max_indices(const Pooling& p, const std::vector<mx::array>& slices, bo
   spatial = mx::squeeze(spatial, 0, s);
   // Offset of image (n, c) in the flat input: (n * C + c) * prod(D).
   const int64_t image = product(p.input);
-  const int images = p.x.shape(0) * p.x.shape(1);
+  const int64_t images = int64_t{p.x.shape(0)} * p.x.shape(1);  // fits int32: make_pooling
   mx::Shape base_shape(p.x.ndim(), 1);
   base_shape[0] = p.x.shape(0);
   base_shape[1] = p.x.shape(1);
-  mx::array base = mx::multiply(mx::arange(0, images, 1, mx::int64, s), mx::array(image, mx::int64), s);
+  mx::array base = mx::multiply(mx::arange(0, static_cast<double>(images), 1, mx::int64, s),
+                                mx::array(image, mx::int64), s);
   return mx::add(spatial, mx::reshape(base, base_shape, s), s);
 }
 

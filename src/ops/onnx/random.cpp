@@ -127,7 +127,8 @@ OpOutputs bernoulli(NodeContext& ctx) {
 OpOutputs multinomial(NodeContext& ctx) {
   const mx::array& logits = ctx.input(0);
   if (logits.ndim() != 2) throw ctx.error("input must be [batch, classes], got rank ", logits.ndim());
-  auto samples = static_cast<int>(ctx.attr_int("sample_size", 1));
+  const int samples = to_int32(ctx, ctx.attr_int("sample_size", 1), "sample_size");
+  if (samples < 1) throw ctx.error("sample_size must be positive, got ", samples);
   mx::Dtype dtype = dtype_attr(ctx, mx::int32);
   if (dtype != mx::int32 && dtype != mx::int64) throw ctx.error("dtype must be int32 or int64");
   mx::array drawn = mx::random::categorical(mx::astype(logits, mx::float32, ctx.stream()), -1, samples,

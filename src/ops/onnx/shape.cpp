@@ -34,10 +34,11 @@ std::vector<int> normalize_axes(const NodeContext& ctx, const std::vector<int64_
   return out;
 }
 
-int64_t product(const mx::Shape& shape, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end; ++i) p *= shape[i];
-  return p;
+// Product of shape[begin:end], checked: a lazily broadcast array may have
+// dims whose product leaves int64.
+int64_t product(const NodeContext& ctx, const mx::Shape& shape, size_t begin, size_t end) {
+  return checked_product(ctx, std::vector<int64_t>(shape.begin() + begin, shape.begin() + end),
+                         "dims product");
 }
 
 // --- Transpose -----------------------------------------------------------------
@@ -73,7 +74,7 @@ mx::Shape reshape_target(const NodeContext& ctx, const mx::array& x, const std::
     } else if (dims[i] < 0) {
       throw ctx.error("shape[", i, "] = ", dims[i], " is invalid");
     } else {
-      known *= dims[i];
+      known = checked_mul(ctx, known, dims[i], "shape product");
     }
   }
   const int64_t total = static_cast<int64_t>(x.size());
@@ -112,7 +113,7 @@ OpOutputs flatten(NodeContext& ctx) {
   if (axis < -rank || axis > rank) throw ctx.error("axis ", axis, " out of range for rank ", rank);
   if (axis < 0) axis += rank;
   const mx::Shape& shape = x.shape();
-  mx::Shape out = to_shape(ctx, {product(shape, 0, axis), product(shape, axis, shape.size())});
+  mx::Shape out = to_shape(ctx, {product(ctx, shape, 0, axis), product(ctx, shape, axis, shape.size())});
   return {mx::reshape(x, out, ctx.stream())};
 }
 
@@ -148,6 +149,10 @@ OpOutputs squeeze_v13(NodeContext& ctx) {
 // Axes index the output, whose rank is input rank + number of axes; they
 // may come in any order.
 mx::array unsqueeze_axes(const NodeContext& ctx, const mx::array& x, const std::vector<int64_t>& axes) {
+  if (rank_of(x) + axes.size() > kMaxRank && !axes.empty()) {
+    throw ctx.error(axes.size(), " axes would give rank ", rank_of(x) + axes.size(), ", more than ",
+                    kMaxRank);
+  }
   const int out_rank = rank_of(x) + static_cast<int>(axes.size());
   return mx::expand_dims(x, normalize_axes(ctx, axes, out_rank), ctx.stream());
 }
@@ -165,7 +170,12 @@ mx::array concat_inputs(const NodeContext& ctx, int64_t axis) {
   std::vector<mx::array> parts;
   for (size_t i = 0; i < ctx.num_inputs(); ++i) parts.push_back(ctx.input(i));
   if (parts.empty()) throw ctx.error("needs at least one input");
-  return mx::concatenate(parts, ctx.normalize_axis(axis, rank_of(parts[0])), ctx.stream());
+  const int a = ctx.normalize_axis(axis, rank_of(parts[0]));
+  // MLX adds the sizes along the axis in int32.
+  int64_t total = 0;
+  for (const mx::array& p : parts) total += p.ndim() > static_cast<size_t>(a) ? p.shape(a) : 0;
+  to_int32(ctx, total, "concatenated axis size");
+  return mx::concatenate(parts, a, ctx.stream());
 }
 
 // Opset 1-3: axis defaults to 1.
@@ -179,7 +189,9 @@ OpOutputs split_by_sizes(const NodeContext& ctx, const mx::array& x, int axis,
   const int64_t dim = x.shape(axis);
   int64_t total = 0;
   for (int64_t s : sizes) {
-    if (s < 0) throw ctx.error("split size ", s, " is negative");
+    // Bounding each size first keeps the sum from wrapping around to `dim`.
+    if (s < 0 || s > dim)
+      throw ctx.error("split size ", s, " is out of range for axis ", axis, " of size ", dim);
     total += s;
   }
   if (total != dim) throw ctx.error("split sizes sum to ", total, " but axis ", axis, " has ", dim);
@@ -287,13 +299,18 @@ OpOutputs expand(NodeContext& ctx) {
   return {mx::broadcast_to(x, to_shape(ctx, out), ctx.stream())};
 }
 
-std::vector<int> repeats_vector(const NodeContext& ctx, const std::vector<int64_t>& repeats, int rank) {
+std::vector<int> repeats_vector(const NodeContext& ctx, const std::vector<int64_t>& repeats,
+                                const mx::Shape& shape) {
+  const int rank = static_cast<int>(shape.size());
   if (static_cast<int>(repeats.size()) != rank) {
     throw ctx.error(repeats.size(), " repeats for an input of rank ", rank);
   }
   std::vector<int> reps;
-  for (int64_t r : repeats) {
-    if (r < 0 || r > std::numeric_limits<int32_t>::max()) throw ctx.error("repeat ", r, " is out of range");
+  for (int i = 0; i < rank; ++i) {
+    const int64_t r = repeats[i];
+    if (r < 0) throw ctx.error("repeat ", r, " is negative");
+    // MLX multiplies each dim by its repeat in int32.
+    to_int32(ctx, checked_mul(ctx, shape[i], r, "tiled dim"), "tiled dim");
     reps.push_back(static_cast<int>(r));
   }
   return reps;
@@ -304,12 +321,12 @@ OpOutputs tile_v1(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   std::vector<int64_t> repeats(x.ndim(), 1);
   repeats[ctx.normalize_axis(ctx.host_int(2), rank_of(x))] = ctx.host_int(1);
-  return {mx::tile(x, repeats_vector(ctx, repeats, rank_of(x)), ctx.stream())};
+  return {mx::tile(x, repeats_vector(ctx, repeats, x.shape()), ctx.stream())};
 }
 
 OpOutputs tile_v6(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
-  return {mx::tile(x, repeats_vector(ctx, ctx.host_ints(1), rank_of(x)), ctx.stream())};
+  return {mx::tile(x, repeats_vector(ctx, ctx.host_ints(1), x.shape()), ctx.stream())};
 }
 
 // --- Pad -----------------------------------------------------------------------
@@ -361,9 +378,15 @@ mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<Axis
   mx::Shape start(rank, 0);
   mx::Shape stop = x.shape();
   for (int a = 0; a < rank; ++a) {
+    const int64_t n = x.shape(a);
+    // Checked before negating: -INT64_MIN does not exist.
+    if (pads[a].begin < -n || pads[a].end < -n ||
+        std::min<int64_t>(pads[a].begin, 0) + std::min<int64_t>(pads[a].end, 0) < -n) {
+      throw ctx.error("pads ", pads[a].begin, ", ", pads[a].end, " remove more than axis ", a, " of size ", n,
+                      " holds");
+    }
     start[a] = static_cast<int>(std::max<int64_t>(0, -pads[a].begin));
-    stop[a] = static_cast<int>(x.shape(a) - std::max<int64_t>(0, -pads[a].end));
-    if (stop[a] < start[a]) throw ctx.error("negative pads remove more than axis ", a, " holds");
+    stop[a] = static_cast<int>(n - std::max<int64_t>(0, -pads[a].end));
   }
   x = mx::slice(x, start, stop, ctx.stream());
 
@@ -372,6 +395,9 @@ mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<Axis
   for (int a = 0; a < rank; ++a) {
     int64_t b = std::max<int64_t>(0, pads[a].begin), e = std::max<int64_t>(0, pads[a].end);
     if (b == 0 && e == 0) continue;
+    // A pad of 2^32 + 1 must not become 1: the padded size must fit int32.
+    const int64_t padded = checked_add(ctx, checked_add(ctx, x.shape(a), b, "padded size"), e, "padded size");
+    to_int32(ctx, padded, str("padded size of axis ", a));
     axes.push_back(a);
     low.push_back(static_cast<int>(b));
     high.push_back(static_cast<int>(e));
@@ -440,8 +466,13 @@ BlockLayout block_layout(const NodeContext& ctx, const mx::array& x) {
 OpOutputs depth_to_space(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   const auto [n, c, h, w, b] = block_layout(ctx, x);
-  if (c % (b * b) != 0) throw ctx.error("channels ", c, " not divisible by blocksize^2 = ", b * b);
-  const int depth = c / (b * b);
+  // b * b in int64: in int32 it overflows (to 0 for b = 65536) long before b
+  // exceeds any channel count.
+  const int64_t square = int64_t{b} * b;
+  if (c % square != 0) throw ctx.error("channels ", c, " not divisible by blocksize^2 = ", square);
+  const int depth = static_cast<int>(c / square);
+  const int out_h = to_int32(ctx, int64_t{h} * b, "output height");
+  const int out_w = to_int32(ctx, int64_t{w} * b, "output width");
   const std::string mode = ctx.attr_string("mode", "DCR");
   mx::array t = x;
   if (mode == "DCR") {
@@ -451,7 +482,7 @@ OpOutputs depth_to_space(NodeContext& ctx) {
   } else {
     throw ctx.error("unsupported mode '", mode, "'");
   }
-  return {mx::reshape(t, {n, depth, h * b, w * b}, ctx.stream())};
+  return {mx::reshape(t, {n, depth, out_h, out_w}, ctx.stream())};
 }
 
 // Mode attribute since opset 28 (DCR before).
@@ -460,6 +491,7 @@ OpOutputs space_to_depth(NodeContext& ctx) {
   const auto [n, c, h, w, b] = block_layout(ctx, x);
   if (h % b != 0 || w % b != 0)
     throw ctx.error("spatial dims ", h, "x", w, " not divisible by blocksize ", b);
+  const int out_c = to_int32(ctx, checked_mul(ctx, int64_t{c} * b, b, "output channels"), "output channels");
   const std::string mode = ctx.attr_string("mode", "DCR");
   mx::array t = mx::reshape(x, {n, c, h / b, b, w / b, b}, ctx.stream());
   if (mode == "DCR") {
@@ -469,7 +501,7 @@ OpOutputs space_to_depth(NodeContext& ctx) {
   } else {
     throw ctx.error("unsupported mode '", mode, "'");
   }
-  return {mx::reshape(t, {n, c * b * b, h / b, w / b}, ctx.stream())};
+  return {mx::reshape(t, {n, out_c, h / b, w / b}, ctx.stream())};
 }
 
 // ONNX allows string tensors here; they are not routed through mx ops yet.

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+
+#include "support/expect_error.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
 
@@ -131,6 +134,36 @@ TEST(ConvTranspose, GroupsKeepChannelsApart) {
   auto out = run_op("ConvTranspose", 11, {x, w, mx::array({1.f, 2.f})}, {int_attr("group", 2)});
   EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{1, 2, 1}));
   EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{11, 202}));
+}
+
+TEST(Conv, WindowAttributesBeyondInt32AreErrors) {
+  // Used to be cut to int32 on the way to mx::conv_general (2^32 + 1 -> 1).
+  const mx::array x = mx::zeros({1, 1, 4}), w = mx::zeros({1, 1, 1});
+  EXPECT_EQ(testing::error_of<OpError>(
+                [&] { run_op("Conv", 11, {x, w}, {ints_attr("strides", {(int64_t{1} << 32) + 1})}); }),
+            "[Conv v1] node 'test_Conv': attribute 'strides' value 4294967297 does not fit in int32");
+  EXPECT_NE(testing::error_of<OpError>([&] {
+              run_op("Conv", 11, {x, w}, {ints_attr("pads", {int64_t{1} << 32, 0})});
+            }).find("pad 4294967296 does not fit in int32"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of<OpError>([&] {
+              run_op("Conv", 11, {x, mx::zeros({1, 1, 1})}, {int_attr("group", int64_t{1} << 62)});
+            }).find("channels do not match"),
+            std::string::npos);
+}
+
+TEST(ConvTranspose, OutputShapeAndPaddingBeyondInt32AreErrors) {
+  const mx::array x = mx::zeros({1, 1, 2}), w = mx::zeros({1, 1, 1});
+  EXPECT_EQ(
+      testing::error_of<OpError>(
+          [&] { run_op("ConvTranspose", 11, {x, w}, {ints_attr("output_shape", {int64_t{1} << 62})}); }),
+      "[ConvTranspose v1] node 'test_ConvTranspose': output_shape value 4611686018427387904 does not fit in "
+      "int32");
+  EXPECT_NE(testing::error_of<OpError>([&] {
+              run_op("ConvTranspose", 11, {x, w},
+                     {ints_attr("output_padding", {std::numeric_limits<int64_t>::min()})});
+            }).find("output_padding value -9223372036854775808 does not fit in int32"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+
+#include "support/expect_error.h"
 #include "support/op_test_support.h"
 #include "transmuter/dtype.h"
 #include "transmuter/error.h"
@@ -132,6 +136,58 @@ TEST(EyeLike, DiagonalOffsetAndDtype) {
   EXPECT_EQ(out.dtype(), mx::int32);
   EXPECT_EQ(to_ints(out), (std::vector<int64_t>{0, 1, 0, 0, 0, 1}));
   EXPECT_EQ(run_op("EyeLike", 22, {mx::zeros({2, 2}, mx::float16)})[0].tensor().dtype(), mx::float16);
+}
+
+// --- Bad values (docs/architecture.md, "Bad values") ------------------------------------
+
+TEST(ConstantOfShape, ShapesThatWrapOrLeaveInt32AreErrors) {
+  // 65536^4 wraps to 0 elements in 64 bits.
+  const int64_t d = 65536;
+  EXPECT_EQ(testing::error_of<OpError>([&] { run_op("ConstantOfShape", 9, {i64({d, d, d, d})}); }),
+            "[ConstantOfShape v9] node 'test_ConstantOfShape': shape [65536, 65536, 65536, 65536] has more "
+            "elements than int64 can count in bytes");
+  EXPECT_EQ(
+      testing::error_of<OpError>([] { run_op("ConstantOfShape", 9, {i64({(int64_t{1} << 32) + 1})}); }),
+      "[ConstantOfShape v9] node 'test_ConstantOfShape': dimension 4294967297 is negative or exceeds int32");
+  EXPECT_NE(testing::error_of<OpError>([] {
+              run_compiled("ConstantOfShape", 9, {i64({-1})}, {});
+            }).find("dimension -1 is negative"),
+            std::string::npos);
+}
+
+TEST(Range, HugeOrInfiniteCountsAreErrors) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto i64s = [](int64_t v) { return mx::array(v, mx::int64); };
+  EXPECT_NE(testing::error_of<OpError>([&] {
+              run_op("Range", 11, {i64s(0), i64s(kMax), i64s(1)});
+            }).find("[Range v11] node 'test_Range': would produce more than 2^31 - 1 elements"),
+            std::string::npos);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_NE(testing::error_of<OpError>([&] {
+              run_op("Range", 11, {mx::array(0.f), mx::array(inf), mx::array(1.f)});
+            }).find("would produce inf elements"),
+            std::string::npos);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(run_op("Range", 11, {mx::array(0.f), mx::array(nan), mx::array(1.f)}), OpError);
+}
+
+TEST(Range, ExtremeInt64BoundsStayExact) {
+  // limit - start = 2^64 - 1 does not fit int64; the count is 3 and each
+  // element fits even where i * delta does not.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  mx::array out =
+      run_op("Range", 11,
+             {mx::array(kMin, mx::int64), mx::array(kMax, mx::int64), mx::array(kMax, mx::int64)})[0]
+          .tensor();
+  EXPECT_EQ(to_ints(out), (std::vector<int64_t>{kMin, -1, kMax - 1}));
+}
+
+TEST(EyeLike, DiagonalsBeyondTheMatrixGiveZeros) {
+  for (int64_t k :
+       {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), int64_t{1} << 32}) {
+    mx::array out = run_op("EyeLike", 9, {mx::zeros({2, 3})}, {int_attr("k", k)})[0].tensor();
+    EXPECT_EQ(to_doubles(out), std::vector<double>(6, 0)) << k;
+  }
 }
 
 }  // namespace

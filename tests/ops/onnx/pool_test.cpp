@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
 
@@ -147,6 +148,27 @@ TEST(GlobalPool, AverageAndMaxKeepSpatialAxes) {
   EXPECT_EQ(avg[0].tensor().shape(), (mx::Shape{1, 1, 1, 1}));
   expect_near(to_doubles(avg[0].tensor()), {5});
   EXPECT_EQ(to_doubles(max[0].tensor()), (std::vector<double>{9}));
+}
+
+TEST(MaxPool, HugeWindowsAreErrorsNotHangsOrTruncations) {
+  const mx::array x = mx::zeros({1, 1, 4});
+  EXPECT_EQ(testing::error_of<OpError>(
+                [&] { run_op("MaxPool", 12, {x}, {ints_attr("kernel_shape", {(int64_t{1} << 32) + 2})}); }),
+            "[MaxPool v1] node 'test_MaxPool': kernel_shape value 4294967298 does not fit in int32");
+  // One slice per window element: 2^20 would not finish.
+  EXPECT_EQ(testing::error_of<OpError>([&] {
+              run_op("MaxPool", 12, {x},
+                     {ints_attr("kernel_shape", {int64_t{1} << 20}), ints_attr("pads", {0, 1 << 20})});
+            }),
+            "[MaxPool v1] node 'test_MaxPool': a window of 1048576 elements exceeds the 65536 supported");
+  // Three output dims of 2^31 - 1 each: the host tables' size would wrap.
+  const int64_t b = int64_t{1} << 30, e = b - 2;
+  std::string message = testing::error_of<OpError>([&] {
+    run_op("MaxPool", 12, {mx::zeros({1, 1, 1, 1, 1})},
+           {ints_attr("kernel_shape", {1, 1, 1}), ints_attr("pads", {b, b, b, e, e, e})});
+  });
+  EXPECT_NE(message.find("output size"), std::string::npos) << message;
+  EXPECT_NE(message.find("overflows int64"), std::string::npos) << message;
 }
 
 }  // namespace

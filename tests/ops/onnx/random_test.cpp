@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "support/op_test_support.h"
 #include "transmuter/dtype.h"
 #include "transmuter/error.h"
@@ -138,6 +139,14 @@ TEST(RandomGenerators, RandomNormalNeedsAShape) {
     EXPECT_NE(std::string(e.what()).find("required attribute 'shape' is missing"), std::string::npos)
         << e.what();
   }
+}
+
+TEST(RandomGenerators, MultinomialSampleSizeBeyondInt32IsAnError) {
+  std::string message = testing::error_of<OpError>([] {
+    run_op("Multinomial", 7, {mx::zeros({1, 2})}, {int_attr("sample_size", (int64_t{1} << 32) + 1)});
+  });
+  EXPECT_EQ(message,
+            "[Multinomial v7] node 'test_Multinomial': sample_size 4294967297 does not fit in int32");
 }
 
 }  // namespace

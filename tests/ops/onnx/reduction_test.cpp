@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
 
@@ -183,6 +184,12 @@ TEST(TopK, KIsAnAttributeBeforeV10) {
 
 TEST(TopK, KLargerThanTheAxisIsAnError) {
   EXPECT_THROW(run_op("TopK", 11, {mx::array({1.f, 2.f}), axes({3})}, {}, 2), OpError);
+}
+
+TEST(TopK, KBeyondInt32NamesTheValue) {
+  std::string message = testing::error_of<OpError>(
+      [] { run_op("TopK", 11, {mx::array({1.f, 2.f}), axes({int64_t{1} << 40})}, {}, 2); });
+  EXPECT_EQ(message, "[TopK v11] node 'test_TopK': k = 1099511627776 is out of range for axis 0 of size 2");
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "support/expect_error.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
 
@@ -233,6 +235,99 @@ TEST(ShapeCompiled, TracedHostInputIsAnOpError) {
   // A shape computed from traced data cannot be read while tracing; the
   // runtime turns such a node into a graph break instead.
   EXPECT_THROW(run_compiled("Reshape", 14, {iota({2, 3}), i64({3, 2})}, {0, 1}), OpError);
+}
+
+// --- Bad values: int64 shape math never wraps (docs/architecture.md, "Bad values") ------
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+constexpr int64_t k2To32 = int64_t{1} << 32;
+
+std::string op_error(const std::string& op, int opset, const std::vector<Value>& inputs,
+                     const std::vector<Attribute>& attributes = {}, int num_outputs = 1) {
+  return testing::error_of<OpError>([&] { run_op(op, opset, inputs, attributes, num_outputs); });
+}
+
+TEST(ShapeBadValues, DepthToSpaceHugeBlocksizeIsAnErrorNotSigfpe) {
+  // 65536^2 is 0 in int32: the divisibility check used to divide by it.
+  EXPECT_EQ(
+      op_error("DepthToSpace", 13, {mx::zeros({1, 4, 1, 1})}, {int_attr("blocksize", 65536)}),
+      "[DepthToSpace v1] node 'test_DepthToSpace': channels 4 not divisible by blocksize^2 = 4294967296");
+  EXPECT_EQ(op_error("DepthToSpace", 13, {mx::zeros({1, 4, 1, 1})}, {int_attr("blocksize", kMax)}),
+            "[DepthToSpace v1] node 'test_DepthToSpace': blocksize 9223372036854775807 is invalid");
+  // c * b * b = 2^32 output channels (the input is a lazy broadcast, never allocated).
+  mx::array wide = mx::broadcast_to(mx::zeros({1, 1, 1, 1}), {1, 1, 65536, 65536});
+  EXPECT_EQ(op_error("SpaceToDepth", 13, {wide}, {int_attr("blocksize", 65536)}),
+            "[SpaceToDepth v1] node 'test_SpaceToDepth': output channels 4294967296 does not fit in int32");
+}
+
+TEST(ShapeBadValues, PadBeyondInt32IsAnErrorNotTruncated) {
+  // 2^32 + 1 used to become 1.
+  EXPECT_EQ(op_error("Pad", 13, {iota({2}), i64({k2To32 + 1, 0})}),
+            "[Pad v11] node 'test_Pad': padded size of axis 0 4294967299 does not fit in int32");
+  EXPECT_NE(op_error("Pad", 13, {iota({2}), i64({kMax, kMax})}).find("overflows int64"), std::string::npos);
+  EXPECT_EQ(
+      op_error("Pad", 13, {iota({2}), i64({kMin, 0})}),
+      "[Pad v11] node 'test_Pad': pads -9223372036854775808, 0 remove more than axis 0 of size 2 holds");
+  EXPECT_NE(op_error("Pad", 13, {iota({2}), i64({-1, -2})}).find("remove more than axis 0"),
+            std::string::npos);
+  EXPECT_EQ(out0(run_op("Pad", 13, {iota({2}), i64({-1, -1})})).shape(), (mx::Shape{0}));
+  EXPECT_NE(
+      op_error("Pad", 2, {iota({2})}, {ints_attr("pads", {k2To32 + 1, 0})}).find("does not fit in int32"),
+      std::string::npos);
+}
+
+TEST(ShapeBadValues, TileRepeatsBeyondInt32) {
+  EXPECT_EQ(op_error("Tile", 13, {iota({2}), i64({int64_t{1} << 31})}),
+            "[Tile v6] node 'test_Tile': tiled dim 4294967296 does not fit in int32");
+  EXPECT_EQ(op_error("Tile", 13, {iota({2}), i64({int64_t{1} << 62})}),
+            "[Tile v6] node 'test_Tile': tiled dim 2 * 4611686018427387904 overflows int64");
+  EXPECT_NE(op_error("Tile", 1, {iota({2}), i64({k2To32}), i64({0})}).find("does not fit in int32"),
+            std::string::npos);
+}
+
+TEST(ShapeBadValues, ReshapeDimsOutsideInt32AndWrappingProducts) {
+  // 65536^4 wraps to 0 in int64, which matched an empty input.
+  const int64_t d = 65536;
+  EXPECT_EQ(op_error("Reshape", 14, {mx::zeros({0}), i64({d, d, d, d, 0})}, {int_attr("allowzero", 1)}),
+            "[Reshape v5] node 'test_Reshape': shape product 281474976710656 * 65536 overflows int64");
+  EXPECT_EQ(op_error("Reshape", 14, {mx::zeros({0}), i64({k2To32, 0})}, {int_attr("allowzero", 1)}),
+            "[Reshape v5] node 'test_Reshape': dimension 4294967296 is negative or exceeds int32");
+  EXPECT_NE(op_error("Reshape", 14, {mx::zeros({2}), i64({-1, k2To32})}).find("cannot infer"),
+            std::string::npos);
+}
+
+TEST(ShapeBadValues, SplitSizesThatWrapAroundAreAnError) {
+  // kMax + kMax + 4 wraps to 2, the axis size.
+  EXPECT_EQ(
+      op_error("Split", 13, {iota({2}), i64({kMax, kMax, 4})}, {}, 3),
+      "[Split v13] node 'test_Split': split size 9223372036854775807 is out of range for axis 0 of size 2");
+  EXPECT_NE(op_error("Split", 13, {iota({2}), i64({-1, 3})}, {}, 2).find("split size -1"), std::string::npos);
+}
+
+TEST(ShapeBadValues, ExpandBeyondInt32OrTheRankLimit) {
+  EXPECT_EQ(op_error("Expand", 13, {iota({1}), i64({k2To32 + 1})}),
+            "[Expand v8] node 'test_Expand': dimension 4294967297 is negative or exceeds int32");
+  const int64_t d = 65536;
+  EXPECT_EQ(
+      op_error("Expand", 13, {iota({1}), i64({d, d, d, d})}),
+      "[Expand v8] node 'test_Expand': shape [65536, 65536, 65536, 65536] has more elements than int64 can "
+      "count in bytes");
+  EXPECT_EQ(op_error("Expand", 13, {iota({1}), i64(std::vector<int64_t>(65, 1))}),
+            "[Expand v8] node 'test_Expand': shape has 65 dims, more than 64");
+  EXPECT_EQ(out0(run_op("Expand", 13, {iota({1}), i64(std::vector<int64_t>(64, 1))})).ndim(), 64u);
+}
+
+TEST(ShapeBadValues, UnsqueezeBeyondTheRankLimit) {
+  EXPECT_EQ(op_error("Unsqueeze", 13, {iota({1}), i64(std::vector<int64_t>(64, 0))}),
+            "[Unsqueeze v13] node 'test_Unsqueeze': 64 axes would give rank 65, more than 64");
+}
+
+TEST(ShapeBadValues, CheckedUnderCompileToo) {
+  // Host inputs are captured constants under compile: the same checks apply.
+  std::string message =
+      testing::error_of<OpError>([] { run_compiled("Pad", 13, {iota({2}), i64({k2To32 + 1, 0})}, {0}); });
+  EXPECT_NE(message.find("[Pad v11] node 'test_Pad': padded size of axis 0"), std::string::npos) << message;
 }
 
 }  // namespace
