@@ -351,6 +351,29 @@ int64_t pad_source_index(const std::string& mode, int64_t j, int64_t begin, int6
   return m < n ? m : period - m;
 }
 
+// mx::pad with a differentiable pad value. MLX's Pad primitive has a vjp for
+// the padded array only (asking for the value's crashes), so the cotangent of
+// both is given here: the inner block for x, the sum over the border for value.
+mx::array constant_pad(const mx::array& x, const std::vector<int>& axes, const mx::Shape& low,
+                       const mx::Shape& high, const mx::array& value, mx::StreamOrDevice s) {
+  auto pad = [=](const mx::array& a, const mx::array& v) { return mx::pad(a, axes, low, high, v, "constant", s); };
+  auto padded = mx::custom_vjp(
+      [=](const std::vector<mx::array>& in) { return std::vector<mx::array>{pad(in[0], in[1])}; },
+      [=](const std::vector<mx::array>& in, const std::vector<mx::array>& cotangents, const std::vector<mx::array>&) {
+        const mx::array& c = cotangents[0];
+        mx::Shape start(in[0].ndim(), 0);
+        mx::Shape stop = c.shape();
+        for (size_t k = 0; k < axes.size(); ++k) {
+          start[axes[k]] = low[k];
+          stop[axes[k]] = low[k] + in[0].shape(axes[k]);
+        }
+        mx::array border = pad(mx::zeros(in[0].shape(), c.dtype(), s), mx::array(1, c.dtype()));
+        mx::array value_cotangent = mx::reshape(mx::sum(mx::multiply(c, border, s), s), in[1].shape(), s);
+        return std::vector<mx::array>{mx::slice(c, start, stop, s), value_cotangent};
+      });
+  return padded({x, value})[0];
+}
+
 // Negative pads crop (ONNX allows them); positive ones grow the axis.
 mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<AxisPad>& pads,
                      const std::string& mode, const mx::array& value) {
@@ -378,7 +401,7 @@ mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<Axis
   }
   if (axes.empty()) return x;
   if (mode == "constant")
-    return mx::pad(x, axes, low, high, mx::astype(value, x.dtype(), ctx.stream()), "constant", ctx.stream());
+    return constant_pad(x, axes, low, high, mx::astype(value, x.dtype(), ctx.stream()), ctx.stream());
 
   // Non-constant modes gather existing entries: the source index of every
   // output position is known on the host.
