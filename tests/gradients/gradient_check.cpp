@@ -116,8 +116,8 @@ const std::string* find_expected(const std::map<std::string, std::string>& expec
 std::vector<double> host_doubles(const mx::array& a) {
   // contiguous: a gradient can be a broadcast (strides 0), which flatten and
   // astype keep as a view.
-  mx::array f = mx::contiguous(mx::astype(mx::flatten(a, mx::Device::cpu), mx::float64, mx::Device::cpu), false,
-                               mx::Device::cpu);
+  mx::Device cpu = mx::Device::cpu;
+  mx::array f = mx::contiguous(mx::astype(mx::flatten(a, cpu), mx::float64, cpu), false, cpu);
   mx::eval(f);
   return std::vector<double>(f.data<double>(), f.data<double>() + f.size());
 }
@@ -170,7 +170,9 @@ Analysis analyze(const Graph& graph, const Inputs& inputs) {
       return out;
     }
     for (int h : row->host_inputs) {
-      if (h < static_cast<int>(node.inputs.size()) && graph_inputs.count(node.inputs[h])) host_fed.insert(node.inputs[h]);
+      if (h < static_cast<int>(node.inputs.size()) && graph_inputs.count(node.inputs[h])) {
+        host_fed.insert(node.inputs[h]);
+      }
     }
     rows.emplace_back(&node, row);
   }
@@ -189,8 +191,9 @@ Analysis analyze(const Graph& graph, const Inputs& inputs) {
   for (const auto& [node, row] : rows) {
     bool fed = false;
     for (size_t i = 0; i < node->inputs.size(); ++i) {
-      bool host = std::find(row->host_inputs.begin(), row->host_inputs.end(), static_cast<int>(i)) != row->host_inputs.end();
-      fed = fed || (!host && out.carrying.count(node->inputs[i]));
+      const std::vector<int>& host = row->host_inputs;
+      bool read_on_host = std::find(host.begin(), host.end(), static_cast<int>(i)) != host.end();
+      fed = fed || (!read_on_host && out.carrying.count(node->inputs[i]));
     }
     if (!fed) continue;
     if (!row->not_differentiable.empty()) {
@@ -205,7 +208,8 @@ Analysis analyze(const Graph& graph, const Inputs& inputs) {
   for (const ValueInfo& o : graph.outputs) reaches_output = reaches_output || out.carrying.count(o.name);
   if (!reaches_output) {
     out.blocked_by_trait = !blocked.empty();
-    out.skip = blocked.empty() ? "no differentiated input reaches an output" : str("not differentiable (", *blocked.begin(), ")");
+    out.skip = blocked.empty() ? "no differentiated input reaches an output"
+                               : str("not differentiable (", *blocked.begin(), ")");
   }
   return out;
 }
@@ -218,7 +222,7 @@ struct Result {
   Status status = Status::kPassed;
   std::string message;
   int points = 0;
-  int kinks = 0;
+  int kinks = 0;  // points skipped at kinks or in noise
 };
 
 /** The loss pieces w_j y_j of one forward run, and the function behind them. */
@@ -226,7 +230,11 @@ class Loss {
  public:
   Loss(const Model& model, const Inputs& base, std::vector<std::string> wrt, std::vector<size_t> outputs,
        std::optional<CompiledModel> compiled)
-      : model_(model), base_(base), wrt_(std::move(wrt)), outputs_(std::move(outputs)), compiled_(std::move(compiled)) {}
+      : model_(model),
+        base_(base),
+        wrt_(std::move(wrt)),
+        outputs_(std::move(outputs)),
+        compiled_(std::move(compiled)) {}
 
   const std::vector<std::string>& wrt() const { return wrt_; }
 
@@ -315,8 +323,8 @@ bool close(double a, double b, double rtol, double atol) {
 /** One sampled element: the finite difference to compare with, or nullopt at
  * a kink, a discontinuity, where the function is not finite nearby, or where
  * rounding noise swamps the difference. */
-std::optional<Difference> finite_difference(Loss& loss, const std::vector<mx::array>& xs, size_t input, size_t index,
-                                            const std::vector<double>& at_x) {
+std::optional<Difference> finite_difference(Loss& loss, const std::vector<mx::array>& xs, size_t input,
+                                            size_t index, const std::vector<double>& at_x) {
   const mx::array& x = xs[input];
   double xi = host_doubles(mx::slice(mx::flatten(x, mx::Device::cpu), {static_cast<int>(index)},
                                      {static_cast<int>(index) + 1}, mx::Device::cpu))[0];
@@ -399,7 +407,9 @@ Result compare(Loss& loss, const std::vector<mx::array>& xs, const std::vector<m
                            ", finite difference ", p.fd->value, " (noise bound ", p.fd->noise, ")");
     }
   }
-  if (result.points == 0) return {Status::kSkipped, "every sampled point is at a kink or discontinuity, or in rounding noise"};
+  if (result.points == 0) {
+    return {Status::kSkipped, "every sampled point is at a kink or discontinuity, or in rounding noise"};
+  }
   return result;
 }
 
@@ -420,7 +430,8 @@ std::map<std::string, Result> run_case(const fs::path& dir, int samples, bool* b
     fs::path path = set / str("input_", i, ".pb");
     if (!fs::exists(path)) continue;
     Value v = read_value_file(path, graph.inputs[i]);
-    if (!(v.is_none() && graph.inputs[i].kind == ValueInfo::Kind::kOptional)) inputs[graph.inputs[i].name] = v;
+    bool empty_optional = v.is_none() && graph.inputs[i].kind == ValueInfo::Kind::kOptional;
+    if (!empty_optional) inputs[graph.inputs[i].name] = v;
   }
   Analysis analysis = analyze(graph, inputs);
   *blocked_by_trait = analysis.blocked_by_trait;
@@ -457,8 +468,9 @@ std::map<std::string, Result> run_case(const fs::path& dir, int samples, bool* b
 }
 
 struct Counts {
-  int passed = 0, failed = 0, expected_failures = 0, unexpected_passes = 0, skipped = 0, not_differentiable = 0;
-  int points = 0, kinks = 0;
+  int passed = 0, failed = 0, expected_failures = 0, unexpected_passes = 0;
+  int skipped = 0, not_differentiable = 0;
+  int points = 0, kinks = 0;  // compared, and skipped at kinks or in noise
 };
 
 int gradient_check_main(int argc, char** argv) {
@@ -469,7 +481,8 @@ int gradient_check_main(int argc, char** argv) {
     args[key.substr(2)] = argv[i + 1];
   }
   if (!args.count("cases") || !fs::is_directory(args["cases"])) {
-    throw Error("usage: gradient_check --cases DIR [--expected FILE] [--filter REGEX] [--samples N] [--verbose 1]");
+    throw Error(
+        "usage: gradient_check --cases DIR [--expected FILE] [--filter REGEX] [--samples N] [--verbose 1]");
   }
   std::map<std::string, std::string> expected = read_expected(args.count("expected") ? args["expected"] : "");
   std::regex filter(args.count("filter") ? args["filter"] : ".*");
@@ -507,16 +520,22 @@ int gradient_check_main(int argc, char** argv) {
         if (verbose) std::cout << "skip [" << mode << "] " << name << ": " << r.message << "\n";
       } else if (r.status == Status::kFailed && reason) {
         ++c.expected_failures;
-        if (verbose) std::cout << "xfail [" << mode << "] " << name << ": " << *reason << " (" << r.message << ")\n";
+        if (verbose) {
+          std::cout << "xfail [" << mode << "] " << name << ": " << *reason << " (" << r.message << ")\n";
+        }
       } else if (r.status == Status::kFailed) {
         ++c.failed;
         std::cout << "FAIL [" << mode << "] " << name << ": " << r.message << "\n";
       } else if (reason) {
         ++c.unexpected_passes;
-        std::cout << "UNEXPECTED PASS [" << mode << "] " << name << " (remove it from the expected failures)\n";
+        std::cout << "UNEXPECTED PASS [" << mode << "] " << name
+                  << " (remove it from the expected failures)\n";
       } else {
         ++c.passed;
-        if (verbose) std::cout << "ok [" << mode << "] " << name << " (" << r.points << " points, " << r.kinks << " skipped)\n";
+        if (verbose) {
+          std::cout << "ok [" << mode << "] " << name << " (" << r.points << " points, " << r.kinks
+                    << " skipped)\n";
+        }
       }
     }
   }

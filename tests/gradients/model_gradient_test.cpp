@@ -36,8 +36,8 @@ constexpr double kAtol = 1e-4;
 std::vector<double> host_doubles(const mx::array& a) {
   // contiguous: a gradient can be a broadcast (strides 0), which flatten and
   // astype keep as a view.
-  mx::array f = mx::contiguous(mx::astype(mx::flatten(a, mx::Device::cpu), mx::float64, mx::Device::cpu), false,
-                               mx::Device::cpu);
+  mx::Device cpu = mx::Device::cpu;
+  mx::array f = mx::contiguous(mx::astype(mx::flatten(a, cpu), mx::float64, cpu), false, cpu);
   mx::eval(f);
   return std::vector<double>(f.data<double>(), f.data<double>() + f.size());
 }
@@ -160,7 +160,8 @@ TEST_F(BertGradient, EagerAndCompiledMatchFiniteDifferences) {
     for (size_t i = 0; i < names_.size(); ++i) in[names_[i]] = w[i];
     return encoder_.loss(compiled(in).tensor("last_hidden_state"));
   };
-  auto [compiled_value, compiled_grads] = mx::value_and_grad(compiled_loss, all_args(names_.size()))(weights_);
+  auto [compiled_value, compiled_grads] =
+      mx::value_and_grad(compiled_loss, all_args(names_.size()))(weights_);
   EXPECT_EQ(compiled.stats().plans_built, 1u);
   EXPECT_NEAR(compiled_value.item<float>(), loss.item<float>(), 1e-4);
 
@@ -171,8 +172,8 @@ TEST_F(BertGradient, EagerAndCompiledMatchFiniteDifferences) {
   for (size_t t = 0; t < names_.size(); ++t) {
     std::vector<double> g = host_doubles(grads[t]);
     std::vector<double> cg = host_doubles(compiled_grads[t]);
-    size_t largest = std::max_element(g.begin(), g.end(), [](double a, double b) { return std::abs(a) < std::abs(b); }) -
-                     g.begin();
+    auto by_magnitude = [](double a, double b) { return std::abs(a) < std::abs(b); };
+    size_t largest = std::max_element(g.begin(), g.end(), by_magnitude) - g.begin();
     for (size_t index : {largest, static_cast<size_t>(rng() % g.size())}) {
       std::vector<double> w = host_doubles(weights_[t]);
       double h = kStep * std::max(1.0, std::abs(w[index]));
@@ -180,9 +181,8 @@ TEST_F(BertGradient, EagerAndCompiledMatchFiniteDifferences) {
         std::vector<double> moved = w;
         moved[index] += delta;
         std::vector<mx::array> ws = weights_;
-        ws[t] = mx::reshape(mx::astype(mx::array(moved.begin(), {static_cast<int>(moved.size())}, mx::float64),
-                                       weights_[t].dtype(), mx::Device::cpu),
-                            weights_[t].shape(), mx::Device::cpu);
+        mx::array flat(moved.begin(), {static_cast<int>(moved.size())}, mx::float64);
+        ws[t] = mx::reshape(mx::astype(flat, weights_[t].dtype()), weights_[t].shape());
         return static_cast<double>(eager_loss(ws).item<float>());
       };
       double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
