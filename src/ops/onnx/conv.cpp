@@ -165,9 +165,11 @@ mx::array transposed_convolution(const mx::array& x, const mx::array& weight, co
                                  const std::vector<int>& hi, const std::vector<int>& dilations,
                                  const std::vector<int>& strides, int group, mx::StreamOrDevice s) {
   auto direct = [=](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{mx::conv_general(in[0], in[1], {}, lo, hi, dilations, strides, group, true, s)};
+    mx::array y = mx::conv_general(in[0], in[1], {}, lo, hi, dilations, strides, group, true, s);
+    return std::vector<mx::array>{y};
   };
-  if (std::all_of(strides.begin(), strides.end(), [](int v) { return v == 1; })) return direct({x, weight})[0];
+  bool unit_strides = std::all_of(strides.begin(), strides.end(), [](int v) { return v == 1; });
+  if (unit_strides) return direct({x, weight})[0];
   auto dilated = [=](const std::vector<mx::array>& in) {
     mx::array xd = dilate_spatial(in[0], strides, s);
     return std::vector<mx::array>{mx::conv_general(xd, in[1], {}, lo, hi, dilations, {}, group, true, s)};
