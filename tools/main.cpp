@@ -317,15 +317,18 @@ int operators_main() {
                "Generated from the registry by `transmuter operators` (scripts/gen_operator_docs);\n"
                "a test fails when this file is stale. *Host inputs* are read on the host: when one is\n"
                "computed from input data, the op is a graph break under `compile`. *Eager* ops always\n"
-               "run between compiled segments.\n\n"
-               "| Domain | Operator | Versions | Host inputs | Eager | Restrictions |\n"
-               "|---|---|---|---|---|---|\n";
+               "run between compiled segments. *Not differentiable* says why `mx::vjp` gives no gradient\n"
+               "through the op; every other op is differentiable on floating-point data (checked by\n"
+               "tests/gradients/; known gaps in tests/gradients/expected_failures.txt).\n\n"
+               "| Domain | Operator | Versions | Host inputs | Eager | Restrictions | Not differentiable |\n"
+               "|---|---|---|---|---|---|---|\n";
   for (const OperatorInfo& op : supported_operators()) {
     std::string host;
     for (int h : op.host_inputs) host += (host.empty() ? "" : ", ") + std::to_string(h);
     std::string versions = op.open_ended ? str(op.since, "+") : str(op.since, "-", op.until);
     std::cout << "| " << op.domain << " | " << op.op_type << " | " << versions << " | " << host << " | "
-              << (op.eager_only ? "yes" : "") << " | " << op.restrictions << " |\n";
+              << (op.eager_only ? "yes" : "") << " | " << op.restrictions << " | " << op.not_differentiable
+              << " |\n";
   }
   return 0;
 }

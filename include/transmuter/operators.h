@@ -21,6 +21,9 @@ struct OperatorInfo {
   bool eager_only = false;
   /** What the implementation does not cover; empty: the whole spec. */
   std::string restrictions;
+  /** Why no gradient flows through the op (integer outputs, random samples...);
+   * empty: differentiable on floating-point data. */
+  std::string not_differentiable;
 };
 
 /** Every implementation, ordered by domain, op_type, since. */

@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include <mlx/allocator.h>
 #include <mlx/mlx.h>
 
+#include "mlx_bridge/buffers.h"
 #include "transmuter/dtype.h"
 #include "transmuter/error.h"
 
@@ -280,34 +280,8 @@ mx::Shape to_shape(const std::vector<int64_t>& dims) {
   return shape;
 }
 
-// Thrown by OutputBuffer; read_tensor and read_sparse_tensor turn it into a
-// ModelFormatError that names the tensor.
-struct AllocationFailure {
-  size_t nbytes;
-};
-
-// An MLX-owned buffer that the decoders write into.
-class OutputBuffer {
- public:
-  // mx::allocator::malloc does not check (MLX 0.32): the CPU allocator
-  // hands back a null buffer when malloc fails, and writing to it crashes.
-  explicit OutputBuffer(size_t nbytes) : data_(mx::allocator::malloc(nbytes)) {
-    if (nbytes != 0 && data_.buffer().ptr() == nullptr) throw AllocationFailure{nbytes};
-  }
-  template <typename T>
-  T* as() {
-    return static_cast<T*>(data_.buffer().raw_ptr());
-  }
-  mx::array into_array(const mx::Shape& shape, mx::Dtype dtype) {
-    return mx::array(std::move(data_), shape, dtype);
-  }
-
- private:
-  mx::allocator::Data data_;
-};
-
 mx::array copy_bytes(const uint8_t* src, size_t nbytes, const mx::Shape& shape, mx::Dtype dtype) {
-  OutputBuffer out(nbytes);
+  MlxBuffer out(nbytes);
   if (nbytes != 0) std::memcpy(out.as<uint8_t>(), src, nbytes);
   return out.into_array(shape, dtype);
 }
@@ -330,7 +304,7 @@ mx::array decode_float8(std::span<const uint8_t> bytes, OnnxType type, const mx:
   float table[256];
   const ByteDecoder decode = float8_decoder(type);
   for (int b = 0; b < 256; ++b) table[b] = decode(static_cast<uint8_t>(b));
-  OutputBuffer out(bytes.size() * sizeof(float));
+  MlxBuffer out(bytes.size() * sizeof(float));
   float* dst = out.as<float>();
   for (size_t i = 0; i < bytes.size(); ++i) dst[i] = table[bytes[i]];
   return out.into_array(shape, mx::float32);
@@ -345,13 +319,13 @@ mx::array unpack_bits(std::span<const uint8_t> bytes, uint64_t count, OnnxType t
     return static_cast<uint8_t>((bytes[i / per_byte] >> (bits * (i % per_byte))) & mask);
   };
   if (type == OnnxType::kFloat4E2M1) {
-    OutputBuffer out(count * sizeof(float));
+    MlxBuffer out(count * sizeof(float));
     float* dst = out.as<float>();
     for (uint64_t i = 0; i < count; ++i) dst[i] = float4e2m1_to_float(element(i));
     return out.into_array(shape, mx::float32);
   }
   const bool is_signed = type == OnnxType::kInt4 || type == OnnxType::kInt2;
-  OutputBuffer out(count);
+  MlxBuffer out(count);
   uint8_t* dst = out.as<uint8_t>();
   const int shift = 8 - bits;
   for (uint64_t i = 0; i < count; ++i) {
@@ -362,46 +336,11 @@ mx::array unpack_bits(std::span<const uint8_t> bytes, uint64_t count, OnnxType t
   return out.into_array(shape, is_signed ? mx::int8 : mx::uint8);
 }
 
-// True when this MLX build's allocator keeps a size_t header right before
-// the data (Buffer::raw_ptr() == ptr() + sizeof(size_t)): the CPU-only
-// CommonAllocator does. Probed once on a real allocation, not assumed.
-bool allocator_uses_size_header() {
-  static const bool uses_header = [] {
-    mx::allocator::Data probe = mx::allocator::malloc(1);
-    mx::allocator::Buffer buffer = probe.buffer();
-    return buffer.raw_ptr() == static_cast<char*>(buffer.ptr()) + sizeof(size_t);
-  }();
-  return uses_header;
-}
-
 // Wraps `bytes`, which lie in `memory.region` kept alive by `memory.owner`,
-// as an array without a copy; nullopt when that is not possible (no owner,
-// empty, misaligned, or an allocator that cannot wrap foreign memory).
+// as an array without a copy, where MLX allows it (src/mlx_bridge/buffers.h).
 std::optional<mx::array> alias_bytes(std::span<const uint8_t> bytes, const mx::Shape& shape,
                                      mx::Dtype dtype, const OwnedMemory& memory) {
-  if (memory.owner == nullptr || bytes.empty()) return std::nullopt;
-  const auto address = reinterpret_cast<uintptr_t>(bytes.data());
-  if (address % mx::size_of(dtype) != 0) return std::nullopt;
-  auto* data = const_cast<uint8_t*>(bytes.data());
-  std::shared_ptr<const void> keep = memory.owner;  // held until MLX lets go of the memory
-
-  // Backends that can wrap foreign memory (Metal) take it through the
-  // public constructor. Without that, the constructor would copy.
-  mx::allocator::Buffer wrapped = mx::allocator::make_buffer(data, bytes.size());
-  if (wrapped.ptr() != nullptr) {
-    mx::allocator::release(wrapped);
-    return mx::array(data, shape, dtype, [keep](void*) {});
-  }
-  // The CPU allocator cannot wrap memory but reads data at Buffer::ptr() +
-  // sizeof(size_t), so a Buffer starting 8 bytes before `data` aliases it.
-  // Those 8 bytes must be readable: they only feed Allocator::size(), which
-  // MLX consults for donation, and a Data with a deleter is never donated
-  // (array::is_donatable requires is_owned()), nor freed by the allocator.
-  const uint8_t* header = bytes.data() - sizeof(size_t);
-  if (!allocator_uses_size_header() || header < memory.region.data()) return std::nullopt;
-  mx::allocator::Data aliased(mx::allocator::Buffer(const_cast<uint8_t*>(header)),
-                              [keep](mx::allocator::Buffer) {});
-  return mx::array(std::move(aliased), shape, dtype);
+  return alias_memory(bytes, memory.region, memory.owner, shape, dtype);
 }
 
 // Decodes raw little-endian element bytes (raw_data or external data).
@@ -424,7 +363,7 @@ mx::array decode_raw(std::span<const uint8_t> bytes, const char* origin, OnnxTyp
       if (canonical) {
         if (auto aliased = alias_bytes(bytes, shape, info.dtype, memory)) return *aliased;
       }
-      OutputBuffer out(count);
+      MlxBuffer out(count);
       uint8_t* dst = out.as<uint8_t>();
       for (uint64_t i = 0; i < count; ++i) dst[i] = bytes[i] != 0;
       return out.into_array(shape, mx::bool_);
@@ -451,7 +390,7 @@ void check_count(const std::vector<T>& values, uint64_t expected, const char* fi
 // int32; 4-bit and 2-bit elements packed per byte).
 template <typename T>
 mx::array narrow_int32s(const std::vector<int32_t>& values, const mx::Shape& shape, mx::Dtype dtype) {
-  OutputBuffer out(values.size() * sizeof(T));
+  MlxBuffer out(values.size() * sizeof(T));
   T* dst = out.as<T>();
   for (size_t i = 0; i < values.size(); ++i) {
     dst[i] = static_cast<T>(static_cast<uint32_t>(values[i]));
@@ -461,7 +400,7 @@ mx::array narrow_int32s(const std::vector<int32_t>& values, const mx::Shape& sha
 
 template <typename Src, typename Dst>
 mx::array convert_values(const std::vector<Src>& values, const mx::Shape& shape, mx::Dtype dtype) {
-  OutputBuffer out(values.size() * sizeof(Dst));
+  MlxBuffer out(values.size() * sizeof(Dst));
   Dst* dst = out.as<Dst>();
   for (size_t i = 0; i < values.size(); ++i) dst[i] = static_cast<Dst>(values[i]);
   return out.into_array(shape, dtype);
@@ -642,7 +581,7 @@ mx::array densify(const mx::array& values, const std::vector<int64_t>& positions
                   const std::vector<int64_t>& dims, uint64_t dense_count, const MessagePath& path) {
   const size_t itemsize = values.itemsize();
   check_dense_size(dense_count, itemsize, dims, path);
-  OutputBuffer out(dense_count * itemsize);
+  MlxBuffer out(dense_count * itemsize);
   uint8_t* dst = out.as<uint8_t>();
   if (dense_count != 0) std::memset(dst, 0, dense_count * itemsize);
   const mx::array contiguous = mx::contiguous(values);

@@ -44,6 +44,12 @@ struct OpRow {
   // What the implementation does not cover (dtypes, attribute values), for
   // docs/operators.md. Empty: the whole spec of these versions.
   std::string_view restrictions = {};
+  // Why MLX's vjp gives no meaningful gradient through this op (integer or
+  // boolean outputs, random samples, values computed on the host), for
+  // docs/operators.md and the gradient check (tests/gradients/). Empty: every
+  // floating-point output is differentiable with respect to every
+  // floating-point input (almost everywhere).
+  std::string_view not_differentiable = {};
   // The outputs depend only on the inputs' shapes (Shape, Size): they are
   // known on the host while tracing, unless an input's shape depends on data.
   bool reads_only_shapes = false;

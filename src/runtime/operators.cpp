@@ -16,6 +16,7 @@ std::vector<OperatorInfo> supported_operators() {
     info.host_inputs = row->host_inputs;
     info.eager_only = row->eager_only;
     info.restrictions = row->restrictions;
+    info.not_differentiable = row->not_differentiable;
     out.push_back(std::move(info));
   }
   return out;

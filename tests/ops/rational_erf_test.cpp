@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include <mlx/primitives.h>
+
 #include "ops/rational_erf.h"
 #include "support/op_test_support.h"
 
@@ -47,6 +49,40 @@ TEST(RationalErf, Float64GoesToMlxErf) {
   mx::array y = rational_erf(mx::array({0.5}, mx::float64), mx::Device::cpu);
   EXPECT_EQ(y.dtype(), mx::float64);
   EXPECT_NEAR(testing::to_doubles(y)[0], std::erf(0.5), 1e-6);
+}
+
+TEST(RationalErf, GradientIsTheAnalyticDerivative) {
+  mx::array x = mx::linspace(-6.0, 6.0, 1201, mx::float32);
+  auto erf = [](const mx::array& v) { return rational_erf(v, mx::Device::cpu); };
+  std::vector<double> xs = testing::to_doubles(x);
+  std::vector<double> g = testing::to_doubles(mx::vjp(erf, x, mx::full({1201}, 0.5f)).second);
+  std::vector<double> t = testing::to_doubles(mx::jvp(erf, x, mx::full({1201}, 2.0f)).second);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    double d = M_2_SQRTPI * std::exp(-xs[i] * xs[i]);
+    EXPECT_NEAR(g[i], 0.5 * d, 1e-7 + 1e-6 * d) << xs[i];
+    EXPECT_NEAR(t[i], 2 * d, 1e-7 + 1e-6 * d) << xs[i];
+  }
+}
+
+TEST(RationalErf, HalfPrecisionAndCompiledGradients) {
+  mx::array x = mx::array({-1.5f, 0.25f, 2.f});
+  auto erf = [](const std::vector<mx::array>& v) { return std::vector<mx::array>{rational_erf(v[0], mx::Device::cpu)}; };
+  std::vector<double> g = testing::to_doubles(mx::vjp(mx::compile(erf), {x}, {mx::ones({3})}).second[0]);
+  std::vector<double> h =
+      testing::to_doubles(mx::vjp(erf, {mx::astype(x, mx::bfloat16)}, {mx::ones({3}, mx::bfloat16)}).second[0]);
+  for (size_t i = 0; i < 3; ++i) {
+    double xi = testing::to_doubles(x)[i];
+    double d = M_2_SQRTPI * std::exp(-xi * xi);
+    EXPECT_NEAR(g[i], d, 1e-6 * d);
+    EXPECT_NEAR(h[i], d, 1e-2);  // bfloat16 cotangent and result
+  }
+}
+
+TEST(RationalErf, GpuStreamsUseStockErf) {
+  // Built on a GPU stream and never evaluated, so it runs without a GPU.
+  const mx::Stream gpu(0, mx::Device::gpu);
+  EXPECT_EQ(std::string(rational_erf(mx::zeros({3}), gpu).primitive().name()), "Erf");
+  EXPECT_NE(std::string(rational_erf(mx::zeros({3}), mx::Device::cpu).primitive().name()), "Erf");
 }
 
 }  // namespace

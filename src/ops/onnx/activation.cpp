@@ -177,12 +177,14 @@ std::vector<int> normalized_axes(const NodeContext& ctx, const mx::array& x) {
   return axes;
 }
 
-// float32 and half precision (widened once) use the vectorized softmax;
-// float64 keeps MLX's.
+// On the CPU, float32 and half precision (widened once) use the vectorized
+// softmax; float64, and every dtype on a GPU stream, keep MLX's.
 OpOutputs softmax(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   std::vector<int> axes = normalized_axes(ctx, x);
-  if (x.dtype() == mx::float64) return {mx::softmax(x, axes, /*precise=*/true, ctx.stream())};
+  if (x.dtype() == mx::float64 || !on_cpu_stream(ctx.stream())) {
+    return {mx::softmax(x, axes, /*precise=*/true, ctx.stream())};
+  }
   return widened(ctx, [&](const mx::array& v, mx::StreamOrDevice s) { return softmax_float32(v, axes, s); });
 }
 

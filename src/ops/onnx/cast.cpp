@@ -76,7 +76,10 @@ mx::array round_to_minifloat(const mx::array& x, const MiniFloat& format, bool s
   rounded = mx::where(overflow, mx::array(overflow_value), rounded, s);
   if (!format.has_nan) rounded = mx::where(mx::isnan(rounded, s), mx::array(0.0f), rounded, s);
   if (format.unsigned_zero) sign = mx::where(mx::equal(rounded, mx::array(0.0f), s), u32(0), sign, s);
-  return mx::view(mx::bitwise_or(mx::view(rounded, mx::uint32, s), sign, s), mx::float32, s);
+  // Rounding is piecewise constant: its gradient is 0 almost everywhere, and
+  // stop_gradient keeps mx::vjp away from mx::view, which it cannot differentiate.
+  mx::array signed_bits = mx::bitwise_or(mx::view(rounded, mx::uint32, s), sign, s);
+  return mx::stop_gradient(mx::view(signed_bits, mx::float32, s), s);
 }
 
 /** float8e8m0: a bare power of two 2^(e - 127), e in 0..254, 255 is NaN. The
@@ -108,7 +111,8 @@ mx::array round_to_e8m0(const NodeContext& ctx, const mx::array& x, bool saturat
   mx::array value_bits =
       mx::where(mx::equal(exponent, u32(0), s), u32(0x00400000u), mx::left_shift(exponent, u32(23), s), s);
   value_bits = mx::where(mx::equal(exponent, u32(0xFF), s), u32(0x7FC00000u), value_bits, s);
-  return mx::view(value_bits, mx::float32, s);
+  // Piecewise constant like round_to_minifloat: gradient 0 (and no vjp of mx::view).
+  return mx::stop_gradient(mx::view(value_bits, mx::float32, s), s);
 }
 
 // --- narrow integer targets --------------------------------------------------------

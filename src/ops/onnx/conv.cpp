@@ -5,8 +5,10 @@
 // ONNX is channels-first (x: [N, C, D1, ...], Conv weight: [M, C/group, k1, ...]);
 // MLX is channels-last (x: [N, D1, ..., C], weight: [M, k1, ..., C/group]), so
 // each op transposes in and out; MLX fuses or elides the copies where it can.
+#include <algorithm>
 #include <numeric>
 #include <stdexcept>
+#include <vector>
 
 #include <mlx/mlx.h>
 
@@ -142,6 +144,52 @@ TransposedPads transposed_pads(const NodeContext& ctx, const ConvPoolAttributes&
 // flipped kernel, padded by extent - 1 on both sides to get the full output,
 // then cropped by the pads (or zero-extended where pads are negative).
 // W: [C, M/group, k...] -> MLX [M, k..., C/group].
+// x: [N, D..., C] with stride-1 zeros inserted between neighbours along each
+// spatial axis D_i: length (D_i - 1) * stride + 1, as input dilation does.
+mx::array dilate_spatial(const mx::array& x, const std::vector<int>& strides, mx::StreamOrDevice s) {
+  mx::array out = x;
+  for (size_t i = 0; i < strides.size(); ++i) {
+    const int axis = static_cast<int>(i) + 1, stride = strides[i], n = out.shape(axis);
+    if (stride == 1 || n == 0) continue;
+    mx::array spread = mx::pad(mx::expand_dims(out, axis + 1, s), {axis + 1}, {0}, {stride - 1},
+                               mx::array(0, x.dtype()), "constant", s);
+    mx::Shape shape = out.shape();
+    shape[axis] = n * stride;
+    mx::Shape start(out.ndim(), 0);
+    mx::Shape stop = shape;
+    stop[axis] = (n - 1) * stride + 1;
+    out = mx::slice(mx::reshape(spread, shape, s), start, stop, s);
+  }
+  return out;
+}
+
+// The transposed convolution as MLX computes it: a flipped convolution of the
+// input dilated by the strides. MLX's vjp of an input-dilated convolution
+// returns an input gradient of the wrong shape when the padding runs past the
+// last input (strides > 1 with output_padding or small pads), so with strides
+// > 1 the gradient is taken from the same convolution on an explicitly dilated
+// input; the forward pass keeps the input dilation.
+mx::array transposed_convolution(const mx::array& x, const mx::array& weight, const std::vector<int>& lo,
+                                 const std::vector<int>& hi, const std::vector<int>& dilations,
+                                 const std::vector<int>& strides, int group, mx::StreamOrDevice s) {
+  auto direct = [=](const std::vector<mx::array>& in) {
+    mx::array y = mx::conv_general(in[0], in[1], {}, lo, hi, dilations, strides, group, true, s);
+    return std::vector<mx::array>{y};
+  };
+  bool unit_strides = std::all_of(strides.begin(), strides.end(), [](int v) { return v == 1; });
+  if (unit_strides) return direct({x, weight})[0];
+  auto dilated = [=](const std::vector<mx::array>& in) {
+    mx::array xd = dilate_spatial(in[0], strides, s);
+    return std::vector<mx::array>{mx::conv_general(xd, in[1], {}, lo, hi, dilations, {}, group, true, s)};
+  };
+  auto conv = mx::custom_vjp(direct, [dilated](const std::vector<mx::array>& primals,
+                                               const std::vector<mx::array>& cotangents,
+                                               const std::vector<mx::array>&) {
+    return mx::vjp(dilated, primals, cotangents).second;
+  });
+  return conv({x, weight})[0];
+}
+
 OpOutputs conv_transpose(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array& x = ctx.input(0);
@@ -184,9 +232,8 @@ OpOutputs conv_transpose(NodeContext& ctx) {
   }
   mx::array y = [&] {
     try {
-      return mx::conv_general(channels_last(x, s), weight, {}, lo, hi,
-                              to_ints(ctx, attrs.dilations, "dilation"),
-                              to_ints(ctx, attrs.strides, "stride"), group, true, s);
+      return transposed_convolution(channels_last(x, s), weight, lo, hi, to_ints(ctx, attrs.dilations, "dilation"),
+                                    to_ints(ctx, attrs.strides, "stride"), group, s);
     } catch (const std::invalid_argument& e) {
       throw ctx.error(e.what());
     }

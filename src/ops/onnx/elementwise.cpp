@@ -256,6 +256,8 @@ OpOutputs identity_op(NodeContext& ctx) { return {ctx.value(0)}; }
 }  // namespace
 
 void register_elementwise(OpRegistry& r) {
+  constexpr std::string_view kBooleanOutput = "boolean output";
+  constexpr std::string_view kIntegerOnly = "integer types only";
   r.add({
       // Binary arithmetic: opset < 7 has the broadcast/axis attributes.
       {"Add", kOnnx, 1, 6, binary<mx::add>},
@@ -272,24 +274,24 @@ void register_elementwise(OpRegistry& r) {
       {"Mod", kOnnx, 10, 27, mod_op},
       {"Mod", kOnnx, 28, kOpen, mod_op},
       // BitShift 28 defines out-of-range shift amounts.
-      {"BitShift", kOnnx, 11, 27, bitshift_op},
-      {"BitShift", kOnnx, 28, kOpen, bitshift_op},
+      {"BitShift", kOnnx, 11, 27, bitshift_op, {}, false, {}, kIntegerOnly},
+      {"BitShift", kOnnx, 28, kOpen, bitshift_op, {}, false, {}, kIntegerOnly},
       // Comparison and logic.
-      {"Equal", kOnnx, 1, 6, equal_op},
-      {"Equal", kOnnx, 7, kOpen, equal_op},
-      {"Less", kOnnx, 1, 6, binary<mx::less>},
-      {"Less", kOnnx, 7, kOpen, binary<mx::less>},
-      {"Greater", kOnnx, 1, 6, binary<mx::greater>},
-      {"Greater", kOnnx, 7, kOpen, binary<mx::greater>},
-      {"LessOrEqual", kOnnx, 12, kOpen, binary<mx::less_equal>},
-      {"GreaterOrEqual", kOnnx, 12, kOpen, binary<mx::greater_equal>},
-      {"And", kOnnx, 1, 6, binary<mx::logical_and>},
-      {"And", kOnnx, 7, kOpen, binary<mx::logical_and>},
-      {"Or", kOnnx, 1, 6, binary<mx::logical_or>},
-      {"Or", kOnnx, 7, kOpen, binary<mx::logical_or>},
-      {"Xor", kOnnx, 1, 6, binary<mx::logical_xor>},
-      {"Xor", kOnnx, 7, kOpen, binary<mx::logical_xor>},
-      {"Not", kOnnx, 1, kOpen, unary<mx::logical_not>},
+      {"Equal", kOnnx, 1, 6, equal_op, {}, false, {}, kBooleanOutput},
+      {"Equal", kOnnx, 7, kOpen, equal_op, {}, false, {}, kBooleanOutput},
+      {"Less", kOnnx, 1, 6, binary<mx::less>, {}, false, {}, kBooleanOutput},
+      {"Less", kOnnx, 7, kOpen, binary<mx::less>, {}, false, {}, kBooleanOutput},
+      {"Greater", kOnnx, 1, 6, binary<mx::greater>, {}, false, {}, kBooleanOutput},
+      {"Greater", kOnnx, 7, kOpen, binary<mx::greater>, {}, false, {}, kBooleanOutput},
+      {"LessOrEqual", kOnnx, 12, kOpen, binary<mx::less_equal>, {}, false, {}, kBooleanOutput},
+      {"GreaterOrEqual", kOnnx, 12, kOpen, binary<mx::greater_equal>, {}, false, {}, kBooleanOutput},
+      {"And", kOnnx, 1, 6, binary<mx::logical_and>, {}, false, {}, kBooleanOutput},
+      {"And", kOnnx, 7, kOpen, binary<mx::logical_and>, {}, false, {}, kBooleanOutput},
+      {"Or", kOnnx, 1, 6, binary<mx::logical_or>, {}, false, {}, kBooleanOutput},
+      {"Or", kOnnx, 7, kOpen, binary<mx::logical_or>, {}, false, {}, kBooleanOutput},
+      {"Xor", kOnnx, 1, 6, binary<mx::logical_xor>, {}, false, {}, kBooleanOutput},
+      {"Xor", kOnnx, 7, kOpen, binary<mx::logical_xor>, {}, false, {}, kBooleanOutput},
+      {"Not", kOnnx, 1, kOpen, unary<mx::logical_not>, {}, false, {}, kBooleanOutput},
       {"Where", kOnnx, 9, kOpen,
        [](NodeContext& ctx) -> OpOutputs {
          return {mx::where(ctx.input(0), ctx.input(1), ctx.input(2), ctx.stream())};
@@ -311,8 +313,8 @@ void register_elementwise(OpRegistry& r) {
       // Round half to even, like MLX's round.
       {"Round", kOnnx, 11, kOpen,
        [](NodeContext& ctx) -> OpOutputs { return {mx::round(ctx.input(0), 0, ctx.stream())}; }},
-      {"IsNaN", kOnnx, 9, kOpen, unary<mx::isnan>},
-      {"IsInf", kOnnx, 10, kOpen, isinf_op},
+      {"IsNaN", kOnnx, 9, kOpen, unary<mx::isnan>, {}, false, {}, kBooleanOutput},
+      {"IsInf", kOnnx, 10, kOpen, isinf_op, {}, false, {}, kBooleanOutput},
       {"Clip", kOnnx, 1, 10, clip_v1},
       {"Clip", kOnnx, 11, kOpen, clip_v11},
       // Variadic: 1..N inputs, numpy broadcasting from opset 8 (a superset of

@@ -118,14 +118,15 @@ OpOutputs eye_like(NodeContext& ctx) {
 }  // namespace
 
 void register_generator(OpRegistry& r) {
+  constexpr std::string_view kFromHost = "computed on the host from host inputs";
   r.add({
       // Later versions only add attributes (value_*, sparse_value) and types.
-      {"Constant", kOnnx, 1, kOpen, constant},
-      {"ConstantOfShape", kOnnx, 9, kOpen, constant_of_shape, {0}},
+      {"Constant", kOnnx, 1, kOpen, constant, {}, false, {}, "no inputs: the value is an attribute"},
+      {"ConstantOfShape", kOnnx, 9, kOpen, constant_of_shape, {0}, false, {}, kFromHost},
       // Range 27 adds `stash_type`; computing in 64 bits covers both.
-      {"Range", kOnnx, 11, 26, range, {0, 1, 2}},
-      {"Range", kOnnx, 27, kOpen, range, {0, 1, 2}},
-      {"EyeLike", kOnnx, 9, kOpen, eye_like},
+      {"Range", kOnnx, 11, 26, range, {0, 1, 2}, false, {}, kFromHost},
+      {"Range", kOnnx, 27, kOpen, range, {0, 1, 2}, false, {}, kFromHost},
+      {"EyeLike", kOnnx, 9, kOpen, eye_like, {}, false, {}, "depends only on the input's shape"},
   });
 }
 

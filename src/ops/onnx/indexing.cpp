@@ -520,7 +520,7 @@ void register_indexing(OpRegistry& r) {
       {"ScatterND", kOnnx, 11, kOpen, scatter_nd, {}, false, kNoStrings},
       {"Trilu", kOnnx, 14, kOpen, trilu, {1}, false, kNoStrings},
       {"OneHot", kOnnx, 9, kOpen, one_hot, {1}, false, kNoStrings},
-      {"NonZero", kOnnx, 9, kOpen, non_zero, {}, true, kNoStrings},
+      {"NonZero", kOnnx, 9, kOpen, non_zero, {}, true, kNoStrings, "integer output"},
   });
 }
 

@@ -139,17 +139,18 @@ OpOutputs multinomial(NodeContext& ctx) {
 }  // namespace
 
 void register_random(OpRegistry& r) {
+  constexpr std::string_view kRandom = "random samples";
   r.add({
       {"Dropout", kOnnx, 1, 9, dropout_v1},
       {"Dropout", kOnnx, 10, 11, dropout_v10},
       {"Dropout", kOnnx, 12, kOpen, dropout_v12, {1, 2}},
       // Version 22 of each generator only adds bfloat16.
-      {"RandomNormal", kOnnx, 1, kOpen, random_normal, {}, true},
-      {"RandomUniform", kOnnx, 1, kOpen, random_uniform, {}, true},
-      {"RandomNormalLike", kOnnx, 1, kOpen, random_normal_like, {}, true},
-      {"RandomUniformLike", kOnnx, 1, kOpen, random_uniform_like, {}, true},
-      {"Bernoulli", kOnnx, 15, kOpen, bernoulli, {}, true},
-      {"Multinomial", kOnnx, 7, kOpen, multinomial, {}, true},
+      {"RandomNormal", kOnnx, 1, kOpen, random_normal, {}, true, {}, kRandom},
+      {"RandomUniform", kOnnx, 1, kOpen, random_uniform, {}, true, {}, kRandom},
+      {"RandomNormalLike", kOnnx, 1, kOpen, random_normal_like, {}, true, {}, kRandom},
+      {"RandomUniformLike", kOnnx, 1, kOpen, random_uniform_like, {}, true, {}, kRandom},
+      {"Bernoulli", kOnnx, 15, kOpen, bernoulli, {}, true, {}, kRandom},
+      {"Multinomial", kOnnx, 7, kOpen, multinomial, {}, true, {}, "random samples, integer output"},
   });
 }
 

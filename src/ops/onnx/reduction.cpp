@@ -281,10 +281,10 @@ void register_reduction(OpRegistry& r) {
       {"ReduceSumSquare", kOnnx, 1, 17, reduce<R::kSumSquare, kAttr>},
       {"ReduceSumSquare", kOnnx, 18, kOpen, reduce<R::kSumSquare, kInput>, {1}},
       // ArgMax/ArgMin: v11 negative axis, v12 select_last_index, v13 bfloat16.
-      {"ArgMax", kOnnx, 1, 11, arg_extreme<true>},
-      {"ArgMax", kOnnx, 12, kOpen, arg_extreme<true>},
-      {"ArgMin", kOnnx, 1, 11, arg_extreme<false>},
-      {"ArgMin", kOnnx, 12, kOpen, arg_extreme<false>},
+      {"ArgMax", kOnnx, 1, 11, arg_extreme<true>, {}, false, {}, "integer output"},
+      {"ArgMax", kOnnx, 12, kOpen, arg_extreme<true>, {}, false, {}, "integer output"},
+      {"ArgMin", kOnnx, 1, 11, arg_extreme<false>, {}, false, {}, "integer output"},
+      {"ArgMin", kOnnx, 12, kOpen, arg_extreme<false>, {}, false, {}, "integer output"},
       // CumSum v14 adds float16/bfloat16.
       {"CumSum", kOnnx, 11, kOpen, cumsum, {1}},
       {"TopK", kOnnx, 1, 9, topk<false>},

@@ -368,6 +368,29 @@ int64_t pad_source_index(const std::string& mode, int64_t j, int64_t begin, int6
   return m < n ? m : period - m;
 }
 
+// mx::pad with a differentiable pad value. MLX's Pad primitive has a vjp for
+// the padded array only (asking for the value's crashes), so the cotangent of
+// both is given here: the inner block for x, the sum over the border for value.
+mx::array constant_pad(const mx::array& x, const std::vector<int>& axes, const mx::Shape& low,
+                       const mx::Shape& high, const mx::array& value, mx::StreamOrDevice s) {
+  auto pad = [=](const mx::array& a, const mx::array& v) { return mx::pad(a, axes, low, high, v, "constant", s); };
+  auto padded = mx::custom_vjp(
+      [=](const std::vector<mx::array>& in) { return std::vector<mx::array>{pad(in[0], in[1])}; },
+      [=](const std::vector<mx::array>& in, const std::vector<mx::array>& cotangents, const std::vector<mx::array>&) {
+        const mx::array& c = cotangents[0];
+        mx::Shape start(in[0].ndim(), 0);
+        mx::Shape stop = c.shape();
+        for (size_t k = 0; k < axes.size(); ++k) {
+          start[axes[k]] = low[k];
+          stop[axes[k]] = low[k] + in[0].shape(axes[k]);
+        }
+        mx::array border = pad(mx::zeros(in[0].shape(), c.dtype(), s), mx::array(1, c.dtype()));
+        mx::array value_cotangent = mx::reshape(mx::sum(mx::multiply(c, border, s), s), in[1].shape(), s);
+        return std::vector<mx::array>{mx::slice(c, start, stop, s), value_cotangent};
+      });
+  return padded({x, value})[0];
+}
+
 // Negative pads crop (ONNX allows them); positive ones grow the axis.
 mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<AxisPad>& pads,
                      const std::string& mode, const mx::array& value) {
@@ -404,7 +427,7 @@ mx::array pad_tensor(const NodeContext& ctx, mx::array x, const std::vector<Axis
   }
   if (axes.empty()) return x;
   if (mode == "constant")
-    return mx::pad(x, axes, low, high, mx::astype(value, x.dtype(), ctx.stream()), "constant", ctx.stream());
+    return constant_pad(x, axes, low, high, mx::astype(value, x.dtype(), ctx.stream()), ctx.stream());
 
   // Non-constant modes gather existing entries: the source index of every
   // output position is known on the host.
@@ -526,9 +549,9 @@ void register_shape(OpRegistry& r) {
       {"Split", kOnnx, 13, 17, split_v13, {1}, false, kNoStrings},
       {"Split", kOnnx, 18, kOpen, split_v18, {1}, false, kNoStrings},
       {.op_type = "Shape", .domain = kOnnx, .since = 1, .until = kOpen, .fn = shape,
-       .restrictions = kNoStrings, .reads_only_shapes = true},
+       .restrictions = kNoStrings, .not_differentiable = "integer output", .reads_only_shapes = true},
       {.op_type = "Size", .domain = kOnnx, .since = 1, .until = kOpen, .fn = size,
-       .restrictions = kNoStrings, .reads_only_shapes = true},
+       .restrictions = kNoStrings, .not_differentiable = "integer output", .reads_only_shapes = true},
       {"Expand", kOnnx, 8, kOpen, expand, {1}, false, kNoStrings},
       {"Tile", kOnnx, 1, 5, tile_v1, {1, 2}, false, kNoStrings},
       {"Tile", kOnnx, 6, kOpen, tile_v6, {1}, false, kNoStrings},
