@@ -26,6 +26,7 @@
 #include <mlx/mlx.h>
 
 #include "cli.h"
+#include "expected_failures.h"
 #include "transmuter/transmuter.h"
 
 namespace fs = std::filesystem;
@@ -72,52 +73,6 @@ struct CaseResult {
   Status status;
   std::string message;
 };
-
-// tests/onnx_backend/expected_failures.txt: "[reason]" headers, then one test
-// name per line, optionally followed by "@eager" or "@compiled".
-struct ExpectedFailures {
-  std::map<std::string, std::string> reason_by_key;  // "name" or "name@mode"
-
-  // "name@compiled-traced", then "name@compiled" (both compiled modes), then "name".
-  const std::string* find(const std::string& name, const std::string& mode) const {
-    for (const std::string& key : {name + "@" + mode, name + "@" + mode.substr(0, mode.find('-')), name}) {
-      auto it = reason_by_key.find(key);
-      if (it != reason_by_key.end()) return &it->second;
-    }
-    return nullptr;
-  }
-};
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r");
-  size_t e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-ExpectedFailures read_expected(const std::string& path) {
-  ExpectedFailures out;
-  if (path.empty()) return out;
-  std::ifstream in(path);
-  if (!in) throw Error(str(path, ": cannot open the expected-failures file"));
-  std::string line, reason;
-  int number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    line = trim(line.substr(0, line.find('#')));
-    if (line.empty()) continue;
-    if (line.front() == '[') {
-      if (line.back() != ']') throw Error(str(path, ":", number, ": unterminated [reason]"));
-      reason = line.substr(1, line.size() - 2);
-      continue;
-    }
-    if (reason.empty()) throw Error(str(path, ":", number, ": test '", line, "' listed before any [reason]"));
-    std::string key = line;
-    auto at = line.find(" @");
-    if (at != std::string::npos) key = trim(line.substr(0, at)) + "@" + trim(line.substr(at + 2));
-    if (!out.reason_by_key.emplace(key, reason).second) throw Error(str(path, ":", number, ": '", key, "' listed twice"));
-  }
-  return out;
-}
 
 std::string compare_tensors(const mx::array& actual_in, const mx::array& expected_in, Tolerance tolerance) {
   if (actual_in.dtype() != expected_in.dtype()) {
@@ -304,7 +259,7 @@ int conformance_main(const Args& args) {
   else if (mode_arg == "compiled") modes = {"compiled-static", "compiled-traced"};
   else if (mode_arg == "eager" || mode_arg == "compiled-static" || mode_arg == "compiled-traced") modes = {mode_arg};
   else throw Error(str("--mode expects eager, compiled, compiled-static, compiled-traced or both, got '", mode_arg, "'"));
-  ExpectedFailures expected = read_expected(args.get("expected", ""));
+  ExpectedFailures expected = ExpectedFailures::read(args.get("expected", ""));
   bool verbose = args.get("verbose", "0") != "0";
 
   std::vector<fs::path> dirs;

@@ -50,6 +50,7 @@
 
 #include <mlx/mlx.h>
 
+#include "expected_failures.h"
 #include "graph/graph.h"
 #include "onnx/model_file.h"
 #include "ops/registry.h"
@@ -74,44 +75,6 @@ constexpr double kUlp = 1.0 / (1 << 23);
 constexpr double kScaleAtol = 1e-6;
 
 bool is_checked_float(mx::Dtype t) { return t == mx::float32 || t == mx::float64; }
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r");
-  size_t e = s.find_last_not_of(" \t\r");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-// "[reason]" headers, then one case name per line, optionally "@eager" or
-// "@compiled"; '#' starts a comment.
-std::map<std::string, std::string> read_expected(const std::string& path) {
-  std::map<std::string, std::string> out;
-  if (path.empty()) return out;
-  std::ifstream in(path);
-  if (!in) throw Error(str(path, ": cannot open the expected-failures file"));
-  std::string line, reason;
-  for (int number = 1; std::getline(in, line); ++number) {
-    line = trim(line.substr(0, line.find('#')));
-    if (line.empty()) continue;
-    if (line.front() == '[') {
-      if (line.back() != ']') throw Error(str(path, ":", number, ": unterminated [reason]"));
-      reason = line.substr(1, line.size() - 2);
-      continue;
-    }
-    if (reason.empty()) throw Error(str(path, ":", number, ": case '", line, "' listed before any [reason]"));
-    std::string key = line;
-    auto at = line.find(" @");
-    if (at != std::string::npos) key = trim(line.substr(0, at)) + "@" + trim(line.substr(at + 2));
-    if (!out.emplace(key, reason).second) throw Error(str(path, ":", number, ": '", key, "' listed twice"));
-  }
-  return out;
-}
-
-const std::string* find_expected(const std::map<std::string, std::string>& expected, const std::string& name,
-                                 const std::string& mode) {
-  auto it = expected.find(name + "@" + mode);
-  if (it == expected.end()) it = expected.find(name);
-  return it == expected.end() ? nullptr : &it->second;
-}
 
 std::vector<double> host_doubles(const mx::array& a) {
   // contiguous: a gradient can be a broadcast (strides 0), which flatten and
@@ -484,7 +447,7 @@ int gradient_check_main(int argc, char** argv) {
     throw Error(
         "usage: gradient_check --cases DIR [--expected FILE] [--filter REGEX] [--samples N] [--verbose 1]");
   }
-  std::map<std::string, std::string> expected = read_expected(args.count("expected") ? args["expected"] : "");
+  cli::ExpectedFailures expected = cli::ExpectedFailures::read(args.count("expected") ? args["expected"] : "");
   std::regex filter(args.count("filter") ? args["filter"] : ".*");
   int samples = args.count("samples") ? std::stoi(args["samples"]) : 4;
   bool verbose = args.count("verbose") && args["verbose"] != "0";
@@ -513,7 +476,7 @@ int gradient_check_main(int argc, char** argv) {
       Counts& c = counts[mode];
       c.points += r.points;
       c.kinks += r.kinks;
-      const std::string* reason = find_expected(expected, name, mode);
+      const std::string* reason = expected.find(name, mode);
       if (r.status == Status::kSkipped) {
         ++c.skipped;
         c.not_differentiable += blocked;

@@ -117,7 +117,10 @@ def test_conformance_ends_with_the_count_line(tmp_path):
     (case / "test_data_set_0" / "output_0.pb").write_bytes(numpy_helper.from_array(-x).SerializeToString())
     result = cli("conformance", "--cases", str(tmp_path / "cases"), "--mode", "both")
     assert result.returncode == 0, result.stdout
-    assert result.stdout.strip().splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
+    lines = result.stdout.strip().splitlines()
+    for mode in ("eager", "compiled-static", "compiled-traced"):
+        assert any(line.startswith(f"{mode}: 1 passed, 0 failed") for line in lines), result.stdout
+    assert lines[-1] == "3 passed, 0 failed, 0 skipped"
     # A wrong expected output is a failure and a non-zero exit.
     (case / "test_data_set_0" / "output_0.pb").write_bytes(numpy_helper.from_array(x).SerializeToString())
     result = cli("conformance", "--cases", str(tmp_path / "cases"), "--mode", "eager")
@@ -396,3 +399,48 @@ def test_outputs_beyond_physical_memory_are_refused_before_allocation(tmp_path, 
     result = cli_quick("run", str(model), "--mode", mode, "--output-dir", str(tmp_path / "out"))
     _assert_clear_error(result, "over the memory limit")
     assert f"[{case} v" in result.stderr
+
+
+def _conformance_case(root, name, nodes, inputs, outputs, values_in, values_out):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    case = root / name
+    (case / "test_data_set_0").mkdir(parents=True)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info(*o) for o in outputs])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), case / "model.onnx")
+    for prefix, values in (("input", values_in), ("output", values_out)):
+        for i, v in enumerate(values):
+            (case / "test_data_set_0" / f"{prefix}_{i}.pb").write_bytes(numpy_helper.from_array(v).SerializeToString())
+    return case
+
+
+def test_conformance_uses_the_case_tolerances_from_data_json(tmp_path):
+    from onnx import TensorProto, helper
+
+    x = np.array([1.0, -2.0], dtype=np.float32)
+    case = _conformance_case(tmp_path / "cases", "test_neg_loose", [helper.make_node("Neg", ["x"], ["y"])],
+                             [("x", TensorProto.FLOAT, [2])], [("y", TensorProto.FLOAT, [2])], [x], [-x + 0.25])
+    result = cli("conformance", "--cases", str(tmp_path / "cases"), "--mode", "eager")
+    assert result.stdout.strip().splitlines()[-1] == "0 passed, 1 failed, 0 skipped", result.stdout
+    (case / "data.json").write_text('{"rtol": 0.0, "atol": 0.5}')
+    result = cli("conformance", "--cases", str(tmp_path / "cases"), "--mode", "eager")
+    assert result.stdout.strip().splitlines()[-1] == "1 passed, 0 failed, 0 skipped", result.stdout
+
+
+def test_conformance_traced_mode_runs_host_input_ops_as_graph_breaks(tmp_path):
+    from onnx import TensorProto, helper
+
+    # Reshape's shape comes from a graph input: static in compiled-static, traced (a graph
+    # break) in compiled-traced. Both must match.
+    x = np.arange(6, dtype=np.float32)
+    shape = np.array([2, 3], dtype=np.int64)
+    _conformance_case(tmp_path / "cases", "test_reshape_fed", [helper.make_node("Reshape", ["x", "s"], ["y"])],
+                      [("x", TensorProto.FLOAT, [6]), ("s", TensorProto.INT64, [2])],
+                      [("y", TensorProto.FLOAT, [2, 3])], [x, shape], [x.reshape(2, 3)])
+    result = cli("conformance", "--cases", str(tmp_path / "cases"), "--mode", "compiled")
+    lines = result.stdout.strip().splitlines()
+    assert "compiled-static: 1 passed, 0 failed" in result.stdout, result.stdout
+    assert "compiled-traced: 1 passed, 0 failed" in result.stdout, result.stdout
+    assert lines[-1] == "2 passed, 0 failed, 0 skipped"
