@@ -60,6 +60,11 @@ struct CompileOptions {
   /** As RunOptions::memory_limit; a plan whose tensors exceed it is refused
    * while it is traced. */
   uint64_t memory_limit = 0;
+  /** Float initializers (those no op reads on the host) become arguments of
+   * the compiled functions instead of constants: calls may pass new values
+   * (operator()(params, inputs)) without a new plan, and mx::value_and_grad
+   * differentiates with respect to them (fine-tuning). */
+  bool params_as_arguments = false;
 };
 
 /** Counters of a CompiledModel's plan cache. */
@@ -83,6 +88,10 @@ struct CompileStats {
 class CompiledModel {
  public:
   Outputs operator()(const Inputs& inputs);
+  /** With CompileOptions::params_as_arguments: runs with `params` in place of
+   * the model's float initializers of the same name (same shapes and dtypes;
+   * others keep the model's values). Throws InputError otherwise. */
+  Outputs operator()(const Params& params, const Inputs& inputs);
   /** A snapshot of the counters, summed over all calling threads. */
   CompileStats stats() const;
 
@@ -90,6 +99,8 @@ class CompiledModel {
   explicit CompiledModel(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
  private:
+  Outputs call(const Inputs& inputs, const Params* params);
+
   std::shared_ptr<State> state_;
 };
 

@@ -24,9 +24,13 @@ namespace {
 // owned by one thread's Executor and only ever used on that thread.
 class Plan {
  public:
-  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params)
+  // `traced_params` are initializers passed with each call instead of being
+  // constants of the plan.
+  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params,
+       const std::set<std::string>& traced_params)
       : graph_(graph), layout_(layout), exec_(exec) {
     bind_initializers(*graph_.graph, &params, constants_);
+    for (const std::string& name : traced_params) constants_.erase(name);
     for (const Step& step : layout_.steps) {
       if (step.eager) {
         compiled_.emplace_back();
@@ -37,8 +41,9 @@ class Plan {
     }
   }
 
-  Outputs call(const Inputs& inputs) {
+  Outputs call(const Inputs& inputs, const Params& params) {
     Environment env(&constants_);
+    for (const auto& [name, value] : params) env.set(name, value);
     for (const auto& [name, value] : inputs) env.set(name, value);
     call_env_ = &env;
     for (size_t s = 0; s < layout_.steps.size(); ++s) {
@@ -141,6 +146,7 @@ struct CompiledModel::State {
   Model model;
   CompileOptions options;
   std::set<std::string> static_inputs;
+  std::set<std::string> traced_params;  // empty unless options.params_as_arguments
   SegmentLayout layout;
 
   std::mutex mutex;  // guards executors and stats
@@ -172,7 +178,7 @@ struct CompiledModel::State {
       }
     }
     Execution exec{options.device.value_or(default_device()), options.memory_limit};
-    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params()));
+    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params(), traced_params));
     size_t evicted = 0;
     while (plans.size() > std::max<size_t>(options.cache_size, 1)) {
       plans.pop_back();
@@ -192,12 +198,39 @@ struct CompiledModel::State {
   }
 };
 
-Outputs CompiledModel::operator()(const Inputs& inputs) {
+Outputs CompiledModel::operator()(const Inputs& inputs) { return call(inputs, nullptr); }
+
+Outputs CompiledModel::operator()(const Params& params, const Inputs& inputs) {
+  if (!state_->options.params_as_arguments) {
+    throw InputError("params can be passed to a CompiledModel only when it is compiled with params_as_arguments");
+  }
+  return call(inputs, &params);
+}
+
+Outputs CompiledModel::call(const Inputs& inputs, const Params* params) {
   State& s = *state_;
   validate_inputs(*s.bound().graph, inputs);
+  // The traced params: the caller's, else the model's.
+  Params traced;
+  for (const std::string& name : s.traced_params) {
+    auto given = params != nullptr ? params->find(name) : Params::const_iterator{};
+    const mx::array& value = params != nullptr && given != params->end() ? given->second : s.model.params().at(name);
+    const mx::array& stored = s.model.params().at(name);
+    if (value.shape() != stored.shape() || value.dtype() != stored.dtype()) {
+      throw InputError(str("param '", name, "' must keep its shape and dtype"));
+    }
+    traced.insert_or_assign(name, value);
+  }
+  if (params != nullptr) {
+    for (const auto& [name, value] : *params) {
+      if (!s.traced_params.count(name)) {
+        throw InputError(str("param '", name, "' is not a float initializer of the model that ops read as data"));
+      }
+    }
+  }
   std::string key = signature_of(inputs, s.static_inputs);
   Executor& executor = s.executor_for_this_thread();
-  return s.plan_for(executor, key).call(inputs);
+  return s.plan_for(executor, key).call(inputs, traced);
 }
 
 CompileStats CompiledModel::stats() const {
@@ -217,7 +250,8 @@ CompiledModel compile(const Model& model, const Inputs& example_inputs, const Co
     if (!known) throw InputError(str("static input '", name, "' is not an input of the model"));
     state->static_inputs.insert(name);
   }
-  state->layout = plan_segments(state->bound(), state->static_inputs);
+  if (options.params_as_arguments) state->traced_params = trainable_params(state->bound());
+  state->layout = plan_segments(state->bound(), state->static_inputs, state->traced_params);
   CompiledModel compiled(state);
   if (!example_inputs.empty()) {
     Outputs warm = compiled(example_inputs);

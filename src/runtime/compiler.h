@@ -41,6 +41,12 @@ struct SegmentLayout {
 /** Splits `graph` for the given static inputs (their values are host values).
  * Decides from registry-row traits only (host_inputs, eager_only,
  * reads_only_shapes, makes_non_tensor): it knows no op names. */
-SegmentLayout plan_segments(const BoundGraph& graph, const std::set<std::string>& static_inputs);
+SegmentLayout plan_segments(const BoundGraph& graph, const std::set<std::string>& static_inputs,
+                            const std::set<std::string>& traced_params = {});
+
+/** Float initializers that no op reads on the host: with
+ * CompileOptions::params_as_arguments they are arguments of the compiled
+ * segments (traced), so new values need no new plan and gradients reach them. */
+std::set<std::string> trainable_params(const BoundGraph& graph);
 
 }  // namespace transmuter

@@ -1,8 +1,10 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "ops/registry.h"
+#include <mlx/mlx.h>
+
 #include "graph/subgraphs.h"
+#include "ops/registry.h"
 #include "runtime/compiler.h"
 
 namespace transmuter {
@@ -37,13 +39,33 @@ bool produces_non_tensor(const Node& node, const OpRow* row,
 
 }  // namespace
 
-SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>& static_inputs) {
+std::set<std::string> trainable_params(const BoundGraph& bound) {
+  const Graph& graph = *bound.graph;
+  std::set<std::string> read_on_host;
+  for (size_t i = 0; i < bound.size(); ++i) {
+    const Node& node = bound.node(i);
+    for (int h : bound.rows[i]->host_inputs) {
+      if (h < static_cast<int>(node.inputs.size())) read_on_host.insert(node.inputs[h]);
+    }
+  }
+  std::set<std::string> names;
+  for (const auto& [name, value] : graph.initializers) {
+    if (value.is_tensor() && mx::issubdtype(value.tensor().dtype(), mx::floating) && !read_on_host.count(name)) {
+      names.insert(name);
+    }
+  }
+  return names;
+}
+
+SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>& static_inputs,
+                            const std::set<std::string>& traced_params) {
   const Graph& graph = *bound.graph;
   std::unordered_map<std::string, ValueFlags> flags;
   for (const ValueInfo& in : graph.inputs) {
     bool data = static_inputs.count(in.name) == 0;
     flags[in.name] = {data, false, !is_plain_tensor(in)};
   }
+  for (const std::string& name : traced_params) flags[name] = {true, false, false};
   std::unordered_map<std::string, const ValueInfo*> declared;
   for (const auto* infos : {&graph.value_info, &graph.outputs}) {
     for (const ValueInfo& info : *infos) declared[info.name] = &info;
@@ -126,7 +148,8 @@ SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>
     for (size_t k = step.begin; k < step.end; ++k) {
       for (const std::string& name : reads[k]) {
         if (defined_here.count(name) || seen_inputs.count(name)) continue;
-        if (graph.initializers.count(name)) continue;  // captured as constants
+        // Initializers are captured as constants, unless traced as params.
+        if (graph.initializers.count(name) && !traced_params.count(name)) continue;
         if (flags[name].traced) {
           step.traced_inputs.push_back(name);
           seen_inputs.insert(name);

@@ -84,25 +84,6 @@ std::vector<std::string> float_param_names(const Model& model) {
   return names;
 }
 
-/** The same model with its float initializers turned into graph inputs, so
- * that transmuter::compile traces them (initializers are constants of a
- * compiled plan) and mx::vjp can differentiate with respect to them. */
-Model weights_as_inputs(const std::vector<std::string>& names) {
-  ModelFile file = read_model_file(kModel);
-  for (const std::string& name : names) {
-    const mx::array& w = file.graph->initializers.at(name).tensor();
-    ValueInfo info;
-    info.name = name;
-    info.kind = ValueInfo::Kind::kTensor;
-    info.elem_type = to_onnx_type(w.dtype());
-    info.has_shape = true;
-    for (int d : w.shape()) info.shape.push_back(Dim{d, ""});
-    file.graph->inputs.push_back(info);
-    file.graph->initializers.erase(name);
-  }
-  return make_model(file.graph, kModel, {}, file.ir_version, file.producer_name);
-}
-
 /** Indices 0..n-1 for value_and_grad's argnums. */
 std::vector<int> all_args(size_t n) {
   std::vector<int> all(n);
@@ -153,12 +134,11 @@ TEST_F(BertGradient, EagerAndCompiledMatchFiniteDifferences) {
                                   all_args(names_.size()));
   auto [loss, grads] = eager(weights_);
 
-  Model traced = weights_as_inputs(names_);
-  CompiledModel compiled = compile(traced, {}, {{}, 8, mx::Device::cpu});
+  CompiledModel compiled = compile(model_, {}, {.static_inputs = {}, .device = mx::Device::cpu, .params_as_arguments = true});
   auto compiled_loss = [&](const std::vector<mx::array>& w) {
-    Inputs in = encoder_.inputs;
-    for (size_t i = 0; i < names_.size(); ++i) in[names_[i]] = w[i];
-    return encoder_.loss(compiled(in).tensor("last_hidden_state"));
+    Params params;
+    for (size_t i = 0; i < names_.size(); ++i) params.insert_or_assign(names_[i], w[i]);
+    return encoder_.loss(compiled(params, encoder_.inputs).tensor("last_hidden_state"));
   };
   auto [compiled_value, compiled_grads] =
       mx::value_and_grad(compiled_loss, all_args(names_.size()))(weights_);

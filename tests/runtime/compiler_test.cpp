@@ -126,3 +126,61 @@ TEST(Compile, CastToStringRunsEagerly) {
 
 }  // namespace
 }  // namespace transmuter
+
+namespace transmuter {
+namespace {
+
+// y = x * w + b with float initializers w, b and an int64 shape initializer
+// read on the host (Reshape), which must stay a constant.
+Model affine_model() {
+  return testing::GraphBuilder()
+      .input("x", OnnxType::kFloat, {2, 2})
+      .initializer("w", mx::array({2.f, 3.f}))
+      .initializer("b", mx::array({1.f, 1.f}))
+      .initializer("shape", mx::array({4}, {1}, mx::int64))
+      .node("Mul", {"x", "w"}, {"xw"})
+      .node("Add", {"xw", "b"}, {"z"})
+      .node("Reshape", {"z", "shape"}, {"y"})
+      .output("y")
+      .build();
+}
+
+TEST(CompileParams, NewParamsNeedNoNewPlanAndStayOutOfHostInputs) {
+  Model model = affine_model();
+  CompiledModel compiled =
+      compile(model, {}, {.static_inputs = {}, .device = mx::Device::cpu, .params_as_arguments = true});
+  Inputs in = {{"x", mx::ones({2, 2})}};
+  EXPECT_EQ(testing::to_doubles(compiled(in).tensor("y")), (std::vector<double>{3, 4, 3, 4}));
+  Params params = {{"w", mx::array({10.f, 20.f})}};
+  EXPECT_EQ(testing::to_doubles(compiled(params, in).tensor("y")), (std::vector<double>{11, 21, 11, 21}));
+  EXPECT_EQ(compiled.stats().plans_built, 1u);
+  EXPECT_EQ(compiled.stats().graph_breaks, 0u);  // the int64 shape stays a constant
+}
+
+TEST(CompileParams, GradientsReachParamsThroughCompiledSegments) {
+  Model model = affine_model();
+  CompiledModel compiled =
+      compile(model, {}, {.static_inputs = {}, .device = mx::Device::cpu, .params_as_arguments = true});
+  Inputs in = {{"x", mx::array({1.f, 2.f, 3.f, 4.f}, {2, 2})}};
+  auto loss = [&](const std::vector<mx::array>& wb) {
+    return mx::sum(compiled({{"w", wb[0]}, {"b", wb[1]}}, in).tensor("y"));
+  };
+  auto [value, grads] = mx::value_and_grad(loss, std::vector<int>{0, 1})({mx::array({2.f, 3.f}), mx::array({1.f, 1.f})});
+  // d/dw sum(x * w + b) = column sums of x; d/db = number of rows.
+  EXPECT_EQ(testing::to_doubles(grads[0]), (std::vector<double>{4, 6}));
+  EXPECT_EQ(testing::to_doubles(grads[1]), (std::vector<double>{2, 2}));
+}
+
+TEST(CompileParams, ParamsAreRefusedWithoutTheOptionOrWithAnotherShape) {
+  Model model = affine_model();
+  Inputs in = {{"x", mx::ones({2, 2})}};
+  CompiledModel plain = compile(model, {}, {.static_inputs = {}, .device = mx::Device::cpu});
+  EXPECT_THROW(plain({{"w", mx::array({1.f, 1.f})}}, in), InputError);
+  CompiledModel trainable =
+      compile(model, {}, {.static_inputs = {}, .device = mx::Device::cpu, .params_as_arguments = true});
+  EXPECT_THROW(trainable({{"w", mx::array({1.f, 1.f, 1.f})}}, in), InputError);
+  EXPECT_THROW(trainable({{"shape", mx::array({4}, {1}, mx::int64)}}, in), InputError);
+}
+
+}  // namespace
+}  // namespace transmuter
