@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "core/memory.h"
 #include "ops/registry.h"
 
 namespace transmuter {
@@ -9,6 +10,8 @@ namespace transmuter {
 NodeContext::NodeContext(const Node& node, std::vector<const Value*> inputs, mx::StreamOrDevice stream,
                          const SubgraphRunner* run_subgraph, const OpRow* row)
     : node_(node), inputs_(std::move(inputs)), stream_(stream), run_subgraph_(run_subgraph), row_(row) {}
+
+uint64_t NodeContext::memory_limit() const { return memory_limit_ != 0 ? memory_limit_ : physical_memory_bytes(); }
 
 std::string NodeContext::prefix() const {
   int version = row_ != nullptr ? row_->since : node_.opset;

@@ -79,6 +79,11 @@ class NodeContext {
   /** Runs a subgraph attribute's body. */
   std::vector<Value> run_subgraph(const Graph& body, const std::vector<Value>& inputs) const;
 
+  /** Bytes one tensor (or an MLX working buffer an op can foresee) may take;
+   * the interpreter sets it from Run/CompileOptions::memory_limit. */
+  uint64_t memory_limit() const;
+  void set_memory_limit(uint64_t bytes) { memory_limit_ = bytes; }
+
   /** An OpError whose message starts with `[Op vN] node 'name': `. */
   template <typename... Args>
   OpError error(Args&&... args) const {
@@ -99,6 +104,7 @@ class NodeContext {
   mx::StreamOrDevice stream_;
   const SubgraphRunner* run_subgraph_;
   const OpRow* row_;
+  uint64_t memory_limit_ = 0;  // 0: the machine's physical memory
 };
 
 /** Most dims a shape built from values may have. MLX's CPU backend has no

@@ -1,10 +1,8 @@
 #include "runtime/interpreter.h"
 
 #include <exception>
-#include <limits>
 
-#include <unistd.h>
-
+#include "core/memory.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 #include "transmuter/error.h"
@@ -77,35 +75,17 @@ void check_output_size(const NodeContext& ctx, const std::string& name, const mx
 
 }  // namespace
 
-std::optional<uint64_t> checked_nbytes(const mx::Shape& shape, mx::Dtype dtype) {
-  uint64_t bytes = dtype.size();
-  for (int dim : shape) {
-    if (dim < 0) return std::nullopt;
-    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) return std::nullopt;
-  }
-  return bytes;
-}
-
-uint64_t default_memory_limit() {
-  static const uint64_t limit = [] {
-    long pages = sysconf(_SC_PHYS_PAGES);
-    long page_size = sysconf(_SC_PAGE_SIZE);
-    if (pages <= 0 || page_size <= 0) return std::numeric_limits<uint64_t>::max();
-    return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
-  }();
-  return limit;
-}
-
 void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec) {
   const SubgraphRunner subgraphs = [&graph, &env, &exec](const Graph& body, const std::vector<Value>& inputs) {
     return run_subgraph(graph.subgraph(body), inputs, env, exec);
   };
-  const uint64_t limit = exec.memory_limit != 0 ? exec.memory_limit : default_memory_limit();
+  const uint64_t limit = exec.memory_limit != 0 ? exec.memory_limit : physical_memory_bytes();
   for (size_t n = begin; n < end; ++n) {
     const Node& node = graph.node(n);
     const OpRow* row = graph.rows[n];
     if (row == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
     NodeContext ctx(node, gather_inputs(node, *row, env), exec.device, &subgraphs, row);
+    ctx.set_memory_limit(limit);
     OpOutputs outputs = call_op(*row, ctx);
     if (outputs.size() > node.outputs.size()) outputs.resize(node.outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) {

@@ -54,12 +54,6 @@ void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& e
 std::vector<Value> run_subgraph(const BoundGraph& body, const std::vector<Value>& inputs,
                                 const Environment& outer, const Execution& exec);
 
-/** Bytes a tensor of `shape` and `dtype` needs, or nullopt when the count
- * overflows 64 bits. */
-std::optional<uint64_t> checked_nbytes(const mx::Shape& shape, mx::Dtype dtype);
-
-/** The memory limit when none is configured: the machine's physical memory. */
-uint64_t default_memory_limit();
 
 /** The graph's declared outputs, read from `env`, in declared order. */
 Outputs collect_outputs(const Graph& graph, const Environment& env);

@@ -3,6 +3,7 @@
 #include <mlx/mlx.h>
 
 #include "ops/registry.h"
+#include "core/memory.h"
 #include "runtime/interpreter.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"

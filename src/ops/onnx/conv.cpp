@@ -12,6 +12,7 @@
 
 #include <mlx/mlx.h>
 
+#include "core/memory.h"
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/registry.h"
@@ -71,6 +72,24 @@ ConvPoolAttributes checked_attributes(const NodeContext& ctx, const mx::array& x
   return attrs;
 }
 
+// MLX's CPU convolution unfolds the input (im2col) into a buffer of
+// N * output positions * C * kernel elements that it allocates without
+// checking; a huge kernel over a large input asks for far more than the output
+// itself. Refuse what would not fit the memory limit, before MLX tries.
+void check_unfold_size(const NodeContext& ctx, const mx::array& x, const mx::array& w, const mx::array& y) {
+  // y is channels-last, [N, D1, ..., C_out]; the unfolded input holds
+  // N * D1 * ... rows of C_in * K1 * ... elements.
+  mx::Shape unfolded(y.shape().begin(), y.shape().end() - 1);
+  unfolded.push_back(x.shape(1));
+  for (int d = 2; d < static_cast<int>(w.ndim()); ++d) unfolded.push_back(w.shape(d));
+  std::optional<uint64_t> bytes = checked_nbytes(unfolded, x.dtype());
+  if (!bytes || *bytes > ctx.memory_limit()) {
+    throw ctx.error("the unfolded input of this convolution would need ",
+                    bytes ? std::to_string(*bytes) : std::string("more than 2^64"), " bytes, over the memory limit of ",
+                    ctx.memory_limit(), " bytes");
+  }
+}
+
 // Conv: v11 allows kernel_shape to be omitted and inferred from W; v22 adds
 // bfloat16. Asymmetric pads go straight to conv_general (padding_lo/hi).
 OpOutputs conv(NodeContext& ctx) {
@@ -94,6 +113,7 @@ OpOutputs conv(NodeContext& ctx) {
       throw ctx.error(e.what());
     }
   }();
+  check_unfold_size(ctx, x, w, y);  // y is channels-last: [N, D1..., C_out]
   return {add_bias(ctx, channels_first(y, s), s)};
 }
 

@@ -3,8 +3,10 @@
 #include <limits>
 
 #include "support/expect_error.h"
+#include "support/graph_builder.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
+#include "transmuter/runtime.h"
 
 namespace transmuter {
 namespace {
@@ -164,6 +166,39 @@ TEST(ConvTranspose, OutputShapeAndPaddingBeyondInt32AreErrors) {
                      {ints_attr("output_padding", {std::numeric_limits<int64_t>::min()})});
             }).find("output_padding value -9223372036854775808 does not fit in int32"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace transmuter
+
+namespace transmuter {
+namespace {
+
+// A 32x32 kernel over a 64x64 image: the output is 33x33 floats (4 KiB), the
+// im2col buffer MLX would allocate 33*33*1024 floats (4.4 MB).
+Model big_kernel_conv() {
+  return testing::GraphBuilder()
+      .input("x", OnnxType::kFloat, {1, 1, 64, 64})
+      .initializer("w", mx::ones({1, 1, 32, 32}))
+      .node("Conv", {"x", "w"}, {"y"})
+      .output("y")
+      .build();
+}
+
+TEST(Conv, UnfoldedInputOverTheMemoryLimitIsRefusedBeforeMlxAllocates) {
+  Model model = big_kernel_conv();
+  Inputs in = {{"x", mx::ones({1, 1, 64, 64})}};
+  RunOptions small_limit{.device = mx::Device::cpu, .memory_limit = 1 << 20};
+  std::string message = testing::error_of<OpError>([&] { run(model, model.params(), in, small_limit); });
+  EXPECT_NE(message.find("[Conv v1] node"), std::string::npos) << message;
+  EXPECT_NE(message.find("the unfolded input of this convolution would need 4460544 bytes, over the memory limit "
+                         "of 1048576 bytes"),
+            std::string::npos)
+      << message;
+  // Within the default limit the same model runs: every output is a 32x32 window sum of ones.
+  mx::array y = run(model, model.params(), in, {.device = mx::Device::cpu}).tensor("y");
+  EXPECT_EQ(y.shape(), (mx::Shape{1, 1, 33, 33}));
+  EXPECT_EQ(mx::min(y).item<float>(), 1024.f);
 }
 
 }  // namespace
