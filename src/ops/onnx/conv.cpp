@@ -258,6 +258,7 @@ OpOutputs conv_transpose(NodeContext& ctx) {
       throw ctx.error(e.what());
     }
   }();
+  check_unfold_size(ctx, x, w, y);  // MLX runs it as a convolution over the dilated input
   // Negative padding amounts (pads larger than extent - 1) crop the result.
   crop_stop = y.shape();
   bool crop = false;
