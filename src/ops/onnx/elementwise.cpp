@@ -292,6 +292,10 @@ void register_elementwise(OpRegistry& r) {
       {"Xor", kOnnx, 1, 6, binary<mx::logical_xor>, {}, false, {}, kBooleanOutput},
       {"Xor", kOnnx, 7, kOpen, binary<mx::logical_xor>, {}, false, {}, kBooleanOutput},
       {"Not", kOnnx, 1, kOpen, unary<mx::logical_not>, {}, false, {}, kBooleanOutput},
+      {"BitwiseAnd", kOnnx, 18, kOpen, binary<mx::bitwise_and>, {}, false, {}, kIntegerOnly},
+      {"BitwiseOr", kOnnx, 18, kOpen, binary<mx::bitwise_or>, {}, false, {}, kIntegerOnly},
+      {"BitwiseXor", kOnnx, 18, kOpen, binary<mx::bitwise_xor>, {}, false, {}, kIntegerOnly},
+      {"BitwiseNot", kOnnx, 18, kOpen, unary<mx::bitwise_invert>, {}, false, {}, kIntegerOnly},
       {"Where", kOnnx, 9, kOpen,
        [](NodeContext& ctx) -> OpOutputs {
          return {mx::where(ctx.input(0), ctx.input(1), ctx.input(2), ctx.stream())};
@@ -306,6 +310,16 @@ void register_elementwise(OpRegistry& r) {
       {"Tanh", kOnnx, 1, kOpen, unary<mx::tanh>},
       {"Sin", kOnnx, 7, kOpen, unary<mx::sin>},
       {"Cos", kOnnx, 7, kOpen, unary<mx::cos>},
+      // 22 added bfloat16 to the trig and hyperbolic family: one function serves both versions.
+      {"Tan", kOnnx, 7, kOpen, unary<mx::tan>},
+      {"Asin", kOnnx, 7, kOpen, unary<mx::arcsin>},
+      {"Acos", kOnnx, 7, kOpen, unary<mx::arccos>},
+      {"Atan", kOnnx, 7, kOpen, unary<mx::arctan>},
+      {"Sinh", kOnnx, 9, kOpen, unary<mx::sinh>},
+      {"Cosh", kOnnx, 9, kOpen, unary<mx::cosh>},
+      {"Asinh", kOnnx, 9, kOpen, unary<mx::arcsinh>},
+      {"Acosh", kOnnx, 9, kOpen, unary<mx::arccosh>},
+      {"Atanh", kOnnx, 9, kOpen, unary<mx::arctanh>},
       {"Erf", kOnnx, 9, kOpen, unary<rational_erf>},
       {"Sign", kOnnx, 9, kOpen, unary<mx::sign>},
       {"Floor", kOnnx, 1, kOpen, unary<mx::floor>},

@@ -293,5 +293,38 @@ TEST(Elementwise, CompiledMatchesEager) {
                                 {int_attr("broadcast", 1), int_attr("axis", 0)});
 }
 
+TEST(Elementwise, TrigAndHyperbolicMatchTheCLibrary) {
+  struct Case {
+    const char* op;
+    int opset;
+    double (*reference)(double);
+  };
+  const Case cases[] = {{"Tan", 7, std::tan},     {"Asin", 7, std::asin},   {"Acos", 7, std::acos},
+                        {"Atan", 22, std::atan},  {"Sinh", 9, std::sinh},   {"Cosh", 9, std::cosh},
+                        {"Asinh", 9, std::asinh}, {"Atanh", 22, std::atanh}};
+  const std::vector<float> xs = {-0.9f, -0.3f, 0.0f, 0.4f, 0.8f};
+  for (const Case& c : cases) {
+    std::vector<double> got = to_doubles(run_op(c.op, c.opset, {mx::array(xs.data(), {5})})[0].tensor());
+    for (size_t i = 0; i < xs.size(); ++i) {
+      // float32 results: a few ulps of values below 2 in magnitude.
+      EXPECT_NEAR(got[i], c.reference(xs[i]), 1e-6) << c.op << "(" << xs[i] << ")";
+    }
+  }
+  std::vector<double> acosh = to_doubles(run_op("Acosh", 9, {mx::array({1.0f, 2.0f, 10.0f})})[0].tensor());
+  EXPECT_NEAR(acosh[1], std::acosh(2.0), 1e-6);
+  EXPECT_NEAR(acosh[2], std::acosh(10.0), 1e-5);
+}
+
+TEST(Elementwise, BitwiseOpsOnIntegers) {
+  mx::array a = mx::array({0b1100, -1, 7}, {3}, mx::int32);
+  mx::array b = mx::array({0b1010, 5, 0}, {3}, mx::int32);
+  EXPECT_EQ(to_ints(run_op("BitwiseAnd", 18, {a, b})[0].tensor()), (std::vector<int64_t>{0b1000, 5, 0}));
+  EXPECT_EQ(to_ints(run_op("BitwiseOr", 18, {a, b})[0].tensor()), (std::vector<int64_t>{0b1110, -1, 7}));
+  EXPECT_EQ(to_ints(run_op("BitwiseXor", 18, {a, b})[0].tensor()), (std::vector<int64_t>{0b0110, -6, 7}));
+  EXPECT_EQ(to_ints(run_op("BitwiseNot", 18, {a})[0].tensor()), (std::vector<int64_t>{~0b1100, 0, ~7}));
+  mx::array u = mx::array({0xF0}, {1}, mx::uint8);
+  EXPECT_EQ(to_ints(run_op("BitwiseNot", 18, {u})[0].tensor()), (std::vector<int64_t>{0x0F}));
+}
+
 }  // namespace
 }  // namespace transmuter
