@@ -114,6 +114,26 @@ OpOutputs thresholded_relu(NodeContext& ctx) {
 }
 
 // max(0, x) + min(0, alpha * (exp(x / alpha) - 1))
+// x + bias below -lambd, x - bias above lambd, 0 between (any numeric type).
+OpOutputs shrink(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  auto s = ctx.stream();
+  mx::array lambd = scalar_like(x, ctx.attr_float("lambd", 0.5f));
+  mx::array bias = scalar_like(x, ctx.attr_float("bias", 0.0f));
+  mx::array below = mx::less(x, mx::negative(lambd, s), s);
+  mx::array above = mx::greater(x, lambd, s);
+  mx::array zero = scalar_like(x, 0);
+  return {mx::where(below, mx::add(x, bias, s), mx::where(above, mx::subtract(x, bias, s), zero, s), s)};
+}
+
+// x * sigmoid(alpha * x).
+OpOutputs swish(NodeContext& ctx) {
+  float alpha = ctx.attr_float("alpha", 1.0f);
+  return widened(ctx, [&](const mx::array& x, mx::StreamOrDevice s) {
+    return mx::multiply(x, mx::sigmoid(mx::multiply(scalar_like(x, alpha), x, s), s), s);
+  });
+}
+
 OpOutputs celu(NodeContext& ctx) {
   float alpha_value = ctx.attr_float("alpha", 1.0f);
   return widened(ctx, [&](const mx::array& x, mx::StreamOrDevice s) {
@@ -188,6 +208,27 @@ OpOutputs softmax(NodeContext& ctx) {
   return widened(ctx, [&](const mx::array& v, mx::StreamOrDevice s) { return softmax_float32(v, axes, s); });
 }
 
+// One-hot of the first maximum over the softmax axes (the same 1-12 / 13+
+// split as Softmax).
+OpOutputs hardmax(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  std::vector<int> axes = normalized_axes(ctx, x);
+  auto s = ctx.stream();
+  // Axes are trailing or single: bring them into one last axis.
+  mx::Shape outer(x.shape().begin(), x.shape().begin() + axes.front());
+  int inner = 1;
+  for (int a : axes) inner *= x.shape(a);
+  mx::array moved = axes.size() == 1 ? mx::moveaxis(x, axes.front(), -1, s) : x;
+  mx::Shape rows = axes.size() == 1 ? moved.shape() : outer;
+  if (axes.size() != 1) rows.push_back(inner);
+  mx::array flat = mx::reshape(moved, rows, s);
+  mx::array first_max = mx::argmax(flat, -1, /*keepdims=*/true, s);
+  mx::array positions = mx::arange(inner, mx::uint32, s);
+  mx::array one_hot = mx::astype(mx::equal(positions, first_max, s), x.dtype(), s);
+  if (axes.size() != 1) return {mx::reshape(one_hot, x.shape(), s)};
+  return {mx::moveaxis(one_hot, -1, axes.front(), s)};
+}
+
 OpOutputs log_softmax(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   std::vector<int> axes = normalized_axes(ctx, x);
@@ -218,6 +259,10 @@ void register_activation(OpRegistry& r) {
       {"Gelu", kOnnx, 20, kOpen, gelu},
       {"Softmax", kOnnx, 1, 12, softmax},
       {"Softmax", kOnnx, 13, kOpen, softmax},
+      {"Hardmax", kOnnx, 1, 12, hardmax, {}, false, {}, "piecewise constant: a one-hot of the argmax"},
+      {"Hardmax", kOnnx, 13, kOpen, hardmax, {}, false, {}, "piecewise constant: a one-hot of the argmax"},
+      {"Shrink", kOnnx, 9, kOpen, shrink},
+      {"Swish", kOnnx, 24, kOpen, swish},
       {"LogSoftmax", kOnnx, 1, 12, log_softmax},
       {"LogSoftmax", kOnnx, 13, kOpen, log_softmax},
   });

@@ -177,5 +177,31 @@ TEST(Activation, CompiledMatchesEager) {
   }
 }
 
+TEST(Activation, ShrinkShiftsOutsideLambdAndZeroesInside) {
+  mx::array x = mx::array({-2.0f, -0.5f, 0.0f, 0.3f, 1.5f});
+  auto out = testing::run_op("Shrink", 9, {x}, {testing::float_attr("lambd", 1.0f), testing::float_attr("bias", 0.5f)});
+  EXPECT_EQ(testing::to_doubles(out[0].tensor()), (std::vector<double>{-1.5, 0, 0, 0, 1.0}));
+}
+
+TEST(Activation, HardmaxMarksTheFirstMaximum) {
+  // Ties go to the first maximum; v13 works along one axis.
+  mx::array x = mx::array({1.0f, 3.0f, 3.0f, 0.0f, 5.0f, 2.0f}, {2, 3});
+  auto rows = testing::run_op("Hardmax", 13, {x});
+  EXPECT_EQ(testing::to_doubles(rows[0].tensor()), (std::vector<double>{0, 1, 0, 0, 1, 0}));
+  auto columns = testing::run_op("Hardmax", 13, {x}, {testing::int_attr("axis", 0)});
+  EXPECT_EQ(testing::to_doubles(columns[0].tensor()), (std::vector<double>{1, 0, 1, 0, 1, 0}));
+  // v11 with axis 0 coerces to one row: a single 1 over the whole tensor.
+  auto whole = testing::run_op("Hardmax", 11, {x}, {testing::int_attr("axis", 0)});
+  EXPECT_EQ(testing::to_doubles(whole[0].tensor()), (std::vector<double>{0, 0, 0, 0, 1, 0}));
+}
+
+TEST(Activation, SwishIsXTimesSigmoidOfAlphaX) {
+  mx::array x = mx::array({-1.0f, 0.5f, 2.0f});
+  auto out = testing::run_op("Swish", 24, {x}, {testing::float_attr("alpha", 2.0f)});
+  std::vector<double> got = testing::to_doubles(out[0].tensor());
+  const double xs[] = {-1.0, 0.5, 2.0};
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[i], xs[i] / (1 + std::exp(-2 * xs[i])), 1e-6);
+}
+
 }  // namespace
 }  // namespace transmuter
