@@ -205,13 +205,16 @@ OpOutputs arg_extreme(NodeContext& ctx) {
 
 // --- CumSum ----------------------------------------------------------------------
 
-OpOutputs cumsum(NodeContext& ctx) {
+// CumSum and CumProd: the axis is host input 1; `exclusive` shifts in the
+// identity, `reverse` scans from the end.
+template <mx::array (*Scan)(const mx::array&, int, bool, bool, mx::StreamOrDevice)>
+OpOutputs cumulative(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   auto s = ctx.stream();
   const int axis = ctx.normalize_axis(ctx.host_int(1), static_cast<int>(x.ndim()));
   const bool exclusive = ctx.attr_int("exclusive", 0) != 0;
   const bool reverse = ctx.attr_int("reverse", 0) != 0;
-  return {mx::astype(mx::cumsum(x, axis, reverse, !exclusive, s), x.dtype(), s)};
+  return {mx::astype(Scan(x, axis, reverse, !exclusive, s), x.dtype(), s)};
 }
 
 // --- TopK ------------------------------------------------------------------------
@@ -286,7 +289,8 @@ void register_reduction(OpRegistry& r) {
       {"ArgMin", kOnnx, 1, 11, arg_extreme<false>, {}, false, {}, "integer output"},
       {"ArgMin", kOnnx, 12, kOpen, arg_extreme<false>, {}, false, {}, "integer output"},
       // CumSum v14 adds float16/bfloat16.
-      {"CumSum", kOnnx, 11, kOpen, cumsum, {1}},
+      {"CumSum", kOnnx, 11, kOpen, cumulative<mx::cumsum>, {1}},
+      {"CumProd", kOnnx, 26, kOpen, cumulative<mx::cumprod>, {1}},
       {"TopK", kOnnx, 1, 9, topk<false>},
       {"TopK", kOnnx, 10, 10, topk<true>, {1}},
       {"TopK", kOnnx, 11, kOpen, topk<true>, {1}},  // largest, sorted, negative axis; v24: bfloat16

@@ -192,5 +192,16 @@ TEST(TopK, KBeyondInt32NamesTheValue) {
   EXPECT_EQ(message, "[TopK v11] node 'test_TopK': k = 1099511627776 is out of range for axis 0 of size 2");
 }
 
+TEST(CumProd, ExclusiveAndReverse) {
+  mx::array x = mx::array({1.0f, 2.0f, 3.0f, 4.0f});
+  mx::array axis = testing::i64({0}, {});
+  auto inclusive = testing::run_op("CumProd", 26, {x, axis});
+  EXPECT_EQ(testing::to_doubles(inclusive[0].tensor()), (std::vector<double>{1, 2, 6, 24}));
+  auto exclusive = testing::run_op("CumProd", 26, {x, axis}, {testing::int_attr("exclusive", 1)});
+  EXPECT_EQ(testing::to_doubles(exclusive[0].tensor()), (std::vector<double>{1, 1, 2, 6}));
+  auto reverse = testing::run_op("CumProd", 26, {x, axis}, {testing::int_attr("reverse", 1)});
+  EXPECT_EQ(testing::to_doubles(reverse[0].tensor()), (std::vector<double>{24, 24, 12, 4}));
+}
+
 }  // namespace
 }  // namespace transmuter
