@@ -14,6 +14,17 @@ const BoundGraph& BoundGraph::subgraph(const Graph& body) const {
   return *it->second;
 }
 
+std::set<std::string> host_read_names(const BoundGraph& graph) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < graph.size(); ++i) {
+    const Node& node = graph.node(i);
+    for (int h : graph.rows[i]->host_inputs) {
+      if (h < static_cast<int>(node.inputs.size()) && !node.inputs[h].empty()) names.insert(node.inputs[h]);
+    }
+  }
+  return names;
+}
+
 namespace {
 
 using MissingKey = std::tuple<std::string, std::string, int64_t>;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,6 +25,10 @@ struct BoundGraph {
    * nodes; throws transmuter::Error when it is not one. */
   const BoundGraph& subgraph(const Graph& body) const;
 };
+
+/** Names that some node of `graph` (not its subgraphs) reads on the host:
+ * the inputs at its row's host_inputs positions. */
+std::set<std::string> host_read_names(const BoundGraph& graph);
 
 /** Binds every node of `graph` and its subgraphs to its row in `registry`.
  * Throws UnsupportedError listing every (domain, op_type, opset) without an

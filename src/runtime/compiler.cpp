@@ -24,13 +24,9 @@ namespace {
 // owned by one thread's Executor and only ever used on that thread.
 class Plan {
  public:
-  // `traced_params` are initializers passed with each call instead of being
-  // constants of the plan.
-  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params,
-       const std::set<std::string>& traced_params)
+  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params)
       : graph_(graph), layout_(layout), exec_(exec) {
     bind_initializers(*graph_.graph, &params, constants_);
-    for (const std::string& name : traced_params) constants_.erase(name);
     for (const Step& step : layout_.steps) {
       if (step.eager) {
         compiled_.emplace_back();
@@ -41,9 +37,13 @@ class Plan {
     }
   }
 
-  Outputs call(const Inputs& inputs, const Params& params) {
+  // `params` shadow the initializers of the same name; the layout makes those
+  // traced (arguments of the compiled segments) when they may be replaced.
+  Outputs call(const Inputs& inputs, const Params* params) {
     Environment env(&constants_);
-    for (const auto& [name, value] : params) env.set(name, value);
+    if (params != nullptr) {
+      for (const auto& [name, value] : *params) env.set(name, value);
+    }
     for (const auto& [name, value] : inputs) env.set(name, value);
     call_env_ = &env;
     for (size_t s = 0; s < layout_.steps.size(); ++s) {
@@ -178,7 +178,7 @@ struct CompiledModel::State {
       }
     }
     Execution exec{options.device.value_or(default_device()), options.memory_limit};
-    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params(), traced_params));
+    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params()));
     size_t evicted = 0;
     while (plans.size() > std::max<size_t>(options.cache_size, 1)) {
       plans.pop_back();
@@ -189,6 +189,19 @@ struct CompiledModel::State {
       s.evictions += evicted;
     });
     return *plans.front().second;
+  }
+
+  // Replacements for traced params must keep what the plans were traced for.
+  void check_params(const Params& params) const {
+    for (const auto& [name, value] : params) {
+      if (!traced_params.count(name)) {
+        throw InputError(str("param '", name, "' is not a float initializer of the model that ops read as data"));
+      }
+      const mx::array& stored = model.params().at(name);
+      if (value.shape() != stored.shape() || value.dtype() != stored.dtype()) {
+        throw InputError(str("param '", name, "' must keep its shape and dtype"));
+      }
+    }
   }
 
   template <typename Update>
@@ -210,27 +223,10 @@ Outputs CompiledModel::operator()(const Params& params, const Inputs& inputs) {
 Outputs CompiledModel::call(const Inputs& inputs, const Params* params) {
   State& s = *state_;
   validate_inputs(*s.bound().graph, inputs);
-  // The traced params: the caller's, else the model's.
-  Params traced;
-  for (const std::string& name : s.traced_params) {
-    auto given = params != nullptr ? params->find(name) : Params::const_iterator{};
-    const mx::array& value = params != nullptr && given != params->end() ? given->second : s.model.params().at(name);
-    const mx::array& stored = s.model.params().at(name);
-    if (value.shape() != stored.shape() || value.dtype() != stored.dtype()) {
-      throw InputError(str("param '", name, "' must keep its shape and dtype"));
-    }
-    traced.insert_or_assign(name, value);
-  }
-  if (params != nullptr) {
-    for (const auto& [name, value] : *params) {
-      if (!s.traced_params.count(name)) {
-        throw InputError(str("param '", name, "' is not a float initializer of the model that ops read as data"));
-      }
-    }
-  }
+  if (params != nullptr) s.check_params(*params);
   std::string key = signature_of(inputs, s.static_inputs);
   Executor& executor = s.executor_for_this_thread();
-  return s.plan_for(executor, key).call(inputs, traced);
+  return s.plan_for(executor, key).call(inputs, params);
 }
 
 CompileStats CompiledModel::stats() const {

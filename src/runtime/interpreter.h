@@ -27,8 +27,6 @@ class Environment {
   /** The value bound to `name` here or in an enclosing scope, or nullptr. */
   const Value* find(const std::string& name) const;
   void set(const std::string& name, Value value);
-  /** Removes `name` from this scope (enclosing scopes are untouched). */
-  void erase(const std::string& name) { values_.erase(name); }
 
  private:
   std::unordered_map<std::string, Value> values_;

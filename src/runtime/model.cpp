@@ -1,6 +1,6 @@
 #include <map>
+#include <set>
 
-#include "graph/subgraphs.h"
 #include "runtime/model_state.h"
 #include "transmuter/error.h"
 
@@ -29,17 +29,10 @@ std::map<std::string, size_t> Model::op_histogram() const {
 }
 
 std::vector<std::string> Model::inputs_read_on_host() const {
-  const BoundGraph& bound = *state_->bound;
+  const std::set<std::string> read_on_host = host_read_names(*state_->bound);
   std::vector<std::string> names;
   for (const ValueInfo& input : inputs()) {
-    bool read_on_host = false;
-    for (size_t n = 0; n < bound.size() && !read_on_host; ++n) {
-      const Node& node = bound.node(n);
-      for (int h : bound.rows[n]->host_inputs) {
-        read_on_host |= h < static_cast<int>(node.inputs.size()) && node.inputs[h] == input.name;
-      }
-    }
-    if (read_on_host) names.push_back(input.name);
+    if (read_on_host.count(input.name)) names.push_back(input.name);
   }
   return names;
 }

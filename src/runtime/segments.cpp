@@ -40,16 +40,9 @@ bool produces_non_tensor(const Node& node, const OpRow* row,
 }  // namespace
 
 std::set<std::string> trainable_params(const BoundGraph& bound) {
-  const Graph& graph = *bound.graph;
-  std::set<std::string> read_on_host;
-  for (size_t i = 0; i < bound.size(); ++i) {
-    const Node& node = bound.node(i);
-    for (int h : bound.rows[i]->host_inputs) {
-      if (h < static_cast<int>(node.inputs.size())) read_on_host.insert(node.inputs[h]);
-    }
-  }
+  const std::set<std::string> read_on_host = host_read_names(bound);
   std::set<std::string> names;
-  for (const auto& [name, value] : graph.initializers) {
+  for (const auto& [name, value] : bound.graph->initializers) {
     if (value.is_tensor() && mx::issubdtype(value.tensor().dtype(), mx::floating) && !read_on_host.count(name)) {
       names.insert(name);
     }
