@@ -79,11 +79,17 @@ mx::array merge_heads(const mx::array& x, mx::StreamOrDevice s) {
 // The dtype a softmax_precision attribute names (TensorProto.DataType).
 mx::Dtype precision_dtype(const NodeContext& ctx, int64_t code) {
   switch (code) {
-    case 1: return mx::float32;
-    case 10: return mx::float16;
-    case 11: return mx::float64;
-    case 16: return mx::bfloat16;
-    default: throw ctx.error("softmax_precision ", code, " is not one of 1 (float), 10 (float16), 11 (double), 16 (bfloat16)");
+    case 1:
+      return mx::float32;
+    case 10:
+      return mx::float16;
+    case 11:
+      return mx::float64;
+    case 16:
+      return mx::bfloat16;
+    default:
+      throw ctx.error("softmax_precision ", code,
+                      " is not one of 1 (float), 10 (float16), 11 (double), 16 (bfloat16)");
   }
 }
 
@@ -139,7 +145,8 @@ AttentionInputs attention_inputs(const NodeContext& ctx, const AttentionAttribut
   if (k.dtype() != q.dtype()) throw ctx.error("K has dtype ", k.dtype(), " but Q has ", q.dtype());
   const int rank = rank_of(q);
   if ((rank != 3 && rank != 4) || rank_of(k) != rank || rank_of(v) != rank) {
-    throw ctx.error("Q, K and V must all be 3-D or all 4-D, got ranks ", rank, ", ", rank_of(k), ", ", rank_of(v));
+    throw ctx.error("Q, K and V must all be 3-D or all 4-D, got ranks ", rank, ", ", rank_of(k), ", ",
+                    rank_of(v));
   }
   if (rank == 3) {
     if (a.q_num_heads == 0 || a.kv_num_heads == 0) {
@@ -152,7 +159,8 @@ AttentionInputs attention_inputs(const NodeContext& ctx, const AttentionAttribut
     throw ctx.error("q_num_heads and kv_num_heads must not be given for 4-D inputs");
   }
   if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0)) {
-    throw ctx.error("Q, K and V must have the same batch size, got ", q.shape(0), ", ", k.shape(0), ", ", v.shape(0));
+    throw ctx.error("Q, K and V must have the same batch size, got ", q.shape(0), ", ", k.shape(0), ", ",
+                    v.shape(0));
   }
   if (k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2)) {
     throw ctx.error("K ", k.shape(), " and V ", v.shape(), " must have the same heads and sequence length");
@@ -160,7 +168,8 @@ AttentionInputs attention_inputs(const NodeContext& ctx, const AttentionAttribut
   if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0) {
     throw ctx.error(q.shape(1), " query heads are not a multiple of ", k.shape(1), " key/value heads");
   }
-  if (k.shape(3) != q.shape(3)) throw ctx.error("Q head size ", q.shape(3), " differs from K head size ", k.shape(3));
+  if (k.shape(3) != q.shape(3))
+    throw ctx.error("Q head size ", q.shape(3), " differs from K head size ", k.shape(3));
 
   const bool has_past_key = ctx.has_input(4), has_past_value = ctx.has_input(5);
   if (has_past_key != has_past_value) throw ctx.error("past_key and past_value must be given together");
@@ -195,7 +204,8 @@ struct AttentionBias {
 // shorter mask when an external cache is longer): padded keys are masked.
 mx::array padded_mask(const NodeContext& ctx, const mx::array& mask, int total) {
   auto s = ctx.stream();
-  if (rank_of(mask) < 1 || rank_of(mask) > 4) throw ctx.error("attn_mask must have rank 1 to 4, got ", mask.shape());
+  if (rank_of(mask) < 1 || rank_of(mask) > 4)
+    throw ctx.error("attn_mask must have rank 1 to 4, got ", mask.shape());
   const int have = mask.shape(-1);
   if (have > total) throw ctx.error("attn_mask has ", have, " keys but there are only ", total);
   if (have == total) return mask;
@@ -286,10 +296,12 @@ OpOutputs attention(NodeContext& ctx) {
   // The spec scales Q and K by sqrt(scale) each (against overflow), in Q's dtype.
   const double scale = a.scale ? double{*a.scale} : 1.0 / std::sqrt(static_cast<double>(in.q.shape(3)));
   const mx::array root_scale(static_cast<float>(std::sqrt(scale)), t);
-  mx::array q = mx::reshape(mx::multiply(in.q, root_scale, s), {batch, kv_heads, group, length, in.q.shape(3)}, s);
+  mx::array q =
+      mx::reshape(mx::multiply(in.q, root_scale, s), {batch, kv_heads, group, length, in.q.shape(3)}, s);
   mx::array k = mx::expand_dims(mx::multiply(in.k, root_scale, s), 2, s);
   mx::array v = mx::expand_dims(in.v, 2, s);
-  mx::array scores = mx::reshape(mx::matmul(q, mx::swapaxes(k, -1, -2, s), s), {batch, q_heads, length, total}, s);
+  mx::array scores =
+      mx::reshape(mx::matmul(q, mx::swapaxes(k, -1, -2, s), s), {batch, q_heads, length, total}, s);
   mx::array qk_output = scores;
   if (a.softcap > 0) {
     scores = soft_capped(scores, a.softcap, s);
@@ -312,7 +324,8 @@ OpOutputs attention(NodeContext& ctx) {
   if (a.qk_matmul_output_mode == 3) qk_output = probs;
 
   mx::array grouped = mx::reshape(probs, {batch, kv_heads, group, length, total}, s);
-  mx::array y = mx::reshape(mx::matmul(grouped, mx::astype(v, t, s), s), {batch, q_heads, length, in.v.shape(3)}, s);
+  mx::array y =
+      mx::reshape(mx::matmul(grouped, mx::astype(v, t, s), s), {batch, q_heads, length, in.v.shape(3)}, s);
   if (in.three_d) y = merge_heads(y, s);
   return {y, in.k, in.v, mx::astype(qk_output, t, s)};
 }
@@ -359,10 +372,13 @@ mx::array rotation_table(const NodeContext& ctx, const mx::array& cache, const s
                          std::string_view name) {
   auto s = ctx.stream();
   if (!ids) {
-    if (rank_of(cache) != 3) throw ctx.error(name, " must be 3-D [batch, sequence, dim/2] without position_ids, got ", cache.shape());
+    if (rank_of(cache) != 3)
+      throw ctx.error(name, " must be 3-D [batch, sequence, dim/2] without position_ids, got ",
+                      cache.shape());
     return cache;
   }
-  if (rank_of(cache) != 2) throw ctx.error(name, " must be 2-D [positions, dim/2] with position_ids, got ", cache.shape());
+  if (rank_of(cache) != 2)
+    throw ctx.error(name, " must be 2-D [positions, dim/2] with position_ids, got ", cache.shape());
   const int positions = cache.shape(0);
   mx::array index = mx::astype(*ids, mx::int64, s);
   if (!index.is_tracer() && index.size() > 0) {
@@ -370,8 +386,8 @@ mx::array rotation_table(const NodeContext& ctx, const mx::array& cache, const s
     mx::eval({low, high});
     const int64_t lowest = low.item<int64_t>(), highest = high.item<int64_t>();
     if (lowest < 0 || highest >= positions) {
-      throw ctx.error("position id ", lowest < 0 ? lowest : highest, " out of range for ", name, " with ", positions,
-                      " positions");
+      throw ctx.error("position id ", lowest < 0 ? lowest : highest, " out of range for ", name, " with ",
+                      positions, " positions");
     }
   } else if (index.size() > 0) {
     if (positions == 0) throw ctx.error(name, " has no positions to index");
@@ -388,7 +404,8 @@ OpOutputs rotary_embedding(NodeContext& ctx) {
   require_float(ctx, input, "X");
   std::optional<mx::array> ids = ctx.optional_input(3);
   if (ids && (rank_of(*ids) != 2 || !mx::issubdtype(ids->dtype(), mx::integer))) {
-    throw ctx.error("position_ids must be a 2-D integer tensor [batch, sequence], got ", ids->dtype(), " ", ids->shape());
+    throw ctx.error("position_ids must be a 2-D integer tensor [batch, sequence], got ", ids->dtype(), " ",
+                    ids->shape());
   }
   // Work on [B, H, S, D] (4-D input) or [B, S, H, D] (3-D input split into
   // heads); `token_axes` of cos/sin line up with B and S either way.
@@ -398,8 +415,12 @@ OpOutputs rotary_embedding(NodeContext& ctx) {
   if (rank == 3) {
     const int64_t heads = ctx.attr_int("num_heads", 0);
     if (heads <= 0) throw ctx.error("a 3-D input needs a positive num_heads attribute, got ", heads);
-    if (input.shape(2) % heads != 0) throw ctx.error("hidden size ", input.shape(2), " is not divisible by ", heads, " heads");
-    x = mx::reshape(input, {input.shape(0), input.shape(1), static_cast<int>(heads), input.shape(2) / static_cast<int>(heads)}, s);
+    if (input.shape(2) % heads != 0)
+      throw ctx.error("hidden size ", input.shape(2), " is not divisible by ", heads, " heads");
+    x = mx::reshape(
+        input,
+        {input.shape(0), input.shape(1), static_cast<int>(heads), input.shape(2) / static_cast<int>(heads)},
+        s);
     head_axis = 2;
   } else if (rank != 4) {
     throw ctx.error("X must be 3-D or 4-D, got ", input.shape());
@@ -416,7 +437,8 @@ OpOutputs rotary_embedding(NodeContext& ctx) {
   mx::array sin = rotation_table(ctx, ctx.input(2), ids, "sin_cache");
   for (const mx::array* table : {&cos, &sin}) {
     if (table->shape() != mx::Shape{batch, sequence, half}) {
-      throw ctx.error("cos/sin rows have shape ", table->shape(), ", expected [", batch, ", ", sequence, ", ", half, "]");
+      throw ctx.error("cos/sin rows have shape ", table->shape(), ", expected [", batch, ", ", sequence, ", ",
+                      half, "]");
     }
   }
   cos = mx::astype(mx::expand_dims(cos, head_axis, s), x.dtype(), s);
@@ -429,8 +451,10 @@ OpOutputs rotary_embedding(NodeContext& ctx) {
   mx::array x1 = rotated, x2 = rotated;
   if (interleaved) {
     mx::array pairs = mx::reshape(rotated, {x.shape(0), x.shape(1), x.shape(2), half, 2}, s);
-    x1 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0, 0}, {x.shape(0), x.shape(1), x.shape(2), half, 1}, s), 4, s);
-    x2 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0, 1}, {x.shape(0), x.shape(1), x.shape(2), half, 2}, s), 4, s);
+    x1 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0, 0}, {x.shape(0), x.shape(1), x.shape(2), half, 1}, s), 4,
+                     s);
+    x2 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0, 1}, {x.shape(0), x.shape(1), x.shape(2), half, 2}, s), 4,
+                     s);
   } else {
     auto halves = mx::split(rotated, 2, 3, s);
     x1 = halves[0];
@@ -462,14 +486,16 @@ OpOutputs tensor_scatter(NodeContext& ctx) {
   const int axis = ctx.normalize_axis(ctx.attr_int("axis", -2), rank);
   if (axis == 0) throw ctx.error("axis must not be 0 (the batch axis)");
   const std::string mode = ctx.attr_string("mode", "linear");
-  if (mode != "linear" && mode != "circular") throw ctx.error("mode must be 'linear' or 'circular', got '", mode, "'");
+  if (mode != "linear" && mode != "circular")
+    throw ctx.error("mode must be 'linear' or 'circular', got '", mode, "'");
   if (rank_of(update) != rank || update.dtype() != cache.dtype()) {
-    throw ctx.error("update ", update.dtype(), " ", update.shape(), " does not match past_cache ", cache.dtype(), " ",
-                    cache.shape());
+    throw ctx.error("update ", update.dtype(), " ", update.shape(), " does not match past_cache ",
+                    cache.dtype(), " ", cache.shape());
   }
   for (int i = 0; i < rank; ++i) {
     if (i == axis ? update.shape(i) > cache.shape(i) : update.shape(i) != cache.shape(i)) {
-      throw ctx.error("update ", update.shape(), " does not fit past_cache ", cache.shape(), " along axis ", i);
+      throw ctx.error("update ", update.shape(), " does not fit past_cache ", cache.shape(), " along axis ",
+                      i);
     }
   }
   const int capacity = cache.shape(axis), length = update.shape(axis), batch = cache.shape(0);
@@ -482,8 +508,8 @@ OpOutputs tensor_scatter(NodeContext& ctx) {
   if (ctx.has_input(2)) {
     const mx::array& indices = ctx.input(2);
     if (rank_of(indices) != 1 || indices.shape(0) != batch || !mx::issubdtype(indices.dtype(), mx::integer)) {
-      throw ctx.error("write_indices must be an integer vector of the batch size ", batch, ", got ", indices.dtype(),
-                      " ", indices.shape());
+      throw ctx.error("write_indices must be an integer vector of the batch size ", batch, ", got ",
+                      indices.dtype(), " ", indices.shape());
     }
     start = mx::reshape(mx::astype(indices, mx::int64, s), batch_shape, s);
   }
@@ -547,8 +573,10 @@ OpOutputs linear_attention(NodeContext& ctx) {
   if (q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0) {
     throw ctx.error("q_num_heads ", q_heads, " must be a positive multiple of kv_num_heads ", kv_heads);
   }
-  if (gated != ctx.has_input(4)) throw ctx.error("update_rule '", rule, "' ", gated ? "needs" : "forbids", " the decay input");
-  if (delta != ctx.has_input(5)) throw ctx.error("update_rule '", rule, "' ", delta ? "needs" : "forbids", " the beta input");
+  if (gated != ctx.has_input(4))
+    throw ctx.error("update_rule '", rule, "' ", gated ? "needs" : "forbids", " the decay input");
+  if (delta != ctx.has_input(5))
+    throw ctx.error("update_rule '", rule, "' ", delta ? "needs" : "forbids", " the beta input");
 
   const mx::array& query = ctx.input(0);
   require_float(ctx, query, "query");
@@ -557,9 +585,10 @@ OpOutputs linear_attention(NodeContext& ctx) {
   mx::array v = heads_float32(ctx, ctx.input(2), kv_heads, "value");
   const int batch = q.shape(0), time = q.shape(2), d_k = q.shape(3), d_v = v.shape(3);
   const int kvh = static_cast<int>(kv_heads), group = static_cast<int>(q_heads / kv_heads);
-  if (k.shape(0) != batch || v.shape(0) != batch || k.shape(2) != time || v.shape(2) != time || k.shape(3) != d_k) {
-    throw ctx.error("query ", query.shape(), ", key ", ctx.input(1).shape(), " and value ", ctx.input(2).shape(),
-                    " do not agree on batch, time and key dim");
+  if (k.shape(0) != batch || v.shape(0) != batch || k.shape(2) != time || v.shape(2) != time ||
+      k.shape(3) != d_k) {
+    throw ctx.error("query ", query.shape(), ", key ", ctx.input(1).shape(), " and value ",
+                    ctx.input(2).shape(), " do not agree on batch, time and key dim");
   }
 
   // Per-step gates as [B, Hkv, T, 1] or [B, Hkv, T, d_k] (decay) and
@@ -587,7 +616,8 @@ OpOutputs linear_attention(NodeContext& ctx) {
   if (ctx.has_input(3)) {
     const mx::array& past = ctx.input(3);
     require_float(ctx, past, "past_state");
-    if (past.shape() != state.shape()) throw ctx.error("past_state ", past.shape(), " must be ", state.shape());
+    if (past.shape() != state.shape())
+      throw ctx.error("past_state ", past.shape(), " must be ", state.shape());
     state_dtype = past.dtype();
     state = mx::astype(past, mx::float32, s);
   }
@@ -607,7 +637,8 @@ OpOutputs linear_attention(NodeContext& ctx) {
     mx::array o_t = mx::multiply(scale, mx::matmul(q_t, state, s), s);  // [B, Hkv, G, d_v]
     outputs.push_back(mx::reshape(o_t, {batch, 1, kvh * group * d_v}, s));
   }
-  mx::array output = time == 0 ? mx::zeros({batch, 0, kvh * group * d_v}, mx::float32, s) : mx::concatenate(outputs, 1, s);
+  mx::array output =
+      time == 0 ? mx::zeros({batch, 0, kvh * group * d_v}, mx::float32, s) : mx::concatenate(outputs, 1, s);
   return {mx::astype(output, query.dtype(), s), mx::astype(state, state_dtype, s)};
 }
 
@@ -635,7 +666,8 @@ OpOutputs causal_conv_with_state(NodeContext& ctx) {
   if (ctx.has_input(3)) {
     past = ctx.input(3);
     if (past.shape() != mx::Shape{batch, channels, kernel - 1}) {
-      throw ctx.error("past_state must be [", batch, ", ", channels, ", ", kernel - 1, "], got ", past.shape());
+      throw ctx.error("past_state must be [", batch, ", ", channels, ", ", kernel - 1, "], got ",
+                      past.shape());
     }
     past = mx::astype(past, input.dtype(), s);
   }
@@ -650,12 +682,14 @@ OpOutputs causal_conv_with_state(NodeContext& ctx) {
   }
   if (ctx.has_input(2)) {
     const mx::array& bias = ctx.input(2);
-    if (bias.shape() != mx::Shape{channels}) throw ctx.error("bias must be [", channels, "], got ", bias.shape());
+    if (bias.shape() != mx::Shape{channels})
+      throw ctx.error("bias must be [", channels, "], got ", bias.shape());
     out = mx::add(out, mx::reshape(mx::astype(bias, mx::float32, s), {1, channels, 1}, s), s);
   }
   if (activation != "none") out = mx::multiply(out, mx::sigmoid(out, s), s);
   const int padded_length = padded.shape(2);
-  mx::array state = mx::slice(padded, {0, 0, padded_length - (kernel - 1)}, {batch, channels, padded_length}, s);
+  mx::array state =
+      mx::slice(padded, {0, 0, padded_length - (kernel - 1)}, {batch, channels, padded_length}, s);
   return {mx::astype(out, input.dtype(), s), state};
 }
 
@@ -682,7 +716,8 @@ OpOutputs flex_attention(NodeContext& ctx) {
   if (rank_of(q) != 4 || rank_of(k) != 4 || rank_of(v) != 4) {
     throw ctx.error("Q, K and V must be 4-D, got ", q.shape(), ", ", k.shape(), ", ", v.shape());
   }
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) throw ctx.error("Q, K and V must have the same dtype");
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    throw ctx.error("Q, K and V must have the same dtype");
   const int batch = q.shape(0), q_heads = q.shape(1), length = q.shape(2), head_size = q.shape(3);
   const int kv_heads = k.shape(1), total = k.shape(2);
   if (k.shape(0) != batch || v.shape(0) != batch || v.shape(1) != kv_heads || v.shape(2) != total ||
@@ -698,7 +733,8 @@ OpOutputs flex_attention(NodeContext& ctx) {
 
   mx::array qg = mx::reshape(mx::multiply(q, root_scale, s), {batch, kv_heads, group, length, head_size}, s);
   mx::array kg = mx::expand_dims(mx::multiply(k, root_scale, s), 2, s);
-  mx::array scores = mx::reshape(mx::matmul(qg, mx::swapaxes(kg, -1, -2, s), s), {batch, q_heads, length, total}, s);
+  mx::array scores =
+      mx::reshape(mx::matmul(qg, mx::swapaxes(kg, -1, -2, s), s), {batch, q_heads, length, total}, s);
   scores = mx::astype(scores, compute, s);
   if (ctx.has_attr("score_mod")) scores = modified(ctx, "score_mod", scores);
   mx::array probs = masked_softmax(scores, s);
@@ -728,8 +764,16 @@ void register_attention(OpRegistry& registry) {
        .restrictions = "no string tensors"},
       {.op_type = "SwiGLU", .domain = kOnnx, .since = 28, .until = kOpen, .fn = swiglu},
       {.op_type = "LinearAttention", .domain = kOnnx, .since = 27, .until = kOpen, .fn = linear_attention},
-      {.op_type = "CausalConvWithState", .domain = kOnnx, .since = 27, .until = kOpen, .fn = causal_conv_with_state},
-      {.op_type = "FlexAttention", .domain = "ai.onnx.preview", .since = 1, .until = kOpen, .fn = flex_attention},
+      {.op_type = "CausalConvWithState",
+       .domain = kOnnx,
+       .since = 27,
+       .until = kOpen,
+       .fn = causal_conv_with_state},
+      {.op_type = "FlexAttention",
+       .domain = "ai.onnx.preview",
+       .since = 1,
+       .until = kOpen,
+       .fn = flex_attention},
   });
 }
 
