@@ -168,8 +168,9 @@ AttentionInputs attention_inputs(const NodeContext& ctx, const AttentionAttribut
   if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0) {
     throw ctx.error(q.shape(1), " query heads are not a multiple of ", k.shape(1), " key/value heads");
   }
-  if (k.shape(3) != q.shape(3))
+  if (k.shape(3) != q.shape(3)) {
     throw ctx.error("Q head size ", q.shape(3), " differs from K head size ", k.shape(3));
+  }
 
   const bool has_past_key = ctx.has_input(4), has_past_value = ctx.has_input(5);
   if (has_past_key != has_past_value) throw ctx.error("past_key and past_value must be given together");
@@ -193,19 +194,13 @@ AttentionInputs attention_inputs(const NodeContext& ctx, const AttentionAttribut
   return {q, k, v, rank == 3, past_length};
 }
 
-// The additive bias of the scores, [.., L, S] broadcastable to [B, Hq, L, S]:
-// 0 where query i may attend key j, -inf where it may not, plus a float
-// attn_mask. Absent when nothing masks.
-struct AttentionBias {
-  std::optional<mx::array> bias;
-};
-
 // attn_mask with its last axis padded to the total length (the spec allows a
 // shorter mask when an external cache is longer): padded keys are masked.
 mx::array padded_mask(const NodeContext& ctx, const mx::array& mask, int total) {
   auto s = ctx.stream();
-  if (rank_of(mask) < 1 || rank_of(mask) > 4)
+  if (rank_of(mask) < 1 || rank_of(mask) > 4) {
     throw ctx.error("attn_mask must have rank 1 to 4, got ", mask.shape());
+  }
   const int have = mask.shape(-1);
   if (have > total) throw ctx.error("attn_mask has ", have, " keys but there are only ", total);
   if (have == total) return mask;
@@ -256,6 +251,9 @@ std::optional<mx::array> structural_allowed(const NodeContext& ctx, const Attent
   return allowed;
 }
 
+// The additive bias of the scores, [.., L, S] broadcastable to [B, Hq, L, S]:
+// 0 where query i may attend key j, -inf where it may not, plus a float
+// attn_mask. Absent when nothing masks.
 std::optional<mx::array> attention_bias(const NodeContext& ctx, const AttentionAttributes& a,
                                         const AttentionInputs& in) {
   auto s = ctx.stream();
@@ -302,6 +300,9 @@ OpOutputs attention(NodeContext& ctx) {
   mx::array v = mx::expand_dims(in.v, 2, s);
   mx::array scores =
       mx::reshape(mx::matmul(q, mx::swapaxes(k, -1, -2, s), s), {batch, q_heads, length, total}, s);
+  // qk_matmul_output: mode 0 the raw product (as the spec says; the reference
+  // implementation returns it soft-capped when softcap is set), 1 after the
+  // softcap, 2 with the bias added, 3 the probabilities.
   mx::array qk_output = scores;
   if (a.softcap > 0) {
     scores = soft_capped(scores, a.softcap, s);
@@ -372,13 +373,15 @@ mx::array rotation_table(const NodeContext& ctx, const mx::array& cache, const s
                          std::string_view name) {
   auto s = ctx.stream();
   if (!ids) {
-    if (rank_of(cache) != 3)
+    if (rank_of(cache) != 3) {
       throw ctx.error(name, " must be 3-D [batch, sequence, dim/2] without position_ids, got ",
                       cache.shape());
+    }
     return cache;
   }
-  if (rank_of(cache) != 2)
+  if (rank_of(cache) != 2) {
     throw ctx.error(name, " must be 2-D [positions, dim/2] with position_ids, got ", cache.shape());
+  }
   const int positions = cache.shape(0);
   mx::array index = mx::astype(*ids, mx::int64, s);
   if (!index.is_tracer() && index.size() > 0) {
@@ -408,15 +411,16 @@ OpOutputs rotary_embedding(NodeContext& ctx) {
                     ids->shape());
   }
   // Work on [B, H, S, D] (4-D input) or [B, S, H, D] (3-D input split into
-  // heads); `token_axes` of cos/sin line up with B and S either way.
+  // heads); cos/sin [B, S, R/2] get a size-1 axis at head_axis to match.
   const int rank = rank_of(input);
   mx::array x = input;
   int head_axis = 1;
   if (rank == 3) {
     const int64_t heads = ctx.attr_int("num_heads", 0);
     if (heads <= 0) throw ctx.error("a 3-D input needs a positive num_heads attribute, got ", heads);
-    if (input.shape(2) % heads != 0)
+    if (input.shape(2) % heads != 0) {
       throw ctx.error("hidden size ", input.shape(2), " is not divisible by ", heads, " heads");
+    }
     x = mx::reshape(
         input,
         {input.shape(0), input.shape(1), static_cast<int>(heads), input.shape(2) / static_cast<int>(heads)},
@@ -486,8 +490,9 @@ OpOutputs tensor_scatter(NodeContext& ctx) {
   const int axis = ctx.normalize_axis(ctx.attr_int("axis", -2), rank);
   if (axis == 0) throw ctx.error("axis must not be 0 (the batch axis)");
   const std::string mode = ctx.attr_string("mode", "linear");
-  if (mode != "linear" && mode != "circular")
+  if (mode != "linear" && mode != "circular") {
     throw ctx.error("mode must be 'linear' or 'circular', got '", mode, "'");
+  }
   if (rank_of(update) != rank || update.dtype() != cache.dtype()) {
     throw ctx.error("update ", update.dtype(), " ", update.shape(), " does not match past_cache ",
                     cache.dtype(), " ", cache.shape());
@@ -573,10 +578,12 @@ OpOutputs linear_attention(NodeContext& ctx) {
   if (q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0) {
     throw ctx.error("q_num_heads ", q_heads, " must be a positive multiple of kv_num_heads ", kv_heads);
   }
-  if (gated != ctx.has_input(4))
+  if (gated != ctx.has_input(4)) {
     throw ctx.error("update_rule '", rule, "' ", gated ? "needs" : "forbids", " the decay input");
-  if (delta != ctx.has_input(5))
+  }
+  if (delta != ctx.has_input(5)) {
     throw ctx.error("update_rule '", rule, "' ", delta ? "needs" : "forbids", " the beta input");
+  }
 
   const mx::array& query = ctx.input(0);
   require_float(ctx, query, "query");
@@ -616,8 +623,9 @@ OpOutputs linear_attention(NodeContext& ctx) {
   if (ctx.has_input(3)) {
     const mx::array& past = ctx.input(3);
     require_float(ctx, past, "past_state");
-    if (past.shape() != state.shape())
+    if (past.shape() != state.shape()) {
       throw ctx.error("past_state ", past.shape(), " must be ", state.shape());
+    }
     state_dtype = past.dtype();
     state = mx::astype(past, mx::float32, s);
   }
@@ -682,8 +690,9 @@ OpOutputs causal_conv_with_state(NodeContext& ctx) {
   }
   if (ctx.has_input(2)) {
     const mx::array& bias = ctx.input(2);
-    if (bias.shape() != mx::Shape{channels})
+    if (bias.shape() != mx::Shape{channels}) {
       throw ctx.error("bias must be [", channels, "], got ", bias.shape());
+    }
     out = mx::add(out, mx::reshape(mx::astype(bias, mx::float32, s), {1, channels, 1}, s), s);
   }
   if (activation != "none") out = mx::multiply(out, mx::sigmoid(out, s), s);
@@ -716,8 +725,9 @@ OpOutputs flex_attention(NodeContext& ctx) {
   if (rank_of(q) != 4 || rank_of(k) != 4 || rank_of(v) != 4) {
     throw ctx.error("Q, K and V must be 4-D, got ", q.shape(), ", ", k.shape(), ", ", v.shape());
   }
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
     throw ctx.error("Q, K and V must have the same dtype");
+  }
   const int batch = q.shape(0), q_heads = q.shape(1), length = q.shape(2), head_size = q.shape(3);
   const int kv_heads = k.shape(1), total = k.shape(2);
   if (k.shape(0) != batch || v.shape(0) != batch || v.shape(1) != kv_heads || v.shape(2) != total ||
