@@ -421,10 +421,8 @@ OpOutputs rotary_embedding(NodeContext& ctx) {
     if (input.shape(2) % heads != 0) {
       throw ctx.error("hidden size ", input.shape(2), " is not divisible by ", heads, " heads");
     }
-    x = mx::reshape(
-        input,
-        {input.shape(0), input.shape(1), static_cast<int>(heads), input.shape(2) / static_cast<int>(heads)},
-        s);
+    const int h = static_cast<int>(heads);
+    x = mx::reshape(input, {input.shape(0), input.shape(1), h, input.shape(2) / h}, s);
     head_axis = 2;
   } else if (rank != 4) {
     throw ctx.error("X must be 3-D or 4-D, got ", input.shape());
@@ -452,18 +450,14 @@ OpOutputs rotary_embedding(NodeContext& ctx) {
   mx::Shape start = {0, 0, 0, 0}, stop = x.shape();
   stop[3] = static_cast<int>(dim);
   mx::array rotated = mx::slice(x, start, stop, s);
-  mx::array x1 = rotated, x2 = rotated;
-  if (interleaved) {
-    mx::array pairs = mx::reshape(rotated, {x.shape(0), x.shape(1), x.shape(2), half, 2}, s);
-    x1 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0, 0}, {x.shape(0), x.shape(1), x.shape(2), half, 1}, s), 4,
-                     s);
-    x2 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0, 1}, {x.shape(0), x.shape(1), x.shape(2), half, 2}, s), 4,
-                     s);
-  } else {
-    auto halves = mx::split(rotated, 2, 3, s);
-    x1 = halves[0];
-    x2 = halves[1];
-  }
+  // x1, x2: [.., R/2] each, from the halves or from the (even, odd) pairs.
+  mx::Shape pair_shape = rotated.shape();
+  pair_shape.back() = half;
+  pair_shape.push_back(2);
+  std::vector<mx::array> parts =
+      interleaved ? mx::split(mx::reshape(rotated, pair_shape, s), 2, 4, s) : mx::split(rotated, 2, 3, s);
+  mx::array x1 = interleaved ? mx::squeeze(parts[0], 4, s) : parts[0];
+  mx::array x2 = interleaved ? mx::squeeze(parts[1], 4, s) : parts[1];
   mx::array real = mx::subtract(mx::multiply(cos, x1, s), mx::multiply(sin, x2, s), s);
   mx::array imag = mx::add(mx::multiply(sin, x1, s), mx::multiply(cos, x2, s), s);
   mx::array out = interleaved ? mx::reshape(mx::stack({real, imag}, -1, s), rotated.shape(), s)
