@@ -560,6 +560,8 @@ mx::array step(const mx::array& x, int t, mx::StreamOrDevice s) {
 //   S *= exp(g_t)                          (gated rules)
 //   v_t = beta_t * (v_t - S^T k_t)         (delta rules)
 //   S += k_t v_t^T;  o_t = scale * S^T q_t (query heads grouped over kv heads)
+// A prefill of T tokens unrolls T steps into the graph; the chunk-parallel
+// form that the chunk_size hint names is not implemented (same results).
 OpOutputs linear_attention(NodeContext& ctx) {
   auto s = ctx.stream();
   const std::string rule = ctx.attr_string("update_rule", "gated_delta");
@@ -609,7 +611,7 @@ OpOutputs linear_attention(NodeContext& ctx) {
     return mx::transpose(split, {0, 2, 1, 3}, s);
   };
   std::optional<mx::array> decay, beta;
-  if (gated) decay = per_head(4, "decay", {kvh, kvh * d_k});
+  if (gated) decay = mx::exp(per_head(4, "decay", {kvh, kvh * d_k}), s);  // log-space gate -> factor
   if (delta) beta = per_head(5, "beta", {kvh, 1});
 
   mx::Dtype state_dtype = query.dtype();
@@ -629,7 +631,7 @@ OpOutputs linear_attention(NodeContext& ctx) {
   std::vector<mx::array> outputs;
   for (int t = 0; t < time; ++t) {
     mx::array k_t = step(k, t, s), v_t = step(v, t, s);  // [B, Hkv, d]
-    if (decay) state = mx::multiply(state, mx::expand_dims(mx::exp(step(*decay, t, s), s), -1, s), s);
+    if (decay) state = mx::multiply(state, mx::expand_dims(step(*decay, t, s), -1, s), s);
     if (beta) {
       mx::array retrieved = mx::squeeze(mx::matmul(mx::expand_dims(k_t, 2, s), state, s), 2, s);
       v_t = mx::multiply(step(*beta, t, s), mx::subtract(v_t, retrieved, s), s);
