@@ -2,6 +2,14 @@
 
 namespace transmuter::testing {
 
+Attribute graph_attr(const std::string& name, std::shared_ptr<Graph> body) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kGraph;
+  a.g = std::move(body);
+  return a;
+}
+
 GraphBuilder& GraphBuilder::input(const std::string& name, OnnxType type, std::vector<int64_t> dims) {
   ValueInfo info;
   info.name = name;
