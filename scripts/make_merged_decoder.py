@@ -211,7 +211,7 @@ def spec(use_cache: bool, dims: dict) -> dict:
     if use_cache:
         out["static"] = ["use_cache_branch"]  # compiled: the branch is taken inside the segment
     else:
-        out["model"] = "merged_decoder/model.onnx"  # shared with the cache variant
+        out["model_of"] = "merged_decoder"  # the cache variant's model.onnx
     return out
 
 

@@ -2,7 +2,7 @@
 
 Every folder here with an inputs.json is one model: either its own model.onnx
 (tiny exports made by scripts/export_models.py), another folder's model named by
-its "model" key (the same model fed other inputs), or one fetched by the script
+its "model_of" key (the same model fed other inputs), or one fetched by the script
 named in its "fetch" key (the real pretrained model). Inputs listed in its
 "static" key are passed with --static (host values while compiling). For each model the test
 builds seeded, valid inputs (tests/models/model_inputs.py), runs ONNX Runtime
@@ -80,8 +80,8 @@ class Reference:
 def model_path_of(name: str, spec: dict) -> Path:
     if "fetch" in spec:
         return fetch_model(spec["fetch"])
-    if "model" in spec:
-        return MODELS_DIR / spec["model"]
+    if "model_of" in spec:
+        return MODELS_DIR / spec["model_of"] / "model.onnx"
     return MODELS_DIR / name / "model.onnx"
 
 
