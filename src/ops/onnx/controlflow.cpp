@@ -319,12 +319,11 @@ OpOutputs scan_v8(NodeContext& ctx) {
 }  // namespace
 
 void register_controlflow(OpRegistry& r) {
-  constexpr std::string_view kTensorsOnly = "tensor values only (sequences and optionals from opset 13/16)";
   r.add({
       // If 11 lets branches give different shapes, 13 adds sequences, 16 optionals.
-      {.op_type = "If", .domain = kOnnx, .since = 1, .until = 10, .fn = if_op, .host_inputs = {0}, .restrictions = kTensorsOnly,
+      {.op_type = "If", .domain = kOnnx, .since = 1, .until = 10, .fn = if_op, .host_inputs = {0},
        .makes_non_tensor = body_outputs_non_tensor},
-      {.op_type = "If", .domain = kOnnx, .since = 11, .until = 12, .fn = if_op, .host_inputs = {0}, .restrictions = kTensorsOnly,
+      {.op_type = "If", .domain = kOnnx, .since = 11, .until = 12, .fn = if_op, .host_inputs = {0},
        .makes_non_tensor = body_outputs_non_tensor},
       {.op_type = "If", .domain = kOnnx, .since = 13, .until = 15, .fn = if_op, .host_inputs = {0},
        .makes_non_tensor = body_outputs_non_tensor},

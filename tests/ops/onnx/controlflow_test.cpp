@@ -79,6 +79,19 @@ TEST(If, TracedConditionIsAGraphBreak) {
   EXPECT_EQ(compiled.stats().plans_built, 1u);  // one plan serves both conditions
 }
 
+TEST(If, GradientsFlowThroughTheTakenBranchCompiled) {
+  Model model = if_model();
+  for (bool traced_condition : {false, true}) {
+    CompiledModel compiled = compile(model, {}, compile_options(traced_condition ? std::vector<std::string>{}
+                                                                                 : std::vector<std::string>{"cond"}));
+    auto loss = [&](const std::vector<mx::array>& xs) {
+      return mx::sum(compiled({{"cond", mx::array(false)}, {"x", xs[0]}}).tensor("y"));
+    };
+    auto [value, grads] = mx::value_and_grad(loss, 0)({mx::array({1.f, 2.f, 3.f})});
+    EXPECT_EQ(to_doubles(grads[0]), (std::vector<double>{2, 2, 2})) << traced_condition;  // d(2x)/dx
+  }
+}
+
 TEST(If, ConditionComputedFromShapesNeedsNoBreak) {
   // cond = Size(x) > 2: known while tracing, so the branch is traced in place.
   auto then_branch = GraphBuilder().node("Neg", {"x"}, {"t"}).output("t").graph();
@@ -169,7 +182,7 @@ Model loop_model(bool with_trip_count) {
       .input("limit", OnnxType::kFloat, {});
   if (with_trip_count) b.input("M", OnnxType::kInt64, {});
   return b.initializer("true", mx::array(true))
-      .node("Loop", {with_trip_count ? "M" : "", "true", "acc0"}, {"acc", "scans"},
+      .node("Loop", {with_trip_count ? "M" : "", with_trip_count ? "true" : "", "acc0"}, {"acc", "scans"},
             {graph_attr("body", accumulate_body())})
       .output("acc")
       .output("scans")
@@ -180,7 +193,7 @@ Inputs loop_inputs(float limit) {
   return {{"acc0", mx::array(0.f)}, {"step", mx::array(1.5f)}, {"limit", mx::array(limit)}};
 }
 
-TEST(Loop, ConditionFromTheBodyEndsALoopWithoutTripCount) {
+TEST(Loop, ConditionFromTheBodyEndsALoopWithoutTripCountOrInitialCondition) {
   Model model = loop_model(false);
   Outputs out = run(model, model.params(), loop_inputs(5.f), kCpu);
   // acc: 1.5, 3, 4.5, 6 (6 > 5 stops after that iteration).
@@ -292,6 +305,22 @@ TEST(Scan, UnrollsInsideACompiledSegment) {
   Outputs out = compiled(scan_inputs());
   EXPECT_EQ(to_doubles(out.tensor("scanned")), to_doubles(eager.tensor("scanned")));
   EXPECT_EQ(to_doubles(out.tensor("final")), to_doubles(eager.tensor("final")));
+}
+
+TEST(Scan, GradientsFlowThroughTheUnrolledBodyEagerAndCompiled) {
+  Model model = scan_model(1, 0);
+  CompiledModel compiled = compile(model, {}, compile_options());
+  mx::array init = mx::array({0.f, 0.f});
+  for (bool use_compiled : {false, true}) {
+    auto loss = [&](const std::vector<mx::array>& xs) {
+      Inputs in{{"init", init}, {"x", xs[0]}};
+      Outputs out = use_compiled ? compiled(in) : run(model, model.params(), in, kCpu);
+      return mx::sum(out.tensor("scanned"));
+    };
+    auto [value, grads] = mx::value_and_grad(loss, 0)({scan_inputs().at("x").tensor()});
+    // Reverse scan: column 2 enters all three running sums, column 0 only the last.
+    EXPECT_EQ(to_doubles(grads[0]), (std::vector<double>{1, 2, 3, 1, 2, 3})) << use_compiled;
+  }
 }
 
 TEST(Scan, BadDirectionIsAnOpError) {
