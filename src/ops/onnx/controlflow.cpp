@@ -329,18 +329,20 @@ void register_controlflow(OpRegistry& r) {
        .makes_non_tensor = body_outputs_non_tensor},
       {.op_type = "If", .domain = kOnnx, .since = 16, .until = kOpen, .fn = if_op, .host_inputs = {0},
        .makes_non_tensor = body_outputs_non_tensor},
-      // Loop 11 makes M and cond optional in practice and scan outputs may vary
+      // Loop is eager_only, so M and cond are not host_inputs although they are
+      // read on the host: a static M would not remove the break, only multiply
+      // plans. Loop 11 makes M and cond optional in practice and scan outputs may vary
       // in the spec (not here: they must agree), 13 adds sequences, 16 optionals.
-      {.op_type = "Loop", .domain = kOnnx, .since = 1, .until = 10, .fn = loop_op, .host_inputs = {0, 1}, .eager_only = true,
+      {.op_type = "Loop", .domain = kOnnx, .since = 1, .until = 10, .fn = loop_op, .eager_only = true,
        .restrictions = "scan outputs must keep one shape across iterations",
        .makes_non_tensor = body_outputs_non_tensor},
-      {.op_type = "Loop", .domain = kOnnx, .since = 11, .until = 12, .fn = loop_op, .host_inputs = {0, 1}, .eager_only = true,
+      {.op_type = "Loop", .domain = kOnnx, .since = 11, .until = 12, .fn = loop_op, .eager_only = true,
        .restrictions = "scan outputs must keep one shape across iterations",
        .makes_non_tensor = body_outputs_non_tensor},
-      {.op_type = "Loop", .domain = kOnnx, .since = 13, .until = 15, .fn = loop_op, .host_inputs = {0, 1}, .eager_only = true,
+      {.op_type = "Loop", .domain = kOnnx, .since = 13, .until = 15, .fn = loop_op, .eager_only = true,
        .restrictions = "scan outputs must keep one shape across iterations",
        .makes_non_tensor = body_outputs_non_tensor},
-      {.op_type = "Loop", .domain = kOnnx, .since = 16, .until = kOpen, .fn = loop_op, .host_inputs = {0, 1}, .eager_only = true,
+      {.op_type = "Loop", .domain = kOnnx, .since = 16, .until = kOpen, .fn = loop_op, .eager_only = true,
        .restrictions = "scan outputs must keep one shape across iterations",
        .makes_non_tensor = body_outputs_non_tensor},
       // Scan 8 batches every input; 9 drops the batch axis and adds per-input

@@ -8,7 +8,8 @@
 // element itself. Neither can cross a compiled boundary, so every op here is
 // eager_only and the ones that output a sequence or optional say so
 // (makes_non_tensor): their readers run eagerly too. Positions and split sizes
-// are read on the host.
+// are read on the host, which an eager op may always do; they are not
+// host_inputs, since making them static inputs would remove no graph break.
 #include <algorithm>
 #include <cstdint>
 #include <sstream>
@@ -212,18 +213,18 @@ void register_sequence(OpRegistry& r) {
        .restrictions = "an empty sequence does not keep its dtype", .makes_non_tensor = always},
       {.op_type = "SequenceConstruct", .domain = kOnnx, .since = 11, .until = kOpen, .fn = sequence_construct, .eager_only = true,
        .makes_non_tensor = always},
-      {.op_type = "SequenceInsert", .domain = kOnnx, .since = 11, .until = kOpen, .fn = sequence_insert, .host_inputs = {2},
+      {.op_type = "SequenceInsert", .domain = kOnnx, .since = 11, .until = kOpen, .fn = sequence_insert,
        .eager_only = true, .makes_non_tensor = always},
-      {.op_type = "SequenceErase", .domain = kOnnx, .since = 11, .until = kOpen, .fn = sequence_erase, .host_inputs = {1},
+      {.op_type = "SequenceErase", .domain = kOnnx, .since = 11, .until = kOpen, .fn = sequence_erase,
        .eager_only = true, .makes_non_tensor = always},
-      {.op_type = "SequenceAt", .domain = kOnnx, .since = 11, .until = kOpen, .fn = sequence_at, .host_inputs = {1},
+      {.op_type = "SequenceAt", .domain = kOnnx, .since = 11, .until = kOpen, .fn = sequence_at,
        .eager_only = true},
       {.op_type = "SequenceLength", .domain = kOnnx, .since = 11, .until = kOpen, .fn = sequence_length, .eager_only = true,
        .not_differentiable = "integer output"},
       // 24 adds element types only.
-      {.op_type = "SplitToSequence", .domain = kOnnx, .since = 11, .until = 23, .fn = split_to_sequence, .host_inputs = {1},
+      {.op_type = "SplitToSequence", .domain = kOnnx, .since = 11, .until = 23, .fn = split_to_sequence,
        .eager_only = true, .makes_non_tensor = always},
-      {.op_type = "SplitToSequence", .domain = kOnnx, .since = 24, .until = kOpen, .fn = split_to_sequence, .host_inputs = {1},
+      {.op_type = "SplitToSequence", .domain = kOnnx, .since = 24, .until = kOpen, .fn = split_to_sequence,
        .eager_only = true, .makes_non_tensor = always},
       {.op_type = "ConcatFromSequence", .domain = kOnnx, .since = 11, .until = kOpen, .fn = concat_from_sequence,
        .eager_only = true, .restrictions = "an empty sequence is an error (its dtype is not kept)"},
