@@ -147,7 +147,8 @@ std::vector<bool> classify_nodes(const BoundGraph& bound, FlagScope& scope) {
                   (non_tensor_out && in_flags.traced) || bodies.has_break;
     ValueFlags out;
     if (is_break[i]) {
-      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape, in_flags.non_tensor || non_tensor_out};
+      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape,
+             in_flags.non_tensor || non_tensor_out};
     } else if (row != nullptr && row->reads_only_shapes) {
       bool input_dynamic = !node.inputs.empty() && scope.get(node.inputs[0]).dynamic_shape;
       out = {input_dynamic, false, false};

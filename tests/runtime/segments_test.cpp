@@ -120,7 +120,8 @@ TEST(Segments, NodeInsideABodyThatReadsTracedDataOnTheHostBreaksTheWholeNode) {
                     .input("cond", OnnxType::kBool, {})
                     .input("x", OnnxType::kFloat, {4})
                     .input("dims", OnnxType::kInt64, {2})
-                    .node("If", {"cond"}, {"y"}, {graph_attr("then_branch", branch), graph_attr("else_branch", branch)})
+                    .node("If", {"cond"}, {"y"},
+                          {graph_attr("then_branch", branch), graph_attr("else_branch", branch)})
                     .output("y")
                     .build();
   EXPECT_EQ(plan_segments(*model.internal_state().bound, {"cond"}).graph_breaks, 1u);

@@ -44,8 +44,9 @@ bool body_outputs_non_tensor(const Node& node) {
   for (const Attribute& attr : node.attributes) {
     if (!attr.g) continue;
     for (const ValueInfo& out : attr.g->outputs) {
+      bool string_tensor = out.kind == ValueInfo::Kind::kTensor && out.elem_type == OnnxType::kString;
       if (out.kind == ValueInfo::Kind::kSequence || out.kind == ValueInfo::Kind::kOptional ||
-          out.kind == ValueInfo::Kind::kMap || (out.kind == ValueInfo::Kind::kTensor && out.elem_type == OnnxType::kString)) {
+          out.kind == ValueInfo::Kind::kMap || string_tensor) {
         return true;
       }
     }
@@ -176,7 +177,9 @@ OpOutputs scan_v9(NodeContext& ctx) {
   if (body.inputs.size() != ctx.num_inputs()) {
     throw ctx.error("body takes ", body.inputs.size(), " inputs, the node gives ", ctx.num_inputs());
   }
-  if (body.outputs.size() < states) throw ctx.error("body has fewer outputs than the ", states, " state values");
+  if (body.outputs.size() < states) {
+    throw ctx.error("body has fewer outputs than the ", states, " state values");
+  }
   const size_t scan_outputs = body.outputs.size() - states;
   std::vector<int64_t> input_axes = attr_per_item(ctx, "scan_input_axes", scan_inputs);
   std::vector<int64_t> input_directions = attr_per_item(ctx, "scan_input_directions", scan_inputs);
@@ -250,7 +253,9 @@ OpOutputs scan_v8(NodeContext& ctx) {
   if (body.inputs.size() != states + scan_inputs) {
     throw ctx.error("body takes ", body.inputs.size(), " inputs, expected ", states + scan_inputs);
   }
-  if (body.outputs.size() < states) throw ctx.error("body has fewer outputs than the ", states, " state values");
+  if (body.outputs.size() < states) {
+    throw ctx.error("body has fewer outputs than the ", states, " state values");
+  }
   const size_t scan_outputs = body.outputs.size() - states;
   std::vector<int64_t> directions = attr_per_item(ctx, "directions", scan_inputs);
   check_directions(ctx, "directions", directions);
@@ -267,7 +272,9 @@ OpOutputs scan_v8(NodeContext& ctx) {
   }
   for (size_t i = 1; i < ctx.num_inputs(); ++i) {
     const mx::array& x = ctx.input(i);
-    if (x.ndim() == 0 || x.shape(0) != batch) throw ctx.error("input ", i, " does not have batch size ", batch);
+    if (x.ndim() == 0 || x.shape(0) != batch) {
+      throw ctx.error("input ", i, " does not have batch size ", batch);
+    }
   }
   std::vector<int64_t> lengths(batch, max_length);
   if (ctx.has_input(0)) {
@@ -276,7 +283,9 @@ OpOutputs scan_v8(NodeContext& ctx) {
       throw ctx.error("sequence_lens has ", lengths.size(), " entries for batch ", batch);
     }
     for (int64_t n : lengths) {
-      if (n < 0 || n > max_length) throw ctx.error("sequence length ", n, " is outside [0, ", max_length, "]");
+      if (n < 0 || n > max_length) {
+        throw ctx.error("sequence length ", n, " is outside [0, ", max_length, "]");
+      }
     }
   }
 
@@ -319,39 +328,38 @@ OpOutputs scan_v8(NodeContext& ctx) {
 }  // namespace
 
 void register_controlflow(OpRegistry& r) {
+  constexpr auto kBodies = body_outputs_non_tensor;
+  constexpr std::string_view kScanShapes = "scan outputs must keep one shape across iterations";
   r.add({
       // If 11 lets branches give different shapes, 13 adds sequences, 16 optionals.
       {.op_type = "If", .domain = kOnnx, .since = 1, .until = 10, .fn = if_op, .host_inputs = {0},
-       .makes_non_tensor = body_outputs_non_tensor},
+       .makes_non_tensor = kBodies},
       {.op_type = "If", .domain = kOnnx, .since = 11, .until = 12, .fn = if_op, .host_inputs = {0},
-       .makes_non_tensor = body_outputs_non_tensor},
+       .makes_non_tensor = kBodies},
       {.op_type = "If", .domain = kOnnx, .since = 13, .until = 15, .fn = if_op, .host_inputs = {0},
-       .makes_non_tensor = body_outputs_non_tensor},
+       .makes_non_tensor = kBodies},
       {.op_type = "If", .domain = kOnnx, .since = 16, .until = kOpen, .fn = if_op, .host_inputs = {0},
-       .makes_non_tensor = body_outputs_non_tensor},
+       .makes_non_tensor = kBodies},
       // Loop is eager_only, so M and cond are not host_inputs although they are
       // read on the host: a static M would not remove the break, only multiply
-      // plans. Loop 11 makes M and cond optional in practice and scan outputs may vary
-      // in the spec (not here: they must agree), 13 adds sequences, 16 optionals.
+      // plans. Loop 11 makes M and cond optional in practice and lets scan
+      // outputs vary in shape (not here), 13 adds sequences, 16 optionals.
       {.op_type = "Loop", .domain = kOnnx, .since = 1, .until = 10, .fn = loop_op, .eager_only = true,
-       .restrictions = "scan outputs must keep one shape across iterations",
-       .makes_non_tensor = body_outputs_non_tensor},
+       .restrictions = kScanShapes, .makes_non_tensor = kBodies},
       {.op_type = "Loop", .domain = kOnnx, .since = 11, .until = 12, .fn = loop_op, .eager_only = true,
-       .restrictions = "scan outputs must keep one shape across iterations",
-       .makes_non_tensor = body_outputs_non_tensor},
+       .restrictions = kScanShapes, .makes_non_tensor = kBodies},
       {.op_type = "Loop", .domain = kOnnx, .since = 13, .until = 15, .fn = loop_op, .eager_only = true,
-       .restrictions = "scan outputs must keep one shape across iterations",
-       .makes_non_tensor = body_outputs_non_tensor},
+       .restrictions = kScanShapes, .makes_non_tensor = kBodies},
       {.op_type = "Loop", .domain = kOnnx, .since = 16, .until = kOpen, .fn = loop_op, .eager_only = true,
-       .restrictions = "scan outputs must keep one shape across iterations",
-       .makes_non_tensor = body_outputs_non_tensor},
+       .restrictions = kScanShapes, .makes_non_tensor = kBodies},
       // Scan 8 batches every input; 9 drops the batch axis and adds per-input
       // axes and directions; 11 allows negative axes.
       {.op_type = "Scan", .domain = kOnnx, .since = 8, .until = 8, .fn = scan_v8, .host_inputs = {0},
-       .restrictions = "every batch entry must have a nonzero sequence length",
-       .makes_non_tensor = body_outputs_non_tensor},
-      {.op_type = "Scan", .domain = kOnnx, .since = 9, .until = 10, .fn = scan_v9, .makes_non_tensor = body_outputs_non_tensor},
-      {.op_type = "Scan", .domain = kOnnx, .since = 11, .until = kOpen, .fn = scan_v9, .makes_non_tensor = body_outputs_non_tensor},
+       .restrictions = "every batch entry must have a nonzero sequence length", .makes_non_tensor = kBodies},
+      {.op_type = "Scan", .domain = kOnnx, .since = 9, .until = 10, .fn = scan_v9,
+       .makes_non_tensor = kBodies},
+      {.op_type = "Scan", .domain = kOnnx, .since = 11, .until = kOpen, .fn = scan_v9,
+       .makes_non_tensor = kBodies},
   });
 }
 

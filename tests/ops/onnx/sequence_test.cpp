@@ -56,10 +56,12 @@ TEST(SequenceInsert, DefaultsToTheBackAndTakesNegativePositions) {
 
 TEST(SequenceInsert, PositionOutOfRangeIsAnOpError) {
   Value s = seq({mx::array({1.f})});
-  std::string message = error_of<OpError>([&] { run_op("SequenceInsert", 11, {s, mx::array({2.f}), i64({3}, {})}); });
+  std::string message =
+      error_of<OpError>([&] { run_op("SequenceInsert", 11, {s, mx::array({2.f}), i64({3}, {})}); });
   EXPECT_NE(message.find("position 3 is outside [-1, 1]"), std::string::npos) << message;
   EXPECT_THROW(run_op("SequenceInsert", 11, {s, mx::array({1}, {1}, mx::int32)}), OpError);  // dtype
-  EXPECT_THROW(run_op("SequenceInsert", 11, {mx::array({1.f}), mx::array({2.f})}), OpError);  // not a sequence
+  // Not a sequence:
+  EXPECT_THROW(run_op("SequenceInsert", 11, {mx::array({1.f}), mx::array({2.f})}), OpError);
 }
 
 TEST(SequenceErase, DefaultsToTheLastAndRefusesAnEmptySequence) {
