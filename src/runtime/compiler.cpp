@@ -45,6 +45,7 @@ class Plan {
       for (const auto& [name, value] : *params) env.set(name, value);
     }
     for (const auto& [name, value] : inputs) env.set(name, value);
+    bind_omitted_optionals(*graph_.graph, inputs, env);
     call_env_ = &env;
     for (size_t s = 0; s < layout_.steps.size(); ++s) {
       const Step& step = layout_.steps[s];

@@ -32,6 +32,12 @@ void bind_initializers(const Graph& graph, const Params* overrides, Environment&
   }
 }
 
+void bind_omitted_optionals(const Graph& graph, const Inputs& given, Environment& env) {
+  for (const ValueInfo& info : graph.inputs) {
+    if (info.kind == ValueInfo::Kind::kOptional && given.count(info.name) == 0) env.set(info.name, Value());
+  }
+}
+
 namespace {
 
 std::vector<const Value*> gather_inputs(const Node& node, const OpRow& row, const Environment& env) {

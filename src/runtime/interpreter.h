@@ -36,6 +36,11 @@ class Environment {
 /** Binds the graph's initializers, replacing those named in `overrides`. */
 void bind_initializers(const Graph& graph, const Params* overrides, Environment& env);
 
+/** Binds each optional graph input the caller left out (not in `given`) to an
+ * empty optional (`none`): nodes that read it see "no element" rather than a
+ * missing name. */
+void bind_omitted_optionals(const Graph& graph, const Inputs& given, Environment& env);
+
 /** Where and within what limits nodes run. */
 struct Execution {
   mx::Device device = mx::Device::cpu;

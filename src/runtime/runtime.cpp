@@ -29,6 +29,7 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   Environment env;
   bind_initializers(graph, &params, env);
   for (const auto& [name, value] : inputs) env.set(name, value);
+  bind_omitted_optionals(graph, inputs, env);
   run_nodes(bound, 0, bound.size(), env, exec);
   return collect_outputs(graph, env);
 }

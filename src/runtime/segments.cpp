@@ -50,58 +50,141 @@ std::set<std::string> trainable_params(const BoundGraph& bound) {
   return names;
 }
 
-SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>& static_inputs,
-                            const std::set<std::string>& traced_params) {
-  const Graph& graph = *bound.graph;
-  std::unordered_map<std::string, ValueFlags> flags;
-  for (const ValueInfo& in : graph.inputs) {
-    bool data = static_inputs.count(in.name) == 0;
-    flags[in.name] = {data, false, !is_plain_tensor(in)};
+namespace {
+
+ValueFlags& operator|=(ValueFlags& a, const ValueFlags& b) {
+  a.traced |= b.traced;
+  a.dynamic_shape |= b.dynamic_shape;
+  a.non_tensor |= b.non_tensor;
+  return a;
+}
+
+bool is_declared_non_tensor(const ValueInfo& info) {
+  return info.kind != ValueInfo::Kind::kUnknown && !is_plain_tensor(info);
+}
+
+// Flags of the names of one graph; lookups fall back to the enclosing graph's
+// scope, as subgraph bodies see their parent's names.
+class FlagScope {
+ public:
+  explicit FlagScope(const FlagScope* parent = nullptr) : parent_(parent) {}
+  ValueFlags get(const std::string& name) const {
+    for (const FlagScope* s = this; s != nullptr; s = s->parent_) {
+      auto it = s->flags_.find(name);
+      if (it != s->flags_.end()) return it->second;
+    }
+    return {};  // initializers and constants
   }
-  for (const std::string& name : traced_params) flags[name] = {true, false, false};
+  void set(const std::string& name, ValueFlags f) { flags_[name] = f; }
+
+ private:
+  std::unordered_map<std::string, ValueFlags> flags_;
+  const FlagScope* parent_;
+};
+
+std::vector<bool> classify_nodes(const BoundGraph& bound, FlagScope& scope);
+
+// How a node's subgraph bodies (If branches, Loop/Scan bodies) would trace in
+// the scope of the node: whether some body node is a graph break (then the
+// node must run eagerly as a whole), and the flags of the bodies' outputs.
+// Body inputs get the flags of the node's own inputs, pessimistically.
+struct BodyVerdict {
+  bool has_break = false;
+  ValueFlags outputs;
+};
+
+BodyVerdict classify_bodies(const BoundGraph& bound, const Node& node, const FlagScope& scope) {
+  BodyVerdict verdict;
+  ValueFlags direct;
+  for (const std::string& name : node.inputs) {
+    if (!name.empty()) direct |= scope.get(name);
+  }
+  for_each_subgraph(node, [&](const Graph& body) {
+    FlagScope inner(&scope);
+    for (const ValueInfo& in : body.inputs) {
+      ValueFlags f = direct;
+      f.non_tensor |= is_declared_non_tensor(in);
+      inner.set(in.name, f);
+    }
+    std::vector<bool> breaks = classify_nodes(bound.subgraph(body), inner);
+    verdict.has_break |= std::find(breaks.begin(), breaks.end(), true) != breaks.end();
+    for (const ValueInfo& out : body.outputs) {
+      verdict.outputs |= inner.get(out.name);
+      verdict.outputs.non_tensor |= is_declared_non_tensor(out);
+    }
+  });
+  return verdict;
+}
+
+// Decides, node by node, which nodes of `bound` are graph breaks, and records
+// the flags of every output in `scope`.
+std::vector<bool> classify_nodes(const BoundGraph& bound, FlagScope& scope) {
+  const Graph& graph = *bound.graph;
   std::unordered_map<std::string, const ValueInfo*> declared;
   for (const auto* infos : {&graph.value_info, &graph.outputs}) {
     for (const ValueInfo& info : *infos) declared[info.name] = &info;
   }
-  const size_t n = graph.nodes.size();
-  std::vector<bool> is_break(n, false);
-  std::vector<std::vector<std::string>> reads(n);
-  for (size_t i = 0; i < n; ++i) {
+  std::vector<bool> is_break(graph.nodes.size(), false);
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& node = graph.nodes[i];
-    reads[i] = node_reads(node);
     ValueFlags in_flags;
-    for (const std::string& name : reads[i]) {
-      ValueFlags f = flags.count(name) ? flags[name] : ValueFlags{};
-      in_flags.traced |= f.traced;
-      in_flags.dynamic_shape |= f.dynamic_shape;
-      in_flags.non_tensor |= f.non_tensor;
-    }
+    for (const std::string& name : node_reads(node)) in_flags |= scope.get(name);
     const OpRow* row = bound.rows[i];
     bool host_input_traced = false;
     if (row != nullptr) {
       for (int h : row->host_inputs) {
         if (h < static_cast<int>(node.inputs.size()) && !node.inputs[h].empty()) {
-          host_input_traced |= flags[node.inputs[h]].traced;
+          host_input_traced |= scope.get(node.inputs[h]).traced;
         }
       }
     }
+    bool has_bodies = false;
+    for_each_subgraph(node, [&has_bodies](const Graph&) { has_bodies = true; });
+    BodyVerdict bodies = has_bodies ? classify_bodies(bound, node, scope) : BodyVerdict{};
     // Non-tensor values cannot cross a compiled boundary: their readers run eagerly.
-    bool non_tensor_out = produces_non_tensor(node, row, declared);
+    bool non_tensor_out = produces_non_tensor(node, row, declared) || bodies.outputs.non_tensor;
     is_break[i] = (row != nullptr && row->eager_only) || host_input_traced || in_flags.non_tensor ||
-                  (non_tensor_out && in_flags.traced);
+                  (non_tensor_out && in_flags.traced) || bodies.has_break;
     ValueFlags out;
     if (is_break[i]) {
-      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape, in_flags.non_tensor || non_tensor_out};
+      out = {in_flags.traced, in_flags.traced || in_flags.dynamic_shape,
+             in_flags.non_tensor || non_tensor_out};
     } else if (row != nullptr && row->reads_only_shapes) {
-      bool input_dynamic = !node.inputs.empty() && flags[node.inputs[0]].dynamic_shape;
+      bool input_dynamic = !node.inputs.empty() && scope.get(node.inputs[0]).dynamic_shape;
       out = {input_dynamic, false, false};
+    } else if (has_bodies) {
+      // A body traced in place (an If on a host condition, a Scan): its
+      // outputs are as traced as the body made them.
+      out = bodies.outputs;
+      for (const std::string& name : node.inputs) {
+        if (!name.empty()) out |= scope.get(name);
+      }
     } else {
       out = in_flags;
     }
     for (const std::string& name : node.outputs) {
-      if (!name.empty()) flags[name] = out;
+      if (!name.empty()) scope.set(name, out);
     }
   }
+  return is_break;
+}
+
+}  // namespace
+
+SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>& static_inputs,
+                            const std::set<std::string>& traced_params) {
+  const Graph& graph = *bound.graph;
+  FlagScope scope;
+  for (const ValueInfo& in : graph.inputs) {
+    bool data = static_inputs.count(in.name) == 0;
+    scope.set(in.name, {data, false, !is_plain_tensor(in)});
+  }
+  for (const std::string& name : traced_params) scope.set(name, {true, false, false});
+  const size_t n = graph.nodes.size();
+  const std::vector<bool> is_break = classify_nodes(bound, scope);
+  std::vector<std::vector<std::string>> reads(n);
+  for (size_t i = 0; i < n; ++i) reads[i] = node_reads(graph.nodes[i]);
+  auto flags = [&scope](const std::string& name) { return scope.get(name); };
 
   // Group consecutive non-break nodes into compiled steps.
   SegmentLayout layout;
@@ -143,7 +226,7 @@ SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>
         if (defined_here.count(name) || seen_inputs.count(name)) continue;
         // Initializers are captured as constants, unless traced as params.
         if (graph.initializers.count(name) && !traced_params.count(name)) continue;
-        if (flags[name].traced) {
+        if (flags(name).traced) {
           step.traced_inputs.push_back(name);
           seen_inputs.insert(name);
         }
@@ -153,7 +236,7 @@ SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>
         defined_here.insert(name);
         auto it = last_read_step.find(name);
         if (it == last_read_step.end() || it->second <= s) continue;
-        (flags[name].traced ? step.traced_outputs : step.host_outputs).push_back(name);
+        (flags(name).traced ? step.traced_outputs : step.host_outputs).push_back(name);
       }
     }
   }

@@ -167,9 +167,17 @@ Analysis analyze(const Graph& graph, const Inputs& inputs) {
       if (!o.empty()) out.carrying.insert(o);
     }
   }
+  // The loss sums tensor outputs: a sequence or optional output has no place in it.
+  bool reaches_non_tensor = false;
+  for (const ValueInfo& o : graph.outputs) {
+    if (o.kind != ValueInfo::Kind::kSequence && o.kind != ValueInfo::Kind::kOptional) continue;
+    reaches_non_tensor = reaches_non_tensor || out.carrying.erase(o.name) > 0;
+  }
   bool reaches_output = false;
   for (const ValueInfo& o : graph.outputs) reaches_output = reaches_output || out.carrying.count(o.name);
-  if (!reaches_output) {
+  if (!reaches_output && reaches_non_tensor) {
+    out.skip = "differentiated inputs reach only sequence or optional outputs";
+  } else if (!reaches_output) {
     out.blocked_by_trait = !blocked.empty();
     out.skip = blocked.empty() ? "no differentiated input reaches an output"
                                : str("not differentiable (", *blocked.begin(), ")");

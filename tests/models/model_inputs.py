@@ -13,6 +13,8 @@ Kinds:
     attention_mask             ones; with batch > 1 the last row ends in 2 zeros
     position_ids               derived from the mask like generate() does
     float                      standard normal float32
+    bool                       every element equal to the entry's "value" (true/false),
+                               e.g. optimum's use_cache_branch
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ def build_inputs(entries: list[dict], dims: dict, rng: np.random.Generator) -> d
             value = position_ids(next(iter(masks.values())), shape[1])
         elif kind == "float":
             value = rng.standard_normal(shape).astype(np.float32)
+        elif kind == "bool":
+            value = np.full(shape, bool(entry["value"]), dtype=np.bool_)
         else:
             raise ValueError(f"input {entry['name']}: unknown kind {kind!r}")
         if value.dtype != np.dtype(entry["dtype"]):

@@ -1,12 +1,15 @@
 """Whole-model comparison: `transmuter run` against ONNX Runtime.
 
 Every folder here with an inputs.json is one model: either its own model.onnx
-(tiny exports made by scripts/export_models.py) or one fetched by the script
-named in its "fetch" key (the real pretrained model). For each model the test
+(tiny exports made by scripts/export_models.py), another folder's model named by
+its "model_of" key (the same model fed other inputs), or one fetched by the script
+named in its "fetch" key (the real pretrained model). Inputs listed in its
+"static" key are passed with --static (host values while compiling). For each model the test
 builds seeded, valid inputs (tests/models/model_inputs.py), runs ONNX Runtime
 with graph optimizations off as the reference, then runs
 
-    $TRANSMUTER_BIN run MODEL --input NAME=FILE.npy ... --output-dir DIR --mode {eager,compiled}
+    $TRANSMUTER_BIN run MODEL --input NAME=FILE.npy ... [--static NAME=FILE.npy ...]
+                    --output-dir DIR --mode {eager,compiled}
 
 and requires every output to match: same shape, same dtype, max abs diff
 <= 1e-4. The worst diff per model/mode/output is printed at the end of the run
@@ -71,11 +74,20 @@ class Reference:
     model_path: Path
     input_files: dict[str, Path]
     outputs: dict[str, np.ndarray]
+    static_inputs: frozenset[str] = frozenset()
+
+
+def model_path_of(name: str, spec: dict) -> Path:
+    if "fetch" in spec:
+        return fetch_model(spec["fetch"])
+    if "model_of" in spec:
+        return MODELS_DIR / spec["model_of"] / "model.onnx"
+    return MODELS_DIR / name / "model.onnx"
 
 
 def make_reference(name: str, work_dir: Path) -> Reference:
     spec = json.loads((MODELS_DIR / name / "inputs.json").read_text())
-    model_path = fetch_model(spec["fetch"]) if "fetch" in spec else MODELS_DIR / name / "model.onnx"
+    model_path = model_path_of(name, spec)
     inputs = build_inputs(spec["inputs"], spec["dims"], np.random.default_rng(SEED))
 
     options = ort.SessionOptions()
@@ -90,7 +102,7 @@ def make_reference(name: str, work_dir: Path) -> Reference:
         path = work_dir / f"{sanitize(input_name)}.npy"
         np.save(path, value)
         input_files[input_name] = path
-    return Reference(model_path, input_files, outputs)
+    return Reference(model_path, input_files, outputs, frozenset(spec.get("static", [])))
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +123,8 @@ def run_transmuter(reference: Reference, mode: str, out_dir: Path) -> None:
         pytest.fail(f"transmuter binary not found at {binary} (set TRANSMUTER_BIN)")
     command = [str(binary), "run", str(reference.model_path)]
     for input_name, path in reference.input_files.items():
-        command += ["--input", f"{input_name}={path}"]
+        option = "--static" if input_name in reference.static_inputs else "--input"
+        command += [option, f"{input_name}={path}"]
     command += ["--output-dir", str(out_dir), "--mode", mode]
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False

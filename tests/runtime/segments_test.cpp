@@ -76,3 +76,57 @@ TEST(Segments, StaticInputsMakeHostInputsKnown) {
 
 }  // namespace
 }  // namespace transmuter
+
+namespace transmuter {
+namespace {
+
+using testing::graph_attr;
+using testing::GraphBuilder;
+
+// y = Reshape(x, If(cond){Shape(x)}): with a static condition the branch is
+// traced in place and its output, a shape, stays a host value, so the Reshape
+// needs no break. With a traced condition the If itself is the only break.
+Model if_shape_model() {
+  auto branch = GraphBuilder().node("Shape", {"x"}, {"s"}).output("s").graph();
+  return GraphBuilder()
+      .input("cond", OnnxType::kBool, {})
+      .input("x", OnnxType::kFloat, {-1, 2})
+      .node("If", {"cond"}, {"shape"}, {graph_attr("then_branch", branch), graph_attr("else_branch", branch)})
+      .node("Reshape", {"x", "shape"}, {"y"})
+      .output("y")
+      .build();
+}
+
+TEST(Segments, IfOnAStaticConditionKeepsItsBranchOutputsHostValues) {
+  Model model = if_shape_model();
+  SegmentLayout layout = plan_segments(*model.internal_state().bound, {"cond"});
+  EXPECT_EQ(layout.graph_breaks, 0u);
+  ASSERT_EQ(layout.compiled_segments, 1u);
+  EXPECT_EQ(layout.steps[0].traced_inputs, std::vector<std::string>{"x"});
+}
+
+TEST(Segments, IfOnATracedConditionIsABreakAndItsOutputsAreData) {
+  Model model = if_shape_model();
+  SegmentLayout layout = plan_segments(*model.internal_state().bound, {});
+  ASSERT_EQ(layout.steps.size(), 2u);
+  EXPECT_TRUE(layout.steps[0].eager);  // If
+  EXPECT_TRUE(layout.steps[1].eager);  // Reshape reads the If's output on the host
+}
+
+TEST(Segments, NodeInsideABodyThatReadsTracedDataOnTheHostBreaksTheWholeNode) {
+  // The branch's Reshape reads a traced outer tensor as its shape.
+  auto branch = GraphBuilder().node("Reshape", {"x", "dims"}, {"r"}).output("r").graph();
+  Model model = GraphBuilder()
+                    .input("cond", OnnxType::kBool, {})
+                    .input("x", OnnxType::kFloat, {4})
+                    .input("dims", OnnxType::kInt64, {2})
+                    .node("If", {"cond"}, {"y"},
+                          {graph_attr("then_branch", branch), graph_attr("else_branch", branch)})
+                    .output("y")
+                    .build();
+  EXPECT_EQ(plan_segments(*model.internal_state().bound, {"cond"}).graph_breaks, 1u);
+  EXPECT_EQ(plan_segments(*model.internal_state().bound, {"cond", "dims"}).graph_breaks, 0u);
+}
+
+}  // namespace
+}  // namespace transmuter

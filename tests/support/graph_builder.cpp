@@ -2,6 +2,14 @@
 
 namespace transmuter::testing {
 
+Attribute graph_attr(const std::string& name, std::shared_ptr<Graph> body) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kGraph;
+  a.g = std::move(body);
+  return a;
+}
+
 GraphBuilder& GraphBuilder::input(const std::string& name, OnnxType type, std::vector<int64_t> dims) {
   ValueInfo info;
   info.name = name;
@@ -11,7 +19,7 @@ GraphBuilder& GraphBuilder::input(const std::string& name, OnnxType type, std::v
   for (size_t i = 0; i < dims.size(); ++i) {
     Dim d;
     if (dims[i] >= 0) d.value = dims[i];
-    else d.symbol = "d" + std::to_string(i);
+    else d.symbol = std::to_string(i).insert(0, 1, 'd');  // GCC 12 warns (-Wrestrict) on "d" + string
     info.shape.push_back(d);
   }
   graph_->inputs.push_back(info);

@@ -10,6 +10,9 @@
 
 namespace transmuter::testing {
 
+/** A GRAPH attribute holding `body` (a subgraph: If branch, Loop/Scan body). */
+Attribute graph_attr(const std::string& name, std::shared_ptr<Graph> body);
+
 class GraphBuilder {
  public:
   explicit GraphBuilder(int64_t opset = 18) : graph_(std::make_shared<Graph>()) { graph_->opsets[""] = opset; }
@@ -20,6 +23,9 @@ class GraphBuilder {
   GraphBuilder& node(const std::string& op_type, std::vector<std::string> inputs, std::vector<std::string> outputs,
                      std::vector<Attribute> attributes = {});
   GraphBuilder& output(const std::string& name);
+
+  /** The graph built so far, e.g. as an If/Loop/Scan body (graph_attr). */
+  std::shared_ptr<Graph> graph() const { return std::make_shared<Graph>(*graph_); }
 
   /** The Model (ops resolved against the built-in registry). */
   Model build(const LoadOptions& options = {}) const;

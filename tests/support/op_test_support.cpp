@@ -95,13 +95,17 @@ mx::array iota(mx::Shape shape, mx::Dtype dtype) {
 const mx::array& out0(const std::vector<Value>& outputs) { return outputs[0].tensor(); }
 
 std::vector<double> to_doubles(const mx::array& a) {
-  mx::array f = mx::astype(mx::flatten(a), mx::float64, mx::Device::cpu);
+  // contiguous: a broadcast array (a gradient of a broadcast scalar) keeps
+  // zero strides through astype, and data() would read past its one element.
+  mx::array f = mx::contiguous(mx::astype(mx::flatten(a), mx::float64, mx::Device::cpu), false, mx::Device::cpu);
   mx::eval(f);
   return std::vector<double>(f.data<double>(), f.data<double>() + f.size());
 }
 
 std::vector<int64_t> to_ints(const mx::array& a) {
-  mx::array f = mx::astype(mx::flatten(a), mx::int64, mx::Device::cpu);
+  // contiguous: a broadcast array (a gradient of a broadcast scalar) keeps
+  // zero strides through astype, and data() would read past its one element.
+  mx::array f = mx::contiguous(mx::astype(mx::flatten(a), mx::int64, mx::Device::cpu), false, mx::Device::cpu);
   mx::eval(f);
   return std::vector<int64_t>(f.data<int64_t>(), f.data<int64_t>() + f.size());
 }
