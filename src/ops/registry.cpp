@@ -64,6 +64,9 @@ OpRegistry make_builtin_registry() {
   register_cast(registry);
   register_controlflow(registry);
   register_sequence(registry);
+  register_text(registry);
+  register_ml(registry);
+  register_training(registry);
   return registry;
 }
 }  // namespace

@@ -93,5 +93,8 @@ void register_random(OpRegistry& registry);
 void register_cast(OpRegistry& registry);
 void register_controlflow(OpRegistry& registry);
 void register_sequence(OpRegistry& registry);
+void register_text(OpRegistry& registry);
+void register_ml(OpRegistry& registry);
+void register_training(OpRegistry& registry);
 
 }  // namespace transmuter
