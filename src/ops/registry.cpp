@@ -65,6 +65,9 @@ OpRegistry make_builtin_registry() {
   register_controlflow(registry);
   register_sequence(registry);
   register_attention(registry);
+  register_text(registry);
+  register_ml(registry);
+  register_training(registry);
   return registry;
 }
 }  // namespace

@@ -94,5 +94,8 @@ void register_cast(OpRegistry& registry);
 void register_controlflow(OpRegistry& registry);
 void register_sequence(OpRegistry& registry);
 void register_attention(OpRegistry& registry);
+void register_text(OpRegistry& registry);
+void register_ml(OpRegistry& registry);
+void register_training(OpRegistry& registry);
 
 }  // namespace transmuter

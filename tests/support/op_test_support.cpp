@@ -41,6 +41,13 @@ Attribute floats_attr(const std::string& name, std::vector<float> v) {
   a.floats = std::move(v);
   return a;
 }
+Attribute strings_attr(const std::string& name, std::vector<std::string> v) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kStrings;
+  a.strings = std::move(v);
+  return a;
+}
 Attribute tensor_attr(const std::string& name, Value v) {
   Attribute a;
   a.name = name;
@@ -51,14 +58,21 @@ Attribute tensor_attr(const std::string& name, Value v) {
 
 std::vector<Value> run_op(const std::string& op_type, int opset, const std::vector<Value>& inputs,
                           const std::vector<Attribute>& attributes, int num_outputs) {
+  return run_domain_op("", op_type, opset, inputs, attributes, num_outputs);
+}
+
+std::vector<Value> run_domain_op(const std::string& domain, const std::string& op_type, int opset,
+                                 const std::vector<Value>& inputs, const std::vector<Attribute>& attributes,
+                                 int num_outputs) {
   Node node;
   node.name = "test_" + op_type;
   node.op_type = op_type;
+  node.domain = domain;
   node.opset = opset;
   node.attributes = attributes;
   for (size_t i = 0; i < inputs.size(); ++i) node.inputs.push_back(str("in", i));
   for (int i = 0; i < num_outputs; ++i) node.outputs.push_back(str("out", i));
-  const OpRow* row = builtin_registry().find("", op_type, opset);
+  const OpRow* row = builtin_registry().find(domain, op_type, opset);
   if (row == nullptr) throw UnsupportedError(str(op_type, " opset ", opset, " is not registered"));
   std::vector<const Value*> ptrs;
   for (const Value& v : inputs) ptrs.push_back(&v);

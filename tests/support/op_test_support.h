@@ -18,6 +18,7 @@ Attribute float_attr(const std::string& name, float v);
 Attribute string_attr(const std::string& name, const std::string& v);
 Attribute ints_attr(const std::string& name, std::vector<int64_t> v);
 Attribute floats_attr(const std::string& name, std::vector<float> v);
+Attribute strings_attr(const std::string& name, std::vector<std::string> v);
 Attribute tensor_attr(const std::string& name, Value v);
 
 /** Runs `op_type` of the default domain at `opset` with the given inputs (a
@@ -25,6 +26,10 @@ Attribute tensor_attr(const std::string& name, Value v);
  * Throws like the runtime does (OpError, UnsupportedError). */
 std::vector<Value> run_op(const std::string& op_type, int opset, const std::vector<Value>& inputs,
                           const std::vector<Attribute>& attributes = {}, int num_outputs = 1);
+/** run_op for an operator of another domain ("ai.onnx.ml", ...). */
+std::vector<Value> run_domain_op(const std::string& domain, const std::string& op_type, int opset,
+                                 const std::vector<Value>& inputs, const std::vector<Attribute>& attributes = {},
+                                 int num_outputs = 1);
 
 /** Runs the op inside mx::compile: inputs at `traced` positions are the
  * compiled function's arguments (tracers while tracing), the others are

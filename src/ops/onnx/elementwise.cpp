@@ -10,6 +10,7 @@
 #include "ops/node_context.h"
 #include "ops/rational_erf.h"
 #include "ops/registry.h"
+#include "ops/string_tensors.h"
 
 namespace transmuter {
 namespace {
@@ -134,51 +135,19 @@ OpOutputs bitshift_op(NodeContext& ctx) {
 
 // --- comparison and logic -----------------------------------------------------
 
-/** Numpy-style broadcast of two string tensors' shapes; throws via ctx. */
-std::vector<int64_t> broadcast_shapes(const NodeContext& ctx, const std::vector<int64_t>& a,
-                                      const std::vector<int64_t>& b) {
-  size_t rank = std::max(a.size(), b.size());
-  std::vector<int64_t> out(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
-    int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
-    if (da != db && da != 1 && db != 1) throw ctx.error("shapes do not broadcast: ", da, " vs ", db);
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
-/** Flat index into a tensor of `shape` for the broadcast position `index`
- * (a multi-index over the output shape of rank >= shape.size()). */
-size_t broadcast_offset(const std::vector<int64_t>& shape, const std::vector<int64_t>& index) {
-  size_t lead = index.size() - shape.size();
-  size_t offset = 0;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    offset = offset * shape[i] + (shape[i] == 1 ? 0 : index[lead + i]);
-  }
-  return offset;
-}
-
 // Equal accepts string tensors from opset 19; they live on the host, so the
 // comparison runs there and yields an ordinary bool tensor.
 mx::array equal_strings(const NodeContext& ctx, const StringTensor& a, const StringTensor& b) {
   std::vector<int64_t> shape = broadcast_shapes(ctx, a.shape, b.shape);
-  const mx::Shape out_shape = to_shape(ctx, shape);  // checked before the loop below
+  to_shape(ctx, shape);  // checked before the loop below
   size_t count = 1;
   for (int64_t d : shape) count *= d;
   std::vector<int64_t> index(shape.size(), 0);
   std::vector<bool> result(count);
-  for (size_t flat = 0; flat < count; ++flat) {
+  for (size_t flat = 0; flat < count; ++flat, next_index(index, shape)) {
     result[flat] = a.data[broadcast_offset(a.shape, index)] == b.data[broadcast_offset(b.shape, index)];
-    for (size_t d = shape.size(); d-- > 0;) {  // advance the multi-index
-      if (++index[d] < shape[d]) break;
-      index[d] = 0;
-    }
   }
-  std::vector<uint8_t> bytes(result.begin(), result.end());
-  mx::array flat = mx::array(
-      bytes.begin(), mx::Shape{to_int32(ctx, static_cast<int64_t>(count), "element count")}, mx::uint8);
-  return mx::astype(mx::reshape(flat, out_shape, mx::Device::cpu), mx::bool_, mx::Device::cpu);
+  return bool_tensor(ctx, shape, result);
 }
 
 OpOutputs equal_op(NodeContext& ctx) {
