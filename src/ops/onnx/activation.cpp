@@ -197,14 +197,27 @@ std::vector<int> normalized_axes(const NodeContext& ctx, const mx::array& x) {
   return axes;
 }
 
-// On the CPU, float32 and half precision (widened once) use the vectorized
-// softmax; float64, and every dtype on a GPU stream, keep MLX's.
+// Half precision as the spec's formula evaluated in the input's dtype: exp,
+// sum and divide each rounded to it (the ONNX reference's NumPy steps). A
+// float32 softmax rounded once is an ulp off in some rows, beyond the node
+// tests' rtol (test_attention_4d_causal_fp16_expanded).
+mx::array softmax_half_steps(const mx::array& x, const std::vector<int>& axes, mx::StreamOrDevice s) {
+  mx::array wide = mx::astype(x, mx::float32, s);
+  mx::array row_max = mx::stop_gradient(mx::max(wide, axes, /*keepdims=*/true, s), s);
+  mx::array e = mx::astype(exp_upto_88(mx::subtract(wide, row_max, s), s), x.dtype(), s);
+  mx::array sum = mx::astype(mx::sum(mx::astype(e, mx::float32, s), axes, /*keepdims=*/true, s), x.dtype(), s);
+  return mx::divide(e, sum, s);
+}
+
+// On the CPU, float32 uses the vectorized softmax and half precision the
+// stepwise one above; float64, and every dtype on a GPU stream, keep MLX's.
 OpOutputs softmax(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   std::vector<int> axes = normalized_axes(ctx, x);
   if (x.dtype() == mx::float64 || !on_cpu_stream(ctx.stream())) {
     return {mx::softmax(x, axes, /*precise=*/true, ctx.stream())};
   }
+  if (x.dtype() == mx::float16 || x.dtype() == mx::bfloat16) return {softmax_half_steps(x, axes, ctx.stream())};
   return widened(ctx, [&](const mx::array& v, mx::StreamOrDevice s) { return softmax_float32(v, axes, s); });
 }
 
