@@ -22,6 +22,7 @@
 #include <mlx/mlx.h>
 
 #include "ops/node_context.h"
+#include "ops/onnx/narrow_types.h"
 #include "ops/registry.h"
 #include "transmuter/dtype.h"
 
@@ -29,58 +30,6 @@ namespace transmuter {
 namespace {
 
 mx::array u32(uint32_t v) { return mx::array(v, mx::uint32); }
-
-// --- narrow floating-point targets -----------------------------------------------
-
-/** A small binary float format: sign, exponent, `mantissa_bits` of mantissa. */
-struct MiniFloat {
-  int mantissa_bits;
-  int min_exponent;  // unbiased exponent of the smallest normal number
-  float max_value;
-  bool has_inf;        // overflow without saturation gives inf, else NaN
-  bool unsigned_zero;  // the FNUZ formats have no -0
-  bool has_nan;        // float4e2m1 has no NaN: NaN becomes 0
-};
-
-constexpr MiniFloat kE4M3FN{3, -6, 448.0f, false, false, true};
-constexpr MiniFloat kE4M3FNUZ{3, -7, 240.0f, false, true, true};
-constexpr MiniFloat kE5M2{2, -14, 57344.0f, true, false, true};
-constexpr MiniFloat kE5M2FNUZ{2, -15, 57344.0f, false, true, true};
-constexpr MiniFloat kE2M1{1, 0, 6.0f, false, false, false};
-
-/** Rounds float32 `x` to the nearest value of `format` (ties to even), as
- * float32. Out of range: the largest finite value when saturating (the Cast-19
- * default), else inf or NaN as the format allows (spec table in Cast-19). */
-mx::array round_to_minifloat(const mx::array& x, const MiniFloat& format, bool saturate,
-                             mx::StreamOrDevice s) {
-  mx::array bits = mx::view(x, mx::uint32, s);
-  mx::array sign = mx::bitwise_and(bits, u32(0x80000000u), s);
-  mx::array biased =
-      mx::astype(mx::bitwise_and(mx::right_shift(bits, u32(23), s), u32(0xFF), s), mx::int32, s);
-  // Spacing of representable values around x: 2^(exponent - mantissa_bits),
-  // with the exponent held at the subnormal floor below the normal range.
-  mx::array exponent =
-      mx::maximum(mx::subtract(biased, mx::array(127), s), mx::array(format.min_exponent), s);
-  mx::array quantum_bits =
-      mx::left_shift(mx::add(exponent, mx::array(127 - format.mantissa_bits), s), mx::array(23), s);
-  mx::array quantum = mx::view(mx::astype(quantum_bits, mx::uint32, s), mx::float32, s);
-  mx::array magnitude = mx::abs(x, s);
-  mx::array rounded = mx::multiply(mx::round(mx::divide(magnitude, quantum, s), 0, s), quantum, s);
-
-  mx::array overflow = mx::greater(rounded, mx::array(format.max_value), s);
-  float overflow_value = format.max_value;
-  if (!saturate) {
-    overflow_value =
-        format.has_inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
-  }
-  rounded = mx::where(overflow, mx::array(overflow_value), rounded, s);
-  if (!format.has_nan) rounded = mx::where(mx::isnan(rounded, s), mx::array(0.0f), rounded, s);
-  if (format.unsigned_zero) sign = mx::where(mx::equal(rounded, mx::array(0.0f), s), u32(0), sign, s);
-  // Rounding is piecewise constant: its gradient is 0 almost everywhere, and
-  // stop_gradient keeps mx::vjp away from mx::view, which it cannot differentiate.
-  mx::array signed_bits = mx::bitwise_or(mx::view(rounded, mx::uint32, s), sign, s);
-  return mx::stop_gradient(mx::view(signed_bits, mx::float32, s), s);
-}
 
 /** float8e8m0: a bare power of two 2^(e - 127), e in 0..254, 255 is NaN. The
  * sign is dropped. Rounding of the float32 exponent follows `round_mode`
@@ -113,21 +62,6 @@ mx::array round_to_e8m0(const NodeContext& ctx, const mx::array& x, bool saturat
   value_bits = mx::where(mx::equal(exponent, u32(0xFF), s), u32(0x7FC00000u), value_bits, s);
   // Piecewise constant like round_to_minifloat: gradient 0 (and no vjp of mx::view).
   return mx::stop_gradient(mx::view(value_bits, mx::float32, s), s);
-}
-
-// --- narrow integer targets --------------------------------------------------------
-
-/** Keeps the low `bits` bits (two's complement when signed), as the Cast spec
- * asks for out-of-range integers; floats truncate toward zero first. */
-mx::array wrap_to_bits(const mx::array& x, int bits, bool is_signed, mx::StreamOrDevice s) {
-  mx::array v = mx::astype(x, mx::int64, s);
-  int64_t modulus = int64_t{1} << bits;
-  v = mx::bitwise_and(v, mx::array(modulus - 1, mx::int64), s);
-  if (is_signed) {
-    mx::array half = mx::array(modulus / 2, mx::int64);
-    v = mx::subtract(mx::bitwise_xor(v, half, s), half, s);
-  }
-  return mx::astype(v, is_signed ? mx::int8 : mx::uint8, s);
 }
 
 // --- strings --------------------------------------------------------------------------
@@ -285,18 +219,8 @@ Value cast_value(const NodeContext& ctx, const Value& in, OnnxType to, const Cas
   const mx::array& x = in.tensor();
   auto s = ctx.stream();
   auto as_float32 = [&] { return mx::astype(x, mx::float32, s); };
+  if (is_narrow_float(to)) return round_to_narrow_float(x, to, options.saturate, s);
   switch (to) {
-    case OnnxType::kFloat8E4M3FN:
-      return round_to_minifloat(as_float32(), kE4M3FN, options.saturate, s);
-    case OnnxType::kFloat8E4M3FNUZ:
-      return round_to_minifloat(as_float32(), kE4M3FNUZ, options.saturate, s);
-    case OnnxType::kFloat8E5M2:
-      return round_to_minifloat(as_float32(), kE5M2, options.saturate, s);
-    case OnnxType::kFloat8E5M2FNUZ:
-      return round_to_minifloat(as_float32(), kE5M2FNUZ, options.saturate, s);
-    // float4e2m1 always saturates (it has neither inf nor NaN).
-    case OnnxType::kFloat4E2M1:
-      return round_to_minifloat(as_float32(), kE2M1, true, s);
     case OnnxType::kFloat8E8M0:
       return round_to_e8m0(ctx, as_float32(), options.saturate, options.round_mode);
     case OnnxType::kInt4:
