@@ -57,6 +57,12 @@ struct OpRow {
   // sequence or optional although the op is not eager_only (Cast to STRING).
   // Such outputs cannot cross a compiled boundary. Null: always tensors.
   bool (*makes_non_tensor)(const Node& node) = nullptr;
+  // The op sets the ONNX element type of its outputs itself (Cast to int4,
+  // QuantizeLinear to float8, DequantizeLinear from them). For other rows the
+  // interpreter carries a narrow type held widened (float8 as float32...) from
+  // the inputs to outputs of the same MLX dtype: ONNX lets such types only
+  // into ops that move data (Identity, Reshape, Transpose, Pad, If...).
+  bool sets_element_types = false;
 };
 
 class OpRegistry {

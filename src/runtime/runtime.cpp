@@ -24,11 +24,11 @@ mx::Device default_device() {
 Outputs run(const Model& model, const Params& params, const Inputs& inputs, const RunOptions& options) {
   const BoundGraph& bound = *model.internal_state().bound;
   const Graph& graph = *bound.graph;
-  validate_inputs(graph, inputs);
+  const Inputs typed_inputs = validate_inputs(graph, inputs);
   Execution exec{options.device.value_or(default_device()), options.memory_limit};
   Environment env;
   bind_initializers(graph, &params, env);
-  for (const auto& [name, value] : inputs) env.set(name, value);
+  for (const auto& [name, value] : typed_inputs) env.set(name, value);
   run_nodes(bound, 0, bound.size(), env, exec);
   return collect_outputs(graph, env);
 }

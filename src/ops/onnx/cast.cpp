@@ -4,8 +4,9 @@
 // Float8, float4 and sub-byte integer tensors are held widened at run time
 // (see to_mlx_dtype: float8/float4 as float32, int4/int2 as int8, uint4/uint2
 // as uint8). A cast *to* one of them therefore yields the widened dtype
-// holding exactly the values the narrow type can represent; a cast *from*
-// one of them is a plain conversion of already-decoded values.
+// holding exactly the values the narrow type can represent, in a Value marked
+// with the narrow type; a cast *from* one of them is a plain conversion of
+// already-decoded values.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -251,10 +252,17 @@ OnnxType type_from_name(const NodeContext& ctx, const std::string& name) {
   throw ctx.error("unknown type name '", name, "' in attribute 'to'");
 }
 
+/** The cast's result, marked with its ONNX element type `to` (a float8 or
+ * int4 result is held widened). */
+Value typed_cast(const NodeContext& ctx, const Value& in, OnnxType to, const CastOptions& options) {
+  Value out = cast_value(ctx, in, to, options);
+  return out.is_tensor() ? Value(out.tensor(), to) : out;
+}
+
 OpOutputs cast_v1(NodeContext& ctx) {
   if (!ctx.has_input(0)) throw ctx.error("input 0 is required but missing");
   std::string name = ctx.attr_string("to", "");
-  return {cast_value(ctx, ctx.value(0), type_from_name(ctx, name), {})};
+  return {typed_cast(ctx, ctx.value(0), type_from_name(ctx, name), {})};
 }
 
 CastOptions options_from(const NodeContext& ctx) {
@@ -264,17 +272,16 @@ CastOptions options_from(const NodeContext& ctx) {
 OpOutputs cast_op(NodeContext& ctx) {
   auto to = static_cast<OnnxType>(ctx.required_int("to"));
   if (!ctx.has_input(0)) throw ctx.error("input 0 is required but missing");
-  return {cast_value(ctx, ctx.value(0), to, options_from(ctx))};
+  return {typed_cast(ctx, ctx.value(0), to, options_from(ctx))};
 }
 
-// CastLike takes the target type from its second input. A widened narrow type
-// (float8 held as float32, int4 as int8) cannot be told apart from the wide
-// one here, so the target is the wide type.
+// CastLike takes the target type from its second input, whose Value knows its
+// narrow type (float8 held as float32, int4 as int8).
 OpOutputs cast_like(NodeContext& ctx) {
   const Value& like = ctx.value(1);
   if (!ctx.has_input(0) || like.is_none()) throw ctx.error("needs two inputs");
-  OnnxType to = like.is_strings() ? OnnxType::kString : to_onnx_type(like.tensor().dtype());
-  return {cast_value(ctx, ctx.value(0), to, options_from(ctx))};
+  OnnxType to = like.is_strings() ? OnnxType::kString : like.element_type();
+  return {typed_cast(ctx, ctx.value(0), to, options_from(ctx))};
 }
 
 // A Cast to STRING outputs a string tensor, which cannot cross a compiled
@@ -290,16 +297,18 @@ bool casts_to_string(const Node& node) {
 void register_cast(OpRegistry& r) {
   r.add({
       {.op_type = "Cast", .domain = kOnnx, .since = 1, .until = 5, .fn = cast_v1,
-       .makes_non_tensor = casts_to_string},
+       .makes_non_tensor = casts_to_string, .sets_element_types = true},
       // 6: `to` becomes an int; 19: `saturate` for float8; 24: `round_mode`
       // for float8e8m0. Absent attributes take the defaults, so one function
       // serves all.
       {.op_type = "Cast", .domain = kOnnx, .since = 6, .until = 18, .fn = cast_op,
-       .makes_non_tensor = casts_to_string},
+       .makes_non_tensor = casts_to_string, .sets_element_types = true},
       {.op_type = "Cast", .domain = kOnnx, .since = 19, .until = kOpen, .fn = cast_op,
-       .makes_non_tensor = casts_to_string},
-      {"CastLike", kOnnx, 15, 18, cast_like},
-      {"CastLike", kOnnx, 19, kOpen, cast_like},
+       .makes_non_tensor = casts_to_string, .sets_element_types = true},
+      {.op_type = "CastLike", .domain = kOnnx, .since = 15, .until = 18, .fn = cast_like,
+       .sets_element_types = true},
+      {.op_type = "CastLike", .domain = kOnnx, .since = 19, .until = kOpen, .fn = cast_like,
+       .sets_element_types = true},
   });
 }
 

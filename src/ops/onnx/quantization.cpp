@@ -45,7 +45,7 @@ namespace {
 // --- element types ---------------------------------------------------------------
 
 /** The ONNX element type of input `i` (its narrow type when held widened). */
-OnnxType input_type(const NodeContext& ctx, size_t i) { return to_onnx_type(ctx.input(i).dtype()); }
+OnnxType input_type(const NodeContext& ctx, size_t i) { return ctx.value(i).element_type(); }
 
 /** "[2,3]": for messages. */
 std::string describe_shape(const mx::Shape& shape) {
@@ -55,7 +55,7 @@ std::string describe_shape(const mx::Shape& shape) {
 }
 
 /** The output value: `a` holding values of ONNX type `type`. */
-Value typed(mx::array a, OnnxType /*type*/) { return a; }
+Value typed(mx::array a, OnnxType type) { return Value(std::move(a), type); }
 
 /** The dtype named by a type attribute (output_dtype, precision, to). */
 mx::Dtype storage_of(const NodeContext& ctx, OnnxType type, const char* what) {
@@ -593,7 +593,7 @@ OpOutputs qlinear_conv(NodeContext& ctx) {
 // --- BitCast ------------------------------------------------------------------------------
 
 // BitCast (26): the same bits read as another type of the same width. Types
-// held widened (float8, float4, int4, int2...) have no bits of their own
+// held widened (float8, float4, int4, int2...) keep no bits of their own
 // here, so they are not supported.
 OpOutputs bitcast(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
@@ -625,9 +625,10 @@ constexpr std::string_view kNoFloat6 = "float6e2m3/float6e3m2 (new in v28) not s
 
 void register_quantization(OpRegistry& r) {
   const OpRow quantize{.op_type = "QuantizeLinear", .since = 10, .until = 12, .fn = quantize_linear,
-                       .not_differentiable = kQuantizedOutput};
+                       .not_differentiable = kQuantizedOutput, .sets_element_types = true};
   const OpRow dequantize{.op_type = "DequantizeLinear", .since = 10, .until = 12, .fn = dequantize_linear,
-                         .restrictions = "int32 x computed in float32 (exact below 2^24)"};
+                         .restrictions = "int32 x computed in float32 (exact below 2^24)",
+                         .sets_element_types = true};
   // One row per version (what changed is written at quantize_linear and
   // dequantize_linear); a single function reads every version's attributes.
   const int versions[] = {10, 13, 19, 21, 23, 24, 25, 28};
@@ -642,21 +643,22 @@ void register_quantization(OpRegistry& r) {
   }
   r.add({
       {.op_type = "DynamicQuantizeLinear", .since = 11, .until = kOpen, .fn = dynamic_quantize_linear,
-       .not_differentiable = "y and y_zero_point are integers; y_scale depends on x only through max and min"},
+       .not_differentiable = "y and y_zero_point are integers (y_scale, a max - min range, is not checked)"},
       {.op_type = "MatMulInteger", .since = 10, .until = kOpen, .fn = matmul_integer,
        .not_differentiable = kIntegerOutput},
       {.op_type = "ConvInteger", .since = 10, .until = kOpen, .fn = conv_integer,
        .not_differentiable = kIntegerOutput},
       {.op_type = "QLinearMatMul", .since = 10, .until = 20, .fn = qlinear_matmul,
-       .not_differentiable = kQuantizedOutput},
+       .not_differentiable = kQuantizedOutput, .sets_element_types = true},
       // 21: float16/bfloat16 scales and float8 operands.
       {.op_type = "QLinearMatMul", .since = 21, .until = kOpen, .fn = qlinear_matmul,
-       .restrictions = "float8 operands multiplied in float32", .not_differentiable = kQuantizedOutput},
+       .restrictions = "float8 operands multiplied in float32", .not_differentiable = kQuantizedOutput,
+       .sets_element_types = true},
       {.op_type = "QLinearConv", .since = 10, .until = kOpen, .fn = qlinear_conv,
-       .not_differentiable = kQuantizedOutput},
+       .not_differentiable = kQuantizedOutput, .sets_element_types = true},
       {.op_type = "BitCast", .since = 26, .until = kOpen, .fn = bitcast,
        .restrictions = "not from or to float8, float4, int4/uint4, int2/uint2 (held widened)",
-       .not_differentiable = "reinterprets bits"},
+       .not_differentiable = "reinterprets bits", .sets_element_types = true},
   });
 }
 

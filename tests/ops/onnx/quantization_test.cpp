@@ -95,6 +95,23 @@ TEST(QuantizeLinear, SubByteAndFloat8OutputsSaturateToTheNarrowType) {
   EXPECT_TRUE(std::isinf(to_doubles(f8_inf)[0]));
 }
 
+TEST(QuantizeLinear, TheZeroPointsElementTypeIsTheOutputType) {
+  mx::array x = f32({-20, 3.4f, 100});
+  // An int4 zero point is held as int8; its Value says int4, so y saturates to [-8, 7].
+  Value zp4(i8({1}, {}), OnnxType::kInt4);
+  Value q4 = run_op("QuantizeLinear", 21, {x, mx::array(1.0f), zp4})[0];
+  EXPECT_EQ(q4.element_type(), OnnxType::kInt4);
+  EXPECT_EQ(to_ints(q4.tensor()), (std::vector<int64_t>{-8, 4, 7}));
+  Value zp8(f32({0}, {}), OnnxType::kFloat8E5M2);
+  Value q8 = run_op("QuantizeLinear", 19, {x, mx::array(1.0f), zp8})[0];
+  EXPECT_EQ(q8.element_type(), OnnxType::kFloat8E5M2);
+  EXPECT_EQ(to_doubles(q8.tensor()), (std::vector<double>{-20, 3.5, 96}));
+  // And back: float8 input, float32 output.
+  Value y = run_op("DequantizeLinear", 19, {q8, mx::array(2.0f), zp8})[0];
+  EXPECT_EQ(y.element_type(), OnnxType::kFloat);
+  EXPECT_EQ(to_doubles(y.tensor()), (std::vector<double>{-40, 7, 192}));
+}
+
 TEST(QuantizeLinear, PrecisionAttributeSetsTheDivisionType) {
   // 2049 / 1 in float16 is 2048 (float16 has 11 significant bits).
   mx::array y = run_op("QuantizeLinear", 23, {f32({2049}), mx::array(1.0f)},
