@@ -10,8 +10,9 @@
 //
 // Tolerance, as onnx.backend.test's runner: |actual - expected| <= atol +
 // rtol * |expected| with the case's rtol/atol (data.json; default 1e-3 and
-// 1e-7), rtol at least 2^-6 (two ulps) for bfloat16; NaN matches NaN; dtype,
-// shape and strings must match exactly.
+// 1e-7), rtol at least 2^-6 (two ulps) for bfloat16; NaN matches NaN; dtype
+// (the ONNX element type, float8/int4... included), shape and strings must
+// match exactly.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -108,7 +109,13 @@ std::string compare_values(const Value& actual, const Value& expected, const Tol
   if (actual.kind() != expected.kind()) return str("got ", actual.describe(), ", expected ", expected.describe());
   switch (expected.kind()) {
     case Value::Kind::kNone: return "";
-    case Value::Kind::kTensor: return compare_tensors(actual.tensor(), expected.tensor(), tolerance);
+    case Value::Kind::kTensor:
+      // float8, int4... are held widened: the element type tells them apart.
+      if (actual.element_type() != expected.element_type()) {
+        return str("element type ", onnx_type_name(actual.element_type()), ", expected ",
+                   onnx_type_name(expected.element_type()));
+      }
+      return compare_tensors(actual.tensor(), expected.tensor(), tolerance);
     case Value::Kind::kStrings:
       if (actual.strings().shape != expected.strings().shape) return "string tensor shape differs";
       return actual.strings().data == expected.strings().data ? "" : "string values differ";

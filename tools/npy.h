@@ -37,7 +37,10 @@ mlx::core::array read_npy(const std::filesystem::path& path);
 mlx::core::array read_npy_bytes(std::span<const uint8_t> bytes, const std::string& where);
 
 /** Writes `a` (evaluated here) as an .npy file. bfloat16 is written as
- * float32 because NumPy has no bfloat16. */
+ * float32 because NumPy has no bfloat16. Tensors of float8/float4/int4/int2
+ * element types are held widened (each element exactly a value of the narrow
+ * type) and written so, as float32, int8 or uint8: NumPy has no such dtypes
+ * (ml_dtypes saves them as opaque '|V1' bytes). */
 void write_npy(const std::filesystem::path& path, const mlx::core::array& a);
 
 }  // namespace transmuter

@@ -1,5 +1,11 @@
 // An ONNX value: a tensor, a string tensor, a sequence, or an empty optional.
 // Only tensors cross a compiled boundary; the other kinds are plain C++ values.
+//
+// A tensor also knows its ONNX element type where MLX stores it wider: MLX has
+// no float8, float4 or sub-byte integer dtypes, so those are held widened
+// (to_mlx_dtype: float8/float4 as float32, int4/int2 as int8, uint4/uint2 as
+// uint8), each element exactly a value of the narrow type, and the Value
+// remembers the narrow type. Everything else reads it from the MLX dtype.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +15,8 @@
 #include <vector>
 
 #include <mlx/array.h>
+
+#include "transmuter/dtype.h"
 
 namespace transmuter {
 
@@ -32,6 +40,10 @@ class Value {
 
   Value() = default;
   Value(mx::array tensor) : v_(std::move(tensor)) {}  // NOLINT: implicit by design
+  /** A tensor holding values of ONNX element type `type`: a narrow type held
+   * widened (its MLX dtype must be to_mlx_dtype(type)) or the type the MLX
+   * dtype stands for. Throws transmuter::Error on any other pairing. */
+  Value(mx::array tensor, OnnxType type);
   Value(StringTensor strings) : v_(std::move(strings)) {}  // NOLINT
   static Value sequence(Sequence items) {
     Value out;
@@ -49,12 +61,19 @@ class Value {
   const mx::array& tensor() const;
   const StringTensor& strings() const;
   const Sequence& sequence_items() const;
+  /** A tensor's ONNX element type: the narrow type it holds widened, else
+   * the type of its MLX dtype. Throws when this value is not a tensor. */
+  OnnxType element_type() const;
+  /** True for a tensor held wider than its element type (int4 as int8...). */
+  bool is_widened() const { return narrow_type_ != OnnxType::kUndefined; }
 
-  /** "tensor float32[2,3]", "strings[4]", "sequence(3)", "none": for messages. */
+  /** "tensor float32[2,3]", "tensor int4 (as int8)[5]", "strings[4]",
+   * "sequence(3)", "none": for messages. */
   std::string describe() const;
 
  private:
   std::variant<std::monostate, mx::array, StringTensor, std::shared_ptr<Sequence>> v_;
+  OnnxType narrow_type_ = OnnxType::kUndefined;  // set only for widened tensors
 };
 
 }  // namespace transmuter

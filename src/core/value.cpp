@@ -6,6 +6,22 @@
 
 namespace transmuter {
 
+Value::Value(mx::array tensor, OnnxType type) : v_(std::move(tensor)) {
+  const mx::Dtype dtype = std::get<mx::array>(v_).dtype();
+  if (to_onnx_type(dtype) == type) return;
+  const std::optional<mx::Dtype> storage = to_mlx_dtype(type);
+  if (!storage || *storage != dtype) {
+    std::ostringstream held;
+    held << dtype;
+    throw Error(str("a ", held.str(), " tensor cannot hold ", onnx_type_name(type), " values"));
+  }
+  narrow_type_ = type;
+}
+
+OnnxType Value::element_type() const {
+  return is_widened() ? narrow_type_ : to_onnx_type(tensor().dtype());
+}
+
 const mx::array& Value::tensor() const {
   if (!is_tensor()) throw Error(str("expected a tensor, got ", describe()));
   return std::get<mx::array>(v_);
@@ -37,7 +53,8 @@ std::string Value::describe() const {
     case Kind::kTensor: {
       std::ostringstream dtype;
       dtype << tensor().dtype();
-      return "tensor " + dtype.str() + dims_text(tensor().shape());
+      std::string type = is_widened() ? onnx_type_name(narrow_type_) + " (as " + dtype.str() + ")" : dtype.str();
+      return "tensor " + type + dims_text(tensor().shape());
     }
     case Kind::kStrings:
       return "strings" + dims_text(strings().shape);

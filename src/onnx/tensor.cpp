@@ -528,6 +528,8 @@ NamedValue decode_tensor(std::span<const uint8_t> message, const MessagePath& pa
   } else {
     out.value = decode_typed(t, type, info, count, path);
   }
+  // float8, int4... are decoded widened; the value keeps its ONNX type.
+  if (out.value.is_tensor()) out.value = Value(out.value.tensor(), type);
   return out;
 }
 

@@ -57,6 +57,12 @@ struct OpRow {
   // sequence or optional although the op is not eager_only (Cast to STRING).
   // Such outputs cannot cross a compiled boundary. Null: always tensors.
   bool (*makes_non_tensor)(const Node& node) = nullptr;
+  // The op sets the ONNX element type of its outputs itself (Cast to int4,
+  // QuantizeLinear to float8, DequantizeLinear from them). For other rows the
+  // interpreter carries a narrow type held widened (float8 as float32...) from
+  // the inputs to outputs of the same MLX dtype: ONNX lets such types only
+  // into ops that move data (Identity, Reshape, Transpose, Pad, If...).
+  bool sets_element_types = false;
 };
 
 class OpRegistry {
@@ -97,5 +103,6 @@ void register_attention(OpRegistry& registry);
 void register_text(OpRegistry& registry);
 void register_ml(OpRegistry& registry);
 void register_training(OpRegistry& registry);
+void register_quantization(OpRegistry& registry);
 
 }  // namespace transmuter

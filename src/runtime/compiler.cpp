@@ -54,7 +54,10 @@ class Plan {
         continue;
       }
       std::vector<mx::array> outs = (*compiled_[s])(segment_args(step, env));
-      for (size_t i = 0; i < outs.size(); ++i) env.set(step.traced_outputs[i], outs[i]);
+      for (size_t i = 0; i < outs.size(); ++i) {
+        const std::string& name = step.traced_outputs[i];
+        env.set(name, Value(outs[i], element_types_.at(name)));
+      }
     }
     call_env_ = nullptr;
     return collect_outputs(*graph_.graph, env);
@@ -78,7 +81,13 @@ class Plan {
   // depend only on the plan's key, so they are captured once, here.
   std::vector<mx::array> trace_segment(const Step& step, const std::vector<mx::array>& args) {
     Environment scope(call_env_);
-    for (size_t i = 0; i < args.size(); ++i) scope.set(step.traced_inputs[i], args[i]);
+    for (size_t i = 0; i < args.size(); ++i) {
+      // The traced arguments are bare arrays: give them back the element type
+      // of the values they stand for (float8 held as float32...).
+      const Value* outer = call_env_ != nullptr ? call_env_->find(step.traced_inputs[i]) : nullptr;
+      const bool tensor = outer != nullptr && outer->is_tensor();
+      scope.set(step.traced_inputs[i], tensor ? Value(args[i], outer->element_type()) : Value(args[i]));
+    }
     run_nodes(graph_, step.begin, step.end, scope, exec_);
     for (const std::string& name : step.host_outputs) constants_.set(name, *scope.find(name));
     std::vector<mx::array> outs;
@@ -89,6 +98,7 @@ class Plan {
         throw Error(str("compiled segment output '", name, "' is ", v->describe(), ", not a tensor"));
       }
       outs.push_back(v->tensor());
+      element_types_[name] = v->element_type();
     }
     return outs;
   }
@@ -99,6 +109,9 @@ class Plan {
   Environment constants_;                  // initializers + captured host values
   const Environment* call_env_ = nullptr;  // the running call's scope, for tracing
   std::vector<std::unique_ptr<CompiledFunction>> compiled_;  // null for eager steps
+  // ONNX element types of the segments' outputs, seen while tracing: only
+  // arrays cross the compiled boundary, and float8/int4... are held widened.
+  std::unordered_map<std::string, OnnxType> element_types_;
 };
 
 // The plans of one calling thread. MLX keeps its compile cache per thread, so
@@ -223,11 +236,11 @@ Outputs CompiledModel::operator()(const Params& params, const Inputs& inputs) {
 
 Outputs CompiledModel::call(const Inputs& inputs, const Params* params) {
   State& s = *state_;
-  validate_inputs(*s.bound().graph, inputs);
+  const Inputs typed_inputs = validate_inputs(*s.bound().graph, inputs);
   if (params != nullptr) s.check_params(*params);
-  std::string key = signature_of(inputs, s.static_inputs);
+  std::string key = signature_of(typed_inputs, s.static_inputs);
   Executor& executor = s.executor_for_this_thread();
-  return s.plan_for(executor, key).call(inputs, params);
+  return s.plan_for(executor, key).call(typed_inputs, params);
 }
 
 CompileStats CompiledModel::stats() const {

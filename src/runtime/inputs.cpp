@@ -4,6 +4,7 @@
 
 #include <mlx/mlx.h>
 
+#include "runtime/interpreter.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -38,7 +39,8 @@ void check_tensor(const ValueInfo& info, const mx::array& a) {
 
 }  // namespace
 
-void validate_inputs(const Graph& graph, const Inputs& inputs) {
+Inputs validate_inputs(const Graph& graph, const Inputs& inputs) {
+  Inputs typed = inputs;
   for (const auto& [name, value] : inputs) {
     bool known = false;
     for (const ValueInfo& info : graph.inputs) known = known || info.name == name;
@@ -52,8 +54,16 @@ void validate_inputs(const Graph& graph, const Inputs& inputs) {
       if (info.kind == ValueInfo::Kind::kOptional) continue;
       throw InputError(str("input '", info.name, "' is required but was not given"));
     }
-    if (it->second.is_tensor() && info.kind == ValueInfo::Kind::kTensor) check_tensor(info, it->second.tensor());
+    if (it->second.is_tensor() && info.kind == ValueInfo::Kind::kTensor) {
+      check_tensor(info, it->second.tensor());
+      if (it->second.is_widened() && it->second.element_type() != info.elem_type) {
+        throw InputError(str("input '", info.name, "': expected dtype ", onnx_type_name(info.elem_type), ", got ",
+                             onnx_type_name(it->second.element_type())));
+      }
+      typed[info.name] = with_declared_type(info, it->second);
+    }
   }
+  return typed;
 }
 
 }  // namespace transmuter

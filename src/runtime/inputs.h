@@ -7,7 +7,9 @@
 namespace transmuter {
 
 /** Throws InputError for an unknown name, a missing input, a dtype other than
- * the declared one, or a shape that contradicts a fixed declared dimension. */
-void validate_inputs(const Graph& graph, const Inputs& inputs);
+ * the declared one, or a shape that contradicts a fixed declared dimension.
+ * Returns the inputs with the narrow element types the graph declares
+ * (an int8 array given for an int4 input holds int4 values). */
+Inputs validate_inputs(const Graph& graph, const Inputs& inputs);
 
 }  // namespace transmuter

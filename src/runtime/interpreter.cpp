@@ -79,6 +79,27 @@ void check_output_size(const NodeContext& ctx, const std::string& name, const mx
   }
 }
 
+// Float8, float4 and sub-byte integer tensors are held widened, and their
+// Value carries the narrow type. ONNX admits those types only into ops that
+// state their output types (Cast, QuantizeLinear...; OpRow::sets_element_types)
+// and into ops that move data (Identity, Reshape, Transpose, Pad, Concat,
+// If...), whose outputs hold the inputs' values. So an output of another op
+// holds the narrow type of its inputs of the same MLX dtype, when they agree
+// on one.
+void carry_element_types(const std::vector<const Value*>& inputs, OpOutputs& outputs) {
+  for (Value& out : outputs) {
+    if (!out.is_tensor() || out.is_widened()) continue;
+    OnnxType narrow = OnnxType::kUndefined;
+    for (const Value* in : inputs) {
+      if (in == nullptr || !in->is_tensor() || !in->is_widened()) continue;
+      if (in->tensor().dtype() != out.tensor().dtype()) continue;
+      if (narrow != OnnxType::kUndefined && narrow != in->element_type()) return;  // disagree: leave all as they are
+      narrow = in->element_type();
+    }
+    if (narrow != OnnxType::kUndefined) out = Value(out.tensor(), narrow);
+  }
+}
+
 }  // namespace
 
 void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec) {
@@ -90,9 +111,11 @@ void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& e
     const Node& node = graph.node(n);
     const OpRow* row = graph.rows[n];
     if (row == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
-    NodeContext ctx(node, gather_inputs(node, *row, env), exec.device, &subgraphs, row);
+    std::vector<const Value*> inputs = gather_inputs(node, *row, env);
+    NodeContext ctx(node, inputs, exec.device, &subgraphs, row);
     ctx.set_memory_limit(limit);
     OpOutputs outputs = call_op(*row, ctx);
+    if (!row->sets_element_types) carry_element_types(inputs, outputs);
     if (outputs.size() > node.outputs.size()) outputs.resize(node.outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].is_tensor()) check_output_size(ctx, node.outputs[i], outputs[i].tensor(), limit);
@@ -125,13 +148,20 @@ std::vector<Value> run_subgraph(const BoundGraph& bound, const std::vector<Value
   return outputs;
 }
 
+Value with_declared_type(const ValueInfo& info, const Value& value) {
+  if (!value.is_tensor() || value.is_widened() || info.kind != ValueInfo::Kind::kTensor) return value;
+  std::optional<mx::Dtype> storage = to_mlx_dtype(info.elem_type);
+  if (!storage || *storage != value.tensor().dtype() || to_onnx_type(*storage) == info.elem_type) return value;
+  return Value(value.tensor(), info.elem_type);
+}
+
 Outputs collect_outputs(const Graph& graph, const Environment& env) {
   Outputs out;
   for (const ValueInfo& info : graph.outputs) {
     const Value* v = env.find(info.name);
     if (v == nullptr) throw Error(str("graph output '", info.name, "' was not computed"));
     out.names.push_back(info.name);
-    out.values.push_back(*v);
+    out.values.push_back(with_declared_type(info, *v));
   }
   return out;
 }

@@ -58,7 +58,13 @@ std::vector<Value> run_subgraph(const BoundGraph& body, const std::vector<Value>
                                 const Environment& outer, const Execution& exec);
 
 
-/** The graph's declared outputs, read from `env`, in declared order. */
+/** `value` with the narrow element type `info` declares (float8, int4...),
+ * when it is a tensor of that type's MLX storage dtype not yet marked as
+ * such; otherwise `value` unchanged. */
+Value with_declared_type(const ValueInfo& info, const Value& value);
+
+/** The graph's declared outputs, read from `env`, in declared order, marked
+ * with their declared narrow element types (with_declared_type). */
 Outputs collect_outputs(const Graph& graph, const Environment& env);
 
 }  // namespace transmuter

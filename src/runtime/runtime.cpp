@@ -24,12 +24,12 @@ mx::Device default_device() {
 Outputs run(const Model& model, const Params& params, const Inputs& inputs, const RunOptions& options) {
   const BoundGraph& bound = *model.internal_state().bound;
   const Graph& graph = *bound.graph;
-  validate_inputs(graph, inputs);
+  const Inputs typed_inputs = validate_inputs(graph, inputs);
   Execution exec{options.device.value_or(default_device()), options.memory_limit};
   Environment env;
   bind_initializers(graph, &params, env);
-  for (const auto& [name, value] : inputs) env.set(name, value);
-  bind_omitted_optionals(graph, inputs, env);
+  for (const auto& [name, value] : typed_inputs) env.set(name, value);
+  bind_omitted_optionals(graph, typed_inputs, env);
   run_nodes(bound, 0, bound.size(), env, exec);
   return collect_outputs(graph, env);
 }

@@ -4,8 +4,9 @@
 // Float8, float4 and sub-byte integer tensors are held widened at run time
 // (see to_mlx_dtype: float8/float4 as float32, int4/int2 as int8, uint4/uint2
 // as uint8). A cast *to* one of them therefore yields the widened dtype
-// holding exactly the values the narrow type can represent; a cast *from*
-// one of them is a plain conversion of already-decoded values.
+// holding exactly the values the narrow type can represent, in a Value marked
+// with the narrow type; a cast *from* one of them is a plain conversion of
+// already-decoded values.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -22,6 +23,7 @@
 #include <mlx/mlx.h>
 
 #include "ops/node_context.h"
+#include "ops/onnx/narrow_types.h"
 #include "ops/registry.h"
 #include "transmuter/dtype.h"
 
@@ -29,58 +31,6 @@ namespace transmuter {
 namespace {
 
 mx::array u32(uint32_t v) { return mx::array(v, mx::uint32); }
-
-// --- narrow floating-point targets -----------------------------------------------
-
-/** A small binary float format: sign, exponent, `mantissa_bits` of mantissa. */
-struct MiniFloat {
-  int mantissa_bits;
-  int min_exponent;  // unbiased exponent of the smallest normal number
-  float max_value;
-  bool has_inf;        // overflow without saturation gives inf, else NaN
-  bool unsigned_zero;  // the FNUZ formats have no -0
-  bool has_nan;        // float4e2m1 has no NaN: NaN becomes 0
-};
-
-constexpr MiniFloat kE4M3FN{3, -6, 448.0f, false, false, true};
-constexpr MiniFloat kE4M3FNUZ{3, -7, 240.0f, false, true, true};
-constexpr MiniFloat kE5M2{2, -14, 57344.0f, true, false, true};
-constexpr MiniFloat kE5M2FNUZ{2, -15, 57344.0f, false, true, true};
-constexpr MiniFloat kE2M1{1, 0, 6.0f, false, false, false};
-
-/** Rounds float32 `x` to the nearest value of `format` (ties to even), as
- * float32. Out of range: the largest finite value when saturating (the Cast-19
- * default), else inf or NaN as the format allows (spec table in Cast-19). */
-mx::array round_to_minifloat(const mx::array& x, const MiniFloat& format, bool saturate,
-                             mx::StreamOrDevice s) {
-  mx::array bits = mx::view(x, mx::uint32, s);
-  mx::array sign = mx::bitwise_and(bits, u32(0x80000000u), s);
-  mx::array biased =
-      mx::astype(mx::bitwise_and(mx::right_shift(bits, u32(23), s), u32(0xFF), s), mx::int32, s);
-  // Spacing of representable values around x: 2^(exponent - mantissa_bits),
-  // with the exponent held at the subnormal floor below the normal range.
-  mx::array exponent =
-      mx::maximum(mx::subtract(biased, mx::array(127), s), mx::array(format.min_exponent), s);
-  mx::array quantum_bits =
-      mx::left_shift(mx::add(exponent, mx::array(127 - format.mantissa_bits), s), mx::array(23), s);
-  mx::array quantum = mx::view(mx::astype(quantum_bits, mx::uint32, s), mx::float32, s);
-  mx::array magnitude = mx::abs(x, s);
-  mx::array rounded = mx::multiply(mx::round(mx::divide(magnitude, quantum, s), 0, s), quantum, s);
-
-  mx::array overflow = mx::greater(rounded, mx::array(format.max_value), s);
-  float overflow_value = format.max_value;
-  if (!saturate) {
-    overflow_value =
-        format.has_inf ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
-  }
-  rounded = mx::where(overflow, mx::array(overflow_value), rounded, s);
-  if (!format.has_nan) rounded = mx::where(mx::isnan(rounded, s), mx::array(0.0f), rounded, s);
-  if (format.unsigned_zero) sign = mx::where(mx::equal(rounded, mx::array(0.0f), s), u32(0), sign, s);
-  // Rounding is piecewise constant: its gradient is 0 almost everywhere, and
-  // stop_gradient keeps mx::vjp away from mx::view, which it cannot differentiate.
-  mx::array signed_bits = mx::bitwise_or(mx::view(rounded, mx::uint32, s), sign, s);
-  return mx::stop_gradient(mx::view(signed_bits, mx::float32, s), s);
-}
 
 /** float8e8m0: a bare power of two 2^(e - 127), e in 0..254, 255 is NaN. The
  * sign is dropped. Rounding of the float32 exponent follows `round_mode`
@@ -113,21 +63,6 @@ mx::array round_to_e8m0(const NodeContext& ctx, const mx::array& x, bool saturat
   value_bits = mx::where(mx::equal(exponent, u32(0xFF), s), u32(0x7FC00000u), value_bits, s);
   // Piecewise constant like round_to_minifloat: gradient 0 (and no vjp of mx::view).
   return mx::stop_gradient(mx::view(value_bits, mx::float32, s), s);
-}
-
-// --- narrow integer targets --------------------------------------------------------
-
-/** Keeps the low `bits` bits (two's complement when signed), as the Cast spec
- * asks for out-of-range integers; floats truncate toward zero first. */
-mx::array wrap_to_bits(const mx::array& x, int bits, bool is_signed, mx::StreamOrDevice s) {
-  mx::array v = mx::astype(x, mx::int64, s);
-  int64_t modulus = int64_t{1} << bits;
-  v = mx::bitwise_and(v, mx::array(modulus - 1, mx::int64), s);
-  if (is_signed) {
-    mx::array half = mx::array(modulus / 2, mx::int64);
-    v = mx::subtract(mx::bitwise_xor(v, half, s), half, s);
-  }
-  return mx::astype(v, is_signed ? mx::int8 : mx::uint8, s);
 }
 
 // --- strings --------------------------------------------------------------------------
@@ -285,18 +220,8 @@ Value cast_value(const NodeContext& ctx, const Value& in, OnnxType to, const Cas
   const mx::array& x = in.tensor();
   auto s = ctx.stream();
   auto as_float32 = [&] { return mx::astype(x, mx::float32, s); };
+  if (is_narrow_float(to)) return round_to_narrow_float(x, to, options.saturate, s);
   switch (to) {
-    case OnnxType::kFloat8E4M3FN:
-      return round_to_minifloat(as_float32(), kE4M3FN, options.saturate, s);
-    case OnnxType::kFloat8E4M3FNUZ:
-      return round_to_minifloat(as_float32(), kE4M3FNUZ, options.saturate, s);
-    case OnnxType::kFloat8E5M2:
-      return round_to_minifloat(as_float32(), kE5M2, options.saturate, s);
-    case OnnxType::kFloat8E5M2FNUZ:
-      return round_to_minifloat(as_float32(), kE5M2FNUZ, options.saturate, s);
-    // float4e2m1 always saturates (it has neither inf nor NaN).
-    case OnnxType::kFloat4E2M1:
-      return round_to_minifloat(as_float32(), kE2M1, true, s);
     case OnnxType::kFloat8E8M0:
       return round_to_e8m0(ctx, as_float32(), options.saturate, options.round_mode);
     case OnnxType::kInt4:
@@ -327,10 +252,17 @@ OnnxType type_from_name(const NodeContext& ctx, const std::string& name) {
   throw ctx.error("unknown type name '", name, "' in attribute 'to'");
 }
 
+/** The cast's result, marked with its ONNX element type `to` (a float8 or
+ * int4 result is held widened). */
+Value typed_cast(const NodeContext& ctx, const Value& in, OnnxType to, const CastOptions& options) {
+  Value out = cast_value(ctx, in, to, options);
+  return out.is_tensor() ? Value(out.tensor(), to) : out;
+}
+
 OpOutputs cast_v1(NodeContext& ctx) {
   if (!ctx.has_input(0)) throw ctx.error("input 0 is required but missing");
   std::string name = ctx.attr_string("to", "");
-  return {cast_value(ctx, ctx.value(0), type_from_name(ctx, name), {})};
+  return {typed_cast(ctx, ctx.value(0), type_from_name(ctx, name), {})};
 }
 
 CastOptions options_from(const NodeContext& ctx) {
@@ -340,17 +272,16 @@ CastOptions options_from(const NodeContext& ctx) {
 OpOutputs cast_op(NodeContext& ctx) {
   auto to = static_cast<OnnxType>(ctx.required_int("to"));
   if (!ctx.has_input(0)) throw ctx.error("input 0 is required but missing");
-  return {cast_value(ctx, ctx.value(0), to, options_from(ctx))};
+  return {typed_cast(ctx, ctx.value(0), to, options_from(ctx))};
 }
 
-// CastLike takes the target type from its second input. A widened narrow type
-// (float8 held as float32, int4 as int8) cannot be told apart from the wide
-// one here, so the target is the wide type.
+// CastLike takes the target type from its second input, whose Value knows its
+// narrow type (float8 held as float32, int4 as int8).
 OpOutputs cast_like(NodeContext& ctx) {
   const Value& like = ctx.value(1);
   if (!ctx.has_input(0) || like.is_none()) throw ctx.error("needs two inputs");
-  OnnxType to = like.is_strings() ? OnnxType::kString : to_onnx_type(like.tensor().dtype());
-  return {cast_value(ctx, ctx.value(0), to, options_from(ctx))};
+  OnnxType to = like.is_strings() ? OnnxType::kString : like.element_type();
+  return {typed_cast(ctx, ctx.value(0), to, options_from(ctx))};
 }
 
 // A Cast to STRING outputs a string tensor, which cannot cross a compiled
@@ -366,16 +297,18 @@ bool casts_to_string(const Node& node) {
 void register_cast(OpRegistry& r) {
   r.add({
       {.op_type = "Cast", .domain = kOnnx, .since = 1, .until = 5, .fn = cast_v1,
-       .makes_non_tensor = casts_to_string},
+       .makes_non_tensor = casts_to_string, .sets_element_types = true},
       // 6: `to` becomes an int; 19: `saturate` for float8; 24: `round_mode`
       // for float8e8m0. Absent attributes take the defaults, so one function
       // serves all.
       {.op_type = "Cast", .domain = kOnnx, .since = 6, .until = 18, .fn = cast_op,
-       .makes_non_tensor = casts_to_string},
+       .makes_non_tensor = casts_to_string, .sets_element_types = true},
       {.op_type = "Cast", .domain = kOnnx, .since = 19, .until = kOpen, .fn = cast_op,
-       .makes_non_tensor = casts_to_string},
-      {"CastLike", kOnnx, 15, 18, cast_like},
-      {"CastLike", kOnnx, 19, kOpen, cast_like},
+       .makes_non_tensor = casts_to_string, .sets_element_types = true},
+      {.op_type = "CastLike", .domain = kOnnx, .since = 15, .until = 18, .fn = cast_like,
+       .sets_element_types = true},
+      {.op_type = "CastLike", .domain = kOnnx, .since = 19, .until = kOpen, .fn = cast_like,
+       .sets_element_types = true},
   });
 }
 

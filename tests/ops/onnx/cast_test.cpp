@@ -164,6 +164,20 @@ TEST(CastLike, TakesTheTypeOfTheSecondInput) {
   EXPECT_EQ(strings.strings().data, (std::vector<std::string>{"2"}));
 }
 
+TEST(CastLike, NarrowTargetsComeFromTheSecondInputsElementType) {
+  mx::array x = mx::array({0.47892547f, 1e6f, 9.f});
+  Value like_f8(mx::array({0.0f}), OnnxType::kFloat8E4M3FN);  // float8 held as float32
+  Value f8 = run_op("CastLike", 19, {x, like_f8})[0];
+  EXPECT_EQ(f8.element_type(), OnnxType::kFloat8E4M3FN);
+  expect_values(to_doubles(f8.tensor()), {0.46875, 448, 9});
+  Value u4 = run_op("CastLike", 19, {x, Value(mx::array({0}, mx::uint8), OnnxType::kUint4)})[0];
+  EXPECT_EQ(u4.element_type(), OnnxType::kUint4);
+  EXPECT_EQ(to_ints(u4.tensor()), (std::vector<int64_t>{0, 0, 9}));  // 1e6 = 0xF4240: low nibble 0
+  // Cast marks its result too; a wide target stays unmarked.
+  EXPECT_EQ(run_op("Cast", 21, {x}, {to(OnnxType::kInt2)})[0].element_type(), OnnxType::kInt2);
+  EXPECT_FALSE(run_op("Cast", 21, {x}, {to(OnnxType::kInt8)})[0].is_widened());
+}
+
 TEST(Cast, NarrowTargetsWorkUnderCompile) {
   mx::array x = mx::array({0.47892547f, 1e6f, -kInf, NAN, 3 * std::ldexp(1.f, -10), -9.f});
   for (OnnxType type : {OnnxType::kFloat8E4M3FN, OnnxType::kFloat8E5M2FNUZ, OnnxType::kFloat4E2M1,
