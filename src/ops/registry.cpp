@@ -65,6 +65,7 @@ OpRegistry make_builtin_registry() {
   register_controlflow(registry);
   register_sequence(registry);
   register_rnn(registry);
+  register_signal(registry);
   return registry;
 }
 }  // namespace

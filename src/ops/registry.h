@@ -94,5 +94,6 @@ void register_cast(OpRegistry& registry);
 void register_controlflow(OpRegistry& registry);
 void register_sequence(OpRegistry& registry);
 void register_rnn(OpRegistry& registry);
+void register_signal(OpRegistry& registry);
 
 }  // namespace transmuter
