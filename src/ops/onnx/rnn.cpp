@@ -30,7 +30,9 @@ enum class CellKind { kRnn, kGru, kLstm };
 int gate_count(CellKind kind) { return kind == CellKind::kRnn ? 1 : kind == CellKind::kGru ? 3 : 4; }
 
 /** Activation functions per direction: RNN f; GRU f g; LSTM f g h. */
-int activations_per_direction(CellKind kind) { return kind == CellKind::kRnn ? 1 : kind == CellKind::kGru ? 2 : 3; }
+int activations_per_direction(CellKind kind) {
+  return kind == CellKind::kRnn ? 1 : kind == CellKind::kGru ? 2 : 3;
+}
 
 struct Activation {
   std::string name;  // lower case
@@ -46,7 +48,9 @@ bool uses_alpha(const std::string& name) {
   return name == "affine" || name == "leakyrelu" || name == "thresholdedrelu" || name == "scaledtanh" ||
          name == "hardsigmoid" || name == "elu";
 }
-bool uses_beta(const std::string& name) { return name == "affine" || name == "scaledtanh" || name == "hardsigmoid"; }
+bool uses_beta(const std::string& name) {
+  return name == "affine" || name == "scaledtanh" || name == "hardsigmoid";
+}
 float default_alpha(const std::string& name) {
   if (name == "leakyrelu") return 0.01f;
   if (name == "hardsigmoid") return 0.2f;
@@ -66,17 +70,18 @@ std::vector<Activation> parse_activations(const NodeContext& ctx, CellKind kind,
   const int per_direction = activations_per_direction(kind);
   std::vector<std::string> names = ctx.attr_strings("activations");
   if (names.empty()) {
-    std::vector<std::string> defaults = kind == CellKind::kRnn   ? std::vector<std::string>{"Tanh"}
-                                        : kind == CellKind::kGru ? std::vector<std::string>{"Sigmoid", "Tanh"}
-                                                                 : std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"};
+    std::vector<std::string> defaults = kind == CellKind::kRnn ? std::vector<std::string>{"Tanh"}
+                                        : kind == CellKind::kGru
+                                            ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                                            : std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"};
     for (int d = 0; d < num_directions; ++d) names.insert(names.end(), defaults.begin(), defaults.end());
   } else if (static_cast<int>(names.size()) == per_direction && num_directions == 2) {
     // One direction's list for a bidirectional layer: both use it (as ONNX Runtime does).
     names.insert(names.end(), names.begin(), names.end());
   }
   if (static_cast<int>(names.size()) != per_direction * num_directions) {
-    throw ctx.error("activations has ", names.size(), " entries, expected ", per_direction * num_directions, " (",
-                    per_direction, " per direction)");
+    throw ctx.error("activations has ", names.size(), " entries, expected ", per_direction * num_directions,
+                    " (", per_direction, " per direction)");
   }
   std::vector<float> alphas = ctx.attr_floats("activation_alpha");
   std::vector<float> betas = ctx.attr_floats("activation_beta");
@@ -85,8 +90,9 @@ std::vector<Activation> parse_activations(const NodeContext& ctx, CellKind kind,
   for (const std::string& spelled : names) {
     Activation a;
     a.name = lower(spelled);
-    static const char* known[] = {"relu",       "tanh", "sigmoid", "affine",   "leakyrelu", "thresholdedrelu",
-                                  "scaledtanh", "hardsigmoid", "elu", "softsign", "softplus"};
+    static const char* known[] = {
+        "relu",       "tanh",        "sigmoid", "affine",   "leakyrelu", "thresholdedrelu",
+        "scaledtanh", "hardsigmoid", "elu",     "softsign", "softplus"};
     if (std::find(std::begin(known), std::end(known), a.name) == std::end(known)) {
       throw ctx.error("unknown activation '", spelled, "'");
     }
@@ -129,20 +135,20 @@ struct Layer {
   bool reverse_only = false;
   bool batch_major = false;  // layout 1: X [B, T, I], Y [B, T, D, H], states [B, D, H]
   std::optional<float> clip;
-  bool input_forget = false;       // LSTM: couple the input and forget gates
+  bool input_forget = false;         // LSTM: couple the input and forget gates
   bool linear_before_reset = false;  // GRU
   std::vector<Activation> activations;
 };
 
 // Everything one direction of the layer needs at each step.
 struct Direction {
-  mx::array projected;            // [T, B, G*H]: X W^T + the foldable biases
-  mx::array recurrence;           // [H, G*H]: R^T
+  mx::array projected;                   // [T, B, G*H]: X W^T + the foldable biases
+  mx::array recurrence;                  // [H, G*H]: R^T
   std::optional<mx::array> hidden_bias;  // GRU: Rbh [H], added next to the recurrence
   std::optional<mx::array> peephole;     // LSTM: [3H], order i o f
-  mx::array h;                    // [B, H]
-  mx::array c;                    // [B, H] (LSTM)
-  const Activation* activations;  // this direction's f (g, h)
+  mx::array h;                           // [B, H]
+  mx::array c;                           // [B, H] (LSTM)
+  const Activation* activations;         // this direction's f (g, h)
 };
 
 mx::array clipped(const Layer& layer, const mx::array& x, mx::StreamOrDevice s) {
@@ -181,7 +187,8 @@ void gru_step(const Layer& layer, Direction& d, const mx::array& x_t, mx::Stream
     mx::array linear = mx::matmul(mx::multiply(r, d.h, s), r_h, s);
     return d.hidden_bias ? mx::add(linear, *d.hidden_bias, s) : linear;
   }();
-  mx::array candidate = activate(d.activations[1], clipped(layer, mx::add(gate(x_t, 2, H, s), recurrent_h, s), s), s);
+  mx::array candidate =
+      activate(d.activations[1], clipped(layer, mx::add(gate(x_t, 2, H, s), recurrent_h, s), s), s);
   mx::array one = scalar_like(z, 1);
   d.h = mx::add(mx::multiply(mx::subtract(one, z, s), candidate, s), mx::multiply(z, d.h, s), s);
 }
@@ -222,19 +229,26 @@ struct DirectionResult {
 
 // Runs one direction over all time steps. `mask` ([T, B, 1] bool, or none
 // when every sequence is full length) freezes the state of ended sequences.
-DirectionResult run_direction(const Layer& layer, Direction d, bool reverse, const std::optional<mx::array>& mask,
-                              mx::StreamOrDevice s) {
+DirectionResult run_direction(const Layer& layer, Direction d, bool reverse,
+                              const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
   const int steps = d.projected.shape(0);
   std::vector<mx::array> y(steps, mx::array(0.0f));
   for (int k = 0; k < steps; ++k) {
     const int t = reverse ? steps - 1 - k : k;
-    mx::array x_t = mx::squeeze(mx::slice(d.projected, {t, 0, 0}, {t + 1, d.projected.shape(1), d.projected.shape(2)}, s), 0, s);
+    mx::array x_t = mx::squeeze(
+        mx::slice(d.projected, {t, 0, 0}, {t + 1, d.projected.shape(1), d.projected.shape(2)}, s), 0, s);
     const mx::array h_before = d.h;
     const mx::array c_before = d.c;
     switch (layer.kind) {
-      case CellKind::kRnn: rnn_step(layer, d, x_t, s); break;
-      case CellKind::kGru: gru_step(layer, d, x_t, s); break;
-      case CellKind::kLstm: lstm_step(layer, d, x_t, s); break;
+      case CellKind::kRnn:
+        rnn_step(layer, d, x_t, s);
+        break;
+      case CellKind::kGru:
+        gru_step(layer, d, x_t, s);
+        break;
+      case CellKind::kLstm:
+        lstm_step(layer, d, x_t, s);
+        break;
     }
     if (mask) {
       mx::array m = mx::squeeze(mx::slice(*mask, {t, 0, 0}, {t + 1, mask->shape(1), 1}, s), 0, s);
@@ -291,9 +305,11 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
   const mx::array& x_in = ctx.input(0);
   const mx::array& w = ctx.input(1);
   const mx::array& r = ctx.input(2);
-  if (!mx::issubdtype(x_in.dtype(), mx::floating)) throw ctx.error("X must be a float tensor, got ", x_in.dtype());
+  if (!mx::issubdtype(x_in.dtype(), mx::floating))
+    throw ctx.error("X must be a float tensor, got ", x_in.dtype());
   if (x_in.ndim() != 3) throw ctx.error("X must have rank 3, got ", x_in.ndim());
-  if (w.ndim() != 3 || r.ndim() != 3) throw ctx.error("W and R must have rank 3, got ", w.ndim(), " and ", r.ndim());
+  if (w.ndim() != 3 || r.ndim() != 3)
+    throw ctx.error("W and R must have rank 3, got ", w.ndim(), " and ", r.ndim());
   if (w.dtype() != x_in.dtype() || r.dtype() != x_in.dtype()) throw ctx.error("W and R must have X's dtype");
 
   Layer layer = parse_layer(ctx, kind, w.shape(0));
@@ -315,7 +331,8 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
 
   std::optional<mx::array> mask;
   if (auto lens = ctx.optional_input(4)) {
-    if (!mx::issubdtype(lens->dtype(), mx::integer)) throw ctx.error("sequence_lens must be an integer tensor");
+    if (!mx::issubdtype(lens->dtype(), mx::integer))
+      throw ctx.error("sequence_lens must be an integer tensor");
     expect_shape(ctx, *lens, {B}, "sequence_lens");
     mx::array steps = mx::reshape(mx::arange(T, mx::int32, s), {T, 1, 1}, s);
     mask = mx::less(steps, mx::reshape(mx::astype(*lens, mx::int32, s), {1, B, 1}, s), s);
@@ -334,8 +351,10 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
 
   std::vector<DirectionResult> results;
   for (int dir = 0; dir < D; ++dir) {
-    auto take = [&](const mx::array& a) { return mx::squeeze(mx::slice(a, {dir, 0, 0}, {dir + 1, a.shape(1), a.shape(2)}, s), 0, s); };
-    mx::array w_d = take(w);  // [G*H, I]
+    auto take = [&](const mx::array& a) {
+      return mx::squeeze(mx::slice(a, {dir, 0, 0}, {dir + 1, a.shape(1), a.shape(2)}, s), 0, s);
+    };
+    mx::array w_d = take(w);                                        // [G*H, I]
     mx::array projected = mx::matmul(x, mx::transpose(w_d, s), s);  // [T, B, G*H]
     std::optional<mx::array> hidden_bias;
     if (bias) {

@@ -50,7 +50,8 @@ TEST(Rnn, ScalarReluRecurrenceByHand) {
   mx::array w = mx::array({2.f}, {1, 1, 1});
   mx::array r = mx::array({0.5f}, {1, 1, 1});
   mx::array b = mx::array({1.f, 0.f}, {1, 2});
-  auto out = run_op("RNN", 14, {x, w, r, b}, {strings_attr("activations", {"Relu"}), int_attr("hidden_size", 1)}, 2);
+  auto out =
+      run_op("RNN", 14, {x, w, r, b}, {strings_attr("activations", {"Relu"}), int_attr("hidden_size", 1)}, 2);
   EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{3, 1, 1, 1}));
   expect_near(to_doubles(out[0].tensor()), {3, 0, 7});
   expect_near(to_doubles(out[1].tensor()), {7});
@@ -83,11 +84,14 @@ TEST(Lstm, SequenceLengthsMatchSeparateRunsInBothDirections) {
 
   for (int b = 0; b < B; ++b) {
     const int length = b == 0 ? 4 : 2;
-    auto alone = run_op("LSTM", 14, {one_sequence(x, b, length), w, r, bias, Value(), Value(), Value(), p}, attrs, 3);
+    auto alone =
+        run_op("LSTM", 14, {one_sequence(x, b, length), w, r, bias, Value(), Value(), Value(), p}, attrs, 3);
     mx::array y_b = mx::slice(y, {0, 0, b, 0}, {length, 2, b + 1, H});
     expect_near(to_doubles(y_b), to_doubles(alone[0].tensor()));
-    expect_near(to_doubles(mx::slice(all[1].tensor(), {0, b, 0}, {2, b + 1, H})), to_doubles(alone[1].tensor()));
-    expect_near(to_doubles(mx::slice(all[2].tensor(), {0, b, 0}, {2, b + 1, H})), to_doubles(alone[2].tensor()));
+    expect_near(to_doubles(mx::slice(all[1].tensor(), {0, b, 0}, {2, b + 1, H})),
+                to_doubles(alone[1].tensor()));
+    expect_near(to_doubles(mx::slice(all[2].tensor(), {0, b, 0}, {2, b + 1, H})),
+                to_doubles(alone[2].tensor()));
     if (length < T) {
       for (double v : to_doubles(mx::slice(y, {length, 0, b, 0}, {T, 2, b + 1, H}))) EXPECT_EQ(v, 0.0);
     }
@@ -102,13 +106,17 @@ TEST(Gru, BatchMajorLayoutIsTheTransposeOfTimeMajor) {
   mx::array bias = seeded_normal({1, 6 * H}, 9);
   mx::array h0 = seeded_normal({1, B, H}, 10);
   for (int64_t lbr : {0, 1}) {
-    std::vector<Attribute> attrs = {int_attr("linear_before_reset", lbr), string_attr("direction", "reverse")};
+    std::vector<Attribute> attrs = {int_attr("linear_before_reset", lbr),
+                                    string_attr("direction", "reverse")};
     auto time_major = run_op("GRU", 14, {x, w, r, bias, Value(), h0}, attrs, 2);
     attrs.push_back(int_attr("layout", 1));
-    auto batch_major = run_op("GRU", 14,
-                              {mx::transpose(x, {1, 0, 2}), w, r, bias, Value(), mx::transpose(h0, {1, 0, 2})}, attrs, 2);
-    expect_near(to_doubles(batch_major[0].tensor()), to_doubles(mx::transpose(time_major[0].tensor(), {2, 0, 1, 3})));
-    expect_near(to_doubles(batch_major[1].tensor()), to_doubles(mx::transpose(time_major[1].tensor(), {1, 0, 2})));
+    auto batch_major =
+        run_op("GRU", 14, {mx::transpose(x, {1, 0, 2}), w, r, bias, Value(), mx::transpose(h0, {1, 0, 2})},
+               attrs, 2);
+    expect_near(to_doubles(batch_major[0].tensor()),
+                to_doubles(mx::transpose(time_major[0].tensor(), {2, 0, 1, 3})));
+    expect_near(to_doubles(batch_major[1].tensor()),
+                to_doubles(mx::transpose(time_major[1].tensor(), {1, 0, 2})));
   }
 }
 
@@ -139,8 +147,9 @@ TEST(Lstm, InputForgetCouplesTheForgetGateToTheInputGate) {
 
 TEST(Rnn, EmptySequenceKeepsInitialState) {
   mx::array h0 = mx::array({0.25f, -0.5f}, {1, 1, 2});
-  auto out = run_op("RNN", 14, {mx::zeros({0, 1, 3}), mx::ones({1, 2, 3}), mx::ones({1, 2, 2}), Value(), Value(), h0},
-                    {}, 2);
+  auto out =
+      run_op("RNN", 14,
+             {mx::zeros({0, 1, 3}), mx::ones({1, 2, 3}), mx::ones({1, 2, 2}), Value(), Value(), h0}, {}, 2);
   EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{0, 1, 1, 2}));
   expect_near(to_doubles(out[1].tensor()), {0.25, -0.5});
 }
@@ -153,22 +162,30 @@ TEST(Recurrent, BadInputsAreOpErrorsNamingTheNode) {
     return error_of<OpError>([&] { run_op(op, 14, inputs, attrs, 2); });
   };
   EXPECT_NE(message("LSTM", {mx::zeros({2, 3}), w, r}, {}).find("X must have rank 3"), std::string::npos);
-  EXPECT_NE(message("LSTM", {x, mx::zeros({1, 5, 3}), r}, {}).find("W must have shape [1, 4, 3]"), std::string::npos);
+  EXPECT_NE(message("LSTM", {x, mx::zeros({1, 5, 3}), r}, {}).find("W must have shape [1, 4, 3]"),
+            std::string::npos);
   EXPECT_NE(message("LSTM", {x, w, r}, {string_attr("direction", "sideways")}).find("direction must be"),
             std::string::npos);
-  EXPECT_NE(message("LSTM", {x, w, r}, {string_attr("direction", "bidirectional")}).find("W has 1 directions"),
+  EXPECT_NE(
+      message("LSTM", {x, w, r}, {string_attr("direction", "bidirectional")}).find("W has 1 directions"),
+      std::string::npos);
+  EXPECT_NE(message("LSTM", {x, w, r}, {int_attr("hidden_size", 3)}).find("hidden_size 3"),
             std::string::npos);
-  EXPECT_NE(message("LSTM", {x, w, r}, {int_attr("hidden_size", 3)}).find("hidden_size 3"), std::string::npos);
-  EXPECT_NE(message("LSTM", {x, w, r}, {strings_attr("activations", {"Sigmoid", "Tanh"})}).find("3 per direction"),
-            std::string::npos);
+  EXPECT_NE(
+      message("LSTM", {x, w, r}, {strings_attr("activations", {"Sigmoid", "Tanh"})}).find("3 per direction"),
+      std::string::npos);
   EXPECT_NE(message("RNN", {x, mx::zeros({1, 1, 3}), r}, {strings_attr("activations", {"Swish"})})
                 .find("unknown activation 'Swish'"),
             std::string::npos);
-  EXPECT_NE(message("RNN", {x, mx::zeros({1, 1, 3}), r}, {int_attr("layout", 2)}).find("layout must be 0 or 1"),
-            std::string::npos);
+  EXPECT_NE(
+      message("RNN", {x, mx::zeros({1, 1, 3}), r}, {int_attr("layout", 2)}).find("layout must be 0 or 1"),
+      std::string::npos);
   EXPECT_NE(message("GRU", {mx::zeros({2, 1, 3}, mx::int32), w, r}, {}).find("X must be a float tensor"),
             std::string::npos);
-  EXPECT_NE(message("RNN", {x, mx::zeros({1, 1, 3}), mx::zeros({1, 1, 1}), mx::zeros({1, 2}), mx::array({1, 2}, mx::int32)}, {})
+  EXPECT_NE(message("RNN",
+                    {x, mx::zeros({1, 1, 3}), mx::zeros({1, 1, 1}), mx::zeros({1, 2}),
+                     mx::array({1, 2}, mx::int32)},
+                    {})
                 .find("sequence_lens must have shape [1]"),
             std::string::npos);
   // The prefix names the op and node.
