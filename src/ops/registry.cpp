@@ -66,6 +66,10 @@ OpRegistry make_builtin_registry() {
   register_sequence(registry);
   register_rnn(registry);
   register_signal(registry);
+  register_detection(registry);
+  register_selection(registry);
+  register_linalg(registry);
+  register_classic_vision(registry);
   return registry;
 }
 }  // namespace

@@ -95,5 +95,9 @@ void register_controlflow(OpRegistry& registry);
 void register_sequence(OpRegistry& registry);
 void register_rnn(OpRegistry& registry);
 void register_signal(OpRegistry& registry);
+void register_detection(OpRegistry& registry);
+void register_selection(OpRegistry& registry);
+void register_linalg(OpRegistry& registry);
+void register_classic_vision(OpRegistry& registry);
 
 }  // namespace transmuter
