@@ -7,9 +7,11 @@
 // still reach the input. ReverseSequence is a gather whose indices come from
 // the (possibly traced) sequence lengths.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -61,15 +63,34 @@ struct UniqueGroups {
   std::vector<int64_t> counts;   // per unique slice
 };
 
+// A total order on keys: NaN after every number and equal to NaN (as
+// numpy.unique sorts and merges them), so sorting never sees an unordered pair.
+template <typename Key>
+bool key_less(Key a, Key b) {
+  if constexpr (std::is_floating_point_v<Key>) {
+    if (std::isnan(a) || std::isnan(b)) return !std::isnan(a);
+  }
+  return a < b;
+}
+template <typename Key>
+bool key_equal(Key a, Key b) {
+  if constexpr (std::is_floating_point_v<Key>) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  }
+  return a == b;
+}
+
 // Groups the `rows` rows of width `width` in `keys` by equality; unique rows
 // in ascending lexicographic order (`sorted`) or in order of first occurrence.
 template <typename Key>
 UniqueGroups group_rows(const std::vector<Key>& keys, int64_t rows, int64_t width, bool sorted) {
   auto row = [&](int64_t r) { return keys.begin() + r * width; };
   auto less = [&](int64_t a, int64_t b) {
-    return std::lexicographical_compare(row(a), row(a) + width, row(b), row(b) + width);
+    return std::lexicographical_compare(row(a), row(a) + width, row(b), row(b) + width, key_less<Key>);
   };
-  auto equal = [&](int64_t a, int64_t b) { return std::equal(row(a), row(a) + width, row(b)); };
+  auto equal = [&](int64_t a, int64_t b) {
+    return std::equal(row(a), row(a) + width, row(b), key_equal<Key>);
+  };
   std::vector<int64_t> order(static_cast<size_t>(rows));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), less);

@@ -170,6 +170,13 @@ OpOutputs stft(NodeContext& ctx) {
 
 // --- Windows -----------------------------------------------------------------
 
+/** Refuses a host table of `count` doubles beyond the memory limit. */
+void check_host_table(const NodeContext& ctx, int64_t count) {
+  if (static_cast<uint64_t>(count) > ctx.memory_limit() / sizeof(double)) {
+    throw ctx.error(count, " elements exceed the memory limit");
+  }
+}
+
 /** `values` as a 1-D array of the output_datatype attribute (default float). */
 mx::array host_vector(const NodeContext& ctx, const std::vector<double>& values) {
   const auto type = static_cast<OnnxType>(ctx.attr_int("output_datatype", 1));
@@ -189,6 +196,7 @@ OpOutputs cosine_window(NodeContext& ctx) {
   const int64_t size = ctx.host_int(0);
   if (size < 0) throw ctx.error("size must be non-negative, got ", size);
   to_int32(ctx, size, "size");
+  check_host_table(ctx, size);
   const bool periodic = ctx.attr_int("periodic", 1) != 0;
   const double denominator = static_cast<double>(periodic ? size : size - 1);
   std::vector<double> w(static_cast<size_t>(size));
@@ -224,6 +232,7 @@ OpOutputs mel_weight_matrix(NodeContext& ctx) {
   const int64_t spectrogram_bins = dft_length / 2 + 1;
   const int64_t cells = checked_mul(ctx, spectrogram_bins, mel_bins, "mel matrix size");
   to_int32(ctx, cells, "mel matrix size");
+  check_host_table(ctx, cells);
   auto to_mel = [](double hz) { return 2595 * std::log10(1 + hz / 700); };
   const double low_mel = to_mel(lower);
   const double mel_step = (to_mel(upper) - low_mel) / static_cast<double>(mel_bins + 2);

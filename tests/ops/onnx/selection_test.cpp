@@ -1,3 +1,4 @@
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,17 @@ TEST(Unique, SortedAndFirstOccurrenceOrders) {
   EXPECT_EQ(to_ints(unsorted[1].tensor()), (std::vector<int64_t>{0, 1, 3, 4}));
   EXPECT_EQ(to_ints(unsorted[2].tensor()), (std::vector<int64_t>{0, 1, 1, 2, 3, 2}));
   EXPECT_EQ(to_ints(unsorted[3].tensor()), (std::vector<int64_t>{1, 2, 2, 1}));
+}
+
+TEST(Unique, NaNsSortLastAndMerge) {
+  const float nan = std::nanf("");
+  auto out = run_op("Unique", 11, {mx::array({nan, 1.f, nan, 0.f})}, {}, 4);
+  std::vector<double> y = to_doubles(out[0].tensor());
+  ASSERT_EQ(y.size(), 3u);
+  EXPECT_EQ(y[0], 0);
+  EXPECT_EQ(y[1], 1);
+  EXPECT_TRUE(std::isnan(y[2]));
+  EXPECT_EQ(to_ints(out[3].tensor()), (std::vector<int64_t>{1, 1, 2}));
 }
 
 TEST(Unique, RowsAlongAnAxisSortLexicographically) {
