@@ -140,15 +140,19 @@ struct Layer {
   std::vector<Activation> activations;
 };
 
-// Everything one direction of the layer needs at each step.
-struct Direction {
-  mx::array projected;                   // [T, B, G*H]: X W^T + the foldable biases
-  mx::array recurrence;                  // [H, G*H]: R^T
-  std::optional<mx::array> hidden_bias;  // GRU: Rbh [H], added next to the recurrence
-  std::optional<mx::array> peephole;     // LSTM: [3H], order i o f
-  mx::array h;                           // [B, H]
-  mx::array c;                           // [B, H] (LSTM)
-  const Activation* activations;         // this direction's f (g, h)
+// Everything the directions run together need at each step, stacked along
+// a leading axis D' (both directions of a bidirectional layer whose
+// activations agree, else one): one batched op per step serves them all.
+// Time is aligned: step k of a reverse direction reads time T - 1 - k.
+struct Directions {
+  mx::array projected;                   // [D', T, B, G*H]: X W^T + the foldable biases
+  mx::array recurrence;                  // [D', H, G*H]: R^T
+  std::optional<mx::array> hidden_bias;  // GRU: Rbh [D', 1, H], added next to the recurrence
+  std::vector<mx::array> peepholes;      // LSTM: P split into i, o, f, each [D', 1, H]
+  std::optional<mx::array> mask;         // [D', T, B, 1]: step k is inside the sequence
+  mx::array h;                           // [D', B, H]
+  mx::array c;                           // [D', B, H] (LSTM)
+  const Activation* activations;         // the shared f (g, h)
 };
 
 mx::array clipped(const Layer& layer, const mx::array& x, mx::StreamOrDevice s) {
@@ -156,12 +160,8 @@ mx::array clipped(const Layer& layer, const mx::array& x, mx::StreamOrDevice s) 
   return mx::clip(x, scalar_like(x, -*layer.clip), scalar_like(x, *layer.clip), s);
 }
 
-mx::array gate(const mx::array& all, int index, int hidden, mx::StreamOrDevice s) {
-  return mx::slice(all, {0, index * hidden}, {all.shape(0), (index + 1) * hidden}, s);
-}
-
 // Ht = f(Xt Wi^T + Ht-1 Ri^T + Wbi + Rbi)
-void rnn_step(const Layer& layer, Direction& d, const mx::array& x_t, mx::StreamOrDevice s) {
+void rnn_step(const Layer& layer, Directions& d, const mx::array& x_t, mx::StreamOrDevice s) {
   mx::array pre = mx::add(x_t, mx::matmul(d.h, d.recurrence, s), s);
   d.h = activate(d.activations[0], clipped(layer, pre, s), s);
 }
@@ -170,25 +170,23 @@ void rnn_step(const Layer& layer, Direction& d, const mx::array& x_t, mx::Stream
 // ht = g(Xt Wh^T + (rt . Ht-1) Rh^T + Rbh + Wbh)      (linear_before_reset 0)
 // ht = g(Xt Wh^T + rt . (Ht-1 Rh^T + Rbh) + Wbh)      (linear_before_reset 1)
 // Ht = (1 - zt) . ht + zt . Ht-1
-void gru_step(const Layer& layer, Direction& d, const mx::array& x_t, mx::StreamOrDevice s) {
+void gru_step(const Layer& layer, Directions& d, const mx::array& x_t, mx::StreamOrDevice s) {
   const int H = layer.hidden;
-  const int rows = d.recurrence.shape(0);
-  mx::array r_zr = mx::slice(d.recurrence, {0, 0}, {rows, 2 * H}, s);
-  mx::array r_h = mx::slice(d.recurrence, {0, 2 * H}, {rows, 3 * H}, s);
-  mx::array zr = mx::add(mx::slice(x_t, {0, 0}, {x_t.shape(0), 2 * H}, s), mx::matmul(d.h, r_zr, s), s);
-  mx::array z = activate(d.activations[0], clipped(layer, gate(zr, 0, H, s), s), s);
-  mx::array r = activate(d.activations[0], clipped(layer, gate(zr, 1, H, s), s), s);
+  std::vector<mx::array> x = mx::split(x_t, 3, -1, s);  // z, r, h
+  std::vector<mx::array> r_zr_h = mx::split(d.recurrence, mx::Shape{2 * H}, -1, s);
+  std::vector<mx::array> h_zr = mx::split(mx::matmul(d.h, r_zr_h[0], s), 2, -1, s);
+  mx::array z = activate(d.activations[0], clipped(layer, mx::add(x[0], h_zr[0], s), s), s);
+  mx::array r = activate(d.activations[0], clipped(layer, mx::add(x[1], h_zr[1], s), s), s);
   mx::array recurrent_h = [&] {
     if (layer.linear_before_reset) {
-      mx::array linear = mx::matmul(d.h, r_h, s);
+      mx::array linear = mx::matmul(d.h, r_zr_h[1], s);
       if (d.hidden_bias) linear = mx::add(linear, *d.hidden_bias, s);
       return mx::multiply(r, linear, s);
     }
-    mx::array linear = mx::matmul(mx::multiply(r, d.h, s), r_h, s);
+    mx::array linear = mx::matmul(mx::multiply(r, d.h, s), r_zr_h[1], s);
     return d.hidden_bias ? mx::add(linear, *d.hidden_bias, s) : linear;
   }();
-  mx::array candidate =
-      activate(d.activations[1], clipped(layer, mx::add(gate(x_t, 2, H, s), recurrent_h, s), s), s);
+  mx::array candidate = activate(d.activations[1], clipped(layer, mx::add(x[2], recurrent_h, s), s), s);
   mx::array one = scalar_like(z, 1);
   d.h = mx::add(mx::multiply(mx::subtract(one, z, s), candidate, s), mx::multiply(z, d.h, s), s);
 }
@@ -199,67 +197,67 @@ void gru_step(const Layer& layer, Direction& d, const mx::array& x_t, mx::Stream
 // Ct = ft . Ct-1 + it . ct
 // ot = f(Xt Wo^T + Ht-1 Ro^T + Po . Ct + Wbo + Rbo)
 // Ht = ot . h(Ct)
-void lstm_step(const Layer& layer, Direction& d, const mx::array& x_t, mx::StreamOrDevice s) {
-  const int H = layer.hidden;
-  mx::array pre = mx::add(x_t, mx::matmul(d.h, d.recurrence, s), s);
-  auto peephole = [&](int index, const mx::array& c) -> std::optional<mx::array> {
-    if (!d.peephole) return std::nullopt;
-    mx::array p = mx::slice(*d.peephole, {index * H}, {(index + 1) * H}, s);
-    return mx::multiply(p, c, s);
-  };
-  auto with_peephole = [&](mx::array g, int index, const mx::array& c) {
-    if (auto p = peephole(index, c)) g = mx::add(g, *p, s);
-    return clipped(layer, g, s);
+void lstm_step(const Layer& layer, Directions& d, const mx::array& x_t, mx::StreamOrDevice s) {
+  std::vector<mx::array> gates = mx::split(mx::add(x_t, mx::matmul(d.h, d.recurrence, s), s), 4, -1, s);
+  auto with_peephole = [&](const mx::array& g, int index, const mx::array& c) {
+    if (d.peepholes.empty()) return clipped(layer, g, s);
+    return clipped(layer, mx::add(g, mx::multiply(d.peepholes[index], c, s), s), s);
   };
   const Activation& f = d.activations[0];
-  mx::array i = activate(f, with_peephole(gate(pre, 0, H, s), 0, d.c), s);
+  mx::array i = activate(f, with_peephole(gates[0], 0, d.c), s);
   mx::array forget = layer.input_forget ? mx::subtract(scalar_like(i, 1), i, s)
-                                        : activate(f, with_peephole(gate(pre, 2, H, s), 2, d.c), s);
-  mx::array cell = activate(d.activations[1], clipped(layer, gate(pre, 3, H, s), s), s);
+                                        : activate(f, with_peephole(gates[2], 2, d.c), s);
+  mx::array cell = activate(d.activations[1], clipped(layer, gates[3], s), s);
   d.c = mx::add(mx::multiply(forget, d.c, s), mx::multiply(i, cell, s), s);
-  mx::array o = activate(f, with_peephole(gate(pre, 1, H, s), 1, d.c), s);
+  mx::array o = activate(f, with_peephole(gates[1], 1, d.c), s);
   d.h = mx::multiply(o, activate(d.activations[2], d.c, s), s);
 }
 
-struct DirectionResult {
-  std::vector<mx::array> y;  // per time index, [B, H]
-  mx::array h;
-  mx::array c;
+struct DirectionsResult {
+  mx::array y;  // [D', T, B, H], time aligned as the inputs
+  mx::array h;  // [D', B, H]
+  mx::array c;  // [D', B, H]
 };
 
-// Runs one direction over all time steps. `mask` ([T, B, 1] bool, or none
-// when every sequence is full length) freezes the state of ended sequences.
-DirectionResult run_direction(const Layer& layer, Direction d, bool reverse,
-                              const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
-  const int steps = d.projected.shape(0);
-  std::vector<mx::array> y(steps, mx::array(0.0f));
+// Runs the stacked directions over all time steps. The mask (none when every
+// sequence is full length) freezes the state of ended sequences.
+DirectionsResult run_directions(const Layer& layer, Directions d, mx::StreamOrDevice s) {
+  const int steps = d.projected.shape(1);
+  std::vector<mx::array> y;
   for (int k = 0; k < steps; ++k) {
-    const int t = reverse ? steps - 1 - k : k;
-    mx::array x_t = mx::squeeze(
-        mx::slice(d.projected, {t, 0, 0}, {t + 1, d.projected.shape(1), d.projected.shape(2)}, s), 0, s);
+    mx::array x_k = mx::take(d.projected, k, 1, s);
     const mx::array h_before = d.h;
     const mx::array c_before = d.c;
     switch (layer.kind) {
       case CellKind::kRnn:
-        rnn_step(layer, d, x_t, s);
+        rnn_step(layer, d, x_k, s);
         break;
       case CellKind::kGru:
-        gru_step(layer, d, x_t, s);
+        gru_step(layer, d, x_k, s);
         break;
       case CellKind::kLstm:
-        lstm_step(layer, d, x_t, s);
+        lstm_step(layer, d, x_k, s);
         break;
     }
-    if (mask) {
-      mx::array m = mx::squeeze(mx::slice(*mask, {t, 0, 0}, {t + 1, mask->shape(1), 1}, s), 0, s);
-      y[t] = mx::where(m, d.h, scalar_like(d.h, 0), s);
+    if (d.mask) {
+      mx::array m = mx::take(*d.mask, k, 1, s);
+      y.push_back(mx::where(m, d.h, scalar_like(d.h, 0), s));
       d.h = mx::where(m, d.h, h_before, s);
       if (layer.kind == CellKind::kLstm) d.c = mx::where(m, d.c, c_before, s);
     } else {
-      y[t] = d.h;
+      y.push_back(d.h);
     }
   }
-  return {std::move(y), d.h, d.c};
+  mx::Shape empty = d.h.shape();
+  empty.insert(empty.begin() + 1, 0);
+  return {steps == 0 ? mx::zeros(empty, d.h.dtype(), s) : mx::stack(y, 1, s), d.h, d.c};
+}
+
+bool same_activations(const Activation* a, const Activation* b, int count) {
+  for (int i = 0; i < count; ++i) {
+    if (a[i].name != b[i].name || a[i].alpha != b[i].alpha || a[i].beta != b[i].beta) return false;
+  }
+  return true;
 }
 
 /** Checks that `a` has `shape`; names the input in the error. */
@@ -329,7 +327,7 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
   std::optional<mx::array> bias = ctx.optional_input(3);
   if (bias) expect_shape(ctx, *bias, {D, 2 * G * H}, "B");
 
-  std::optional<mx::array> mask;
+  std::optional<mx::array> mask;  // [T, B, 1]
   if (auto lens = ctx.optional_input(4)) {
     if (!mx::issubdtype(lens->dtype(), mx::integer))
       throw ctx.error("sequence_lens must be an integer tensor");
@@ -349,14 +347,25 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
   std::optional<mx::array> peepholes = kind == CellKind::kLstm ? ctx.optional_input(7) : std::nullopt;
   if (peepholes) expect_shape(ctx, *peepholes, {D, 3 * H}, "P");
 
-  std::vector<DirectionResult> results;
-  for (int dir = 0; dir < D; ++dir) {
-    auto take = [&](const mx::array& a) {
-      return mx::squeeze(mx::slice(a, {dir, 0, 0}, {dir + 1, a.shape(1), a.shape(2)}, s), 0, s);
+  // Direction dir's inputs, time aligned and with a leading axis of 1.
+  mx::array reversed_time = mx::subtract(mx::array(T - 1), mx::arange(T, mx::int32, s), s);
+  auto is_reverse = [&](int dir) { return layer.reverse_only || dir == 1; };
+  auto align = [&](const mx::array& a, int dir, int time_axis) {
+    return is_reverse(dir) && T > 1 ? mx::take(a, reversed_time, time_axis, s) : a;
+  };
+  auto one_direction = [&](int dir) {
+    auto row = [&](const mx::array& a) {
+      return mx::slice(a, {dir, 0, 0}, {dir + 1, a.shape(1), a.shape(2)}, s);
     };
-    mx::array w_d = take(w);                                        // [G*H, I]
-    mx::array projected = mx::matmul(x, mx::transpose(w_d, s), s);  // [T, B, G*H]
-    std::optional<mx::array> hidden_bias;
+    Directions d{mx::matmul(align(x, dir, 0), mx::transpose(row(w), {0, 2, 1}, s), s),  // [1, T, B, G*H]
+                 mx::transpose(row(r), {0, 2, 1}, s),
+                 std::nullopt,
+                 {},
+                 std::nullopt,
+                 row(h0),
+                 row(c0),
+                 &layer.activations[dir * activations_per_direction(kind)]};
+    d.projected = mx::expand_dims(d.projected, 0, s);
     if (bias) {
       mx::array b_d = mx::reshape(mx::slice(*bias, {dir, 0}, {dir + 1, 2 * G * H}, s), {2 * G * H}, s);
       mx::array wb = mx::slice(b_d, {0}, {G * H}, s);
@@ -364,34 +373,65 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
       if (kind == CellKind::kGru) {
         // Rbh sits next to the recurrence (inside the reset gate's product
         // with linear_before_reset), so only Rbz and Rbr fold into the input.
-        hidden_bias = mx::slice(rb, {2 * H}, {3 * H}, s);
+        d.hidden_bias = mx::reshape(mx::slice(rb, {2 * H}, {3 * H}, s), {1, 1, H}, s);
         rb = mx::concatenate({mx::slice(rb, {0}, {2 * H}, s), mx::zeros({H}, rb.dtype(), s)}, 0, s);
       }
-      projected = mx::add(projected, mx::add(wb, rb, s), s);
+      d.projected = mx::add(d.projected, mx::add(wb, rb, s), s);
     }
-    std::optional<mx::array> p_d;
-    if (peepholes) p_d = mx::reshape(mx::slice(*peepholes, {dir, 0}, {dir + 1, 3 * H}, s), {3 * H}, s);
-    Direction d{projected,
-                mx::transpose(take(r), s),
-                hidden_bias,
-                p_d,
-                take(h0),
-                take(c0),
-                &layer.activations[dir * activations_per_direction(kind)]};
-    const bool reverse = layer.reverse_only || dir == 1;
-    results.push_back(run_direction(layer, std::move(d), reverse, mask, s));
+    if (peepholes) {
+      mx::array p_d = mx::reshape(mx::slice(*peepholes, {dir, 0}, {dir + 1, 3 * H}, s), {1, 1, 3 * H}, s);
+      d.peepholes = mx::split(p_d, 3, -1, s);
+    }
+    if (mask) d.mask = mx::expand_dims(align(*mask, dir, 0), 0, s);
+    return d;
+  };
+  // Stacks directions along axis 0.
+  auto stack = [&](std::vector<Directions> parts) {
+    if (parts.size() == 1) return parts[0];
+    Directions d = parts[0];
+    auto join = [&](auto member) {
+      std::vector<mx::array> all;
+      for (const Directions& p : parts) all.push_back(member(p));
+      return mx::concatenate(all, 0, s);
+    };
+    d.projected = join([](const Directions& p) { return p.projected; });
+    d.recurrence = join([](const Directions& p) { return p.recurrence; });
+    if (d.hidden_bias) d.hidden_bias = join([](const Directions& p) { return *p.hidden_bias; });
+    for (size_t i = 0; i < d.peepholes.size(); ++i) {
+      d.peepholes[i] = join([&](const Directions& p) { return p.peepholes[i]; });
+    }
+    if (d.mask) d.mask = join([](const Directions& p) { return *p.mask; });
+    d.h = join([](const Directions& p) { return p.h; });
+    d.c = join([](const Directions& p) { return p.c; });
+    return d;
+  };
+
+  std::vector<mx::array> ys, hs, cs;  // per direction: [1, T, B, H], [1, B, H], [1, B, H]
+  auto collect = [&](const DirectionsResult& result, int first_dir) {
+    for (int i = 0; i < result.y.shape(0); ++i) {
+      const int dir = first_dir + i;
+      auto row = [&](const mx::array& a) {
+        mx::Shape start(a.ndim(), 0), stop = a.shape();
+        start[0] = i;
+        stop[0] = i + 1;
+        return mx::slice(a, start, stop, s);
+      };
+      ys.push_back(align(row(result.y), dir, 1));
+      hs.push_back(row(result.h));
+      cs.push_back(row(result.c));
+    }
+  };
+  const int per_direction = activations_per_direction(kind);
+  if (D == 2 && same_activations(&layer.activations[0], &layer.activations[per_direction], per_direction)) {
+    collect(run_directions(layer, stack({one_direction(0), one_direction(1)}), s), 0);
+  } else {
+    for (int dir = 0; dir < D; ++dir) collect(run_directions(layer, one_direction(dir), s), dir);
   }
 
   // Y [T, D, B, H] (layout 1: [B, T, D, H]); Y_h, Y_c [D, B, H] (layout 1: [B, D, H]).
-  std::vector<mx::array> per_direction_y, hs, cs;
-  for (DirectionResult& result : results) {
-    per_direction_y.push_back(T == 0 ? mx::zeros({0, B, H}, x.dtype(), s) : mx::stack(result.y, 0, s));
-    hs.push_back(result.h);
-    cs.push_back(result.c);
-  }
-  mx::array y = mx::stack(per_direction_y, 1, s);
-  mx::array y_h = mx::stack(hs, 0, s);
-  mx::array y_c = mx::stack(cs, 0, s);
+  mx::array y = mx::transpose(mx::concatenate(ys, 0, s), {1, 0, 2, 3}, s);
+  mx::array y_h = mx::concatenate(hs, 0, s);
+  mx::array y_c = mx::concatenate(cs, 0, s);
   if (layer.batch_major) {
     y = mx::transpose(y, {2, 0, 1, 3}, s);
     y_h = mx::transpose(y_h, {1, 0, 2}, s);
