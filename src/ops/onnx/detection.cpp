@@ -293,121 +293,154 @@ OpOutputs roi_align(NodeContext& ctx) {
 
 // --- DeformConv ---------------------------------------------------------------------
 
-// 2-D deformable convolution: kernel tap k of output position p samples X
-// at (p * stride - pad_begin + k * dilation + offset[k, p]) bilinearly
-// (corners outside X count as 0, as GridSample with align_corners=1 and zero
-// padding), scaled by mask[k, p]; the samples form the columns of a grouped
-// matmul with W. Offsets and mask stay traced: the sampling is MLX gathers.
+/** "[1, 8, 2, 2]" */
+std::string shape_text(const mx::Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+/** Row-major coordinates of flat index `flat` in `dims`. */
+std::vector<int64_t> unflatten(int64_t flat, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> coords(dims.size());
+  for (size_t a = dims.size(); a-- > 0;) {
+    coords[a] = flat % dims[a];
+    flat /= dims[a];
+  }
+  return coords;
+}
+
+// N-D deformable convolution: kernel tap k of output position p samples X at
+// (p * stride - pad_begin + k * dilation + offset[k, p]) per spatial axis,
+// multilinearly (corners outside X count as 0, as GridSample with
+// align_corners=1 and zero padding), scaled by mask[k, p]; the samples form
+// the columns of a grouped matmul with W. Offsets and mask stay traced: the
+// sampling is MLX gathers, and gradients reach X, W, the offsets (through the
+// interpolation weights) and the mask.
 OpOutputs deform_conv(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array& x = ctx.input(0);
   const mx::array& w = ctx.input(1);
   const mx::array& offset = ctx.input(2);
-  if (x.ndim() != 4)
-    throw ctx.error("only 2-D deformable convolution is supported (X [N, C, H, W]), got rank ", x.ndim());
+  const int rank = static_cast<int>(x.ndim());
+  if (rank < 3) throw ctx.error("X must be [N, C, D1, ...], got rank ", rank);
   if (!mx::issubdtype(x.dtype(), mx::floating)) throw ctx.error("X must be a float tensor, got ", x.dtype());
-  if (w.ndim() != 4 || offset.ndim() != 4) throw ctx.error("W and offset must have rank 4");
-  const int N = x.shape(0), C = x.shape(1), H = x.shape(2), Wd = x.shape(3);
-  const int out_channels = w.shape(0);
+  if (w.ndim() != x.ndim() || offset.ndim() != x.ndim())
+    throw ctx.error("W and offset must have X's rank ", rank);
+  const size_t n = static_cast<size_t>(rank - 2);
+  const int N = x.shape(0), C = x.shape(1), out_channels = w.shape(0);
   const int64_t group = ctx.attr_int("group", 1), offset_group = ctx.attr_int("offset_group", 1);
   if (group < 1 || C % group != 0 || out_channels % group != 0 || w.shape(1) * group != C) {
-    throw ctx.error("group ", group, " does not fit ", C, " input channels, W of shape [", out_channels, ", ",
-                    w.shape(1), ", ...]");
+    throw ctx.error("group ", group, " does not fit ", C, " input channels and W of shape [", out_channels,
+                    ", ", w.shape(1), ", ...]");
   }
-  if (offset_group < 1 || C % offset_group != 0)
+  if (offset_group < 1 || C % offset_group != 0) {
     throw ctx.error("offset_group ", offset_group, " does not divide ", C, " channels");
-  std::vector<int64_t> kernel = ctx.attr_ints("kernel_shape", {w.shape(2), w.shape(3)});
-  std::vector<int64_t> strides = ctx.attr_ints("strides", {1, 1});
-  std::vector<int64_t> dilations = ctx.attr_ints("dilations", {1, 1});
-  std::vector<int64_t> pads = ctx.attr_ints("pads", {0, 0, 0, 0});
-  if (kernel.size() != 2 || strides.size() != 2 || dilations.size() != 2 || pads.size() != 4) {
-    throw ctx.error("kernel_shape, strides and dilations need 2 entries and pads 4");
   }
-  if (kernel[0] != w.shape(2) || kernel[1] != w.shape(3)) throw ctx.error("kernel_shape does not match W");
-  for (int i = 0; i < 2; ++i) {
-    if (strides[i] < 1 || dilations[i] < 1 || pads[i] < 0 || pads[i + 2] < 0 || kernel[i] > 65536) {
-      throw ctx.error("strides and dilations must be positive, pads non-negative");
+  std::vector<int64_t> w_kernel(w.shape().begin() + 2, w.shape().end());
+  std::vector<int64_t> kernel = ctx.attr_ints("kernel_shape", w_kernel);
+  std::vector<int64_t> strides = ctx.attr_ints("strides", std::vector<int64_t>(n, 1));
+  std::vector<int64_t> dilations = ctx.attr_ints("dilations", std::vector<int64_t>(n, 1));
+  std::vector<int64_t> pads = ctx.attr_ints("pads", std::vector<int64_t>(2 * n, 0));
+  if (kernel != w_kernel) throw ctx.error("kernel_shape does not match W's spatial dims");
+  if (strides.size() != n || dilations.size() != n || pads.size() != 2 * n) {
+    throw ctx.error("strides and dilations need ", n, " entries and pads ", 2 * n);
+  }
+  std::vector<int64_t> in_dims, out_dims;
+  for (size_t a = 0; a < n; ++a) {
+    if (strides[a] < 1 || dilations[a] < 1 || pads[a] < 0 || pads[a + n] < 0 || kernel[a] > 65536 ||
+        dilations[a] > 65536 || pads[a] > 65536 || pads[a + n] > 65536) {
+      throw ctx.error("strides and dilations must lie in [1, 65536], pads in [0, 65536]");
     }
+    in_dims.push_back(x.shape(static_cast<int>(a) + 2));
+    const int64_t span = (kernel[a] - 1) * dilations[a] + 1;
+    out_dims.push_back((in_dims[a] + pads[a] + pads[a + n] - span) / strides[a] + 1);
+    if (out_dims[a] < 1) throw ctx.error("the kernel does not fit the padded input along axis ", a + 2);
   }
-  const int64_t out_h64 = (H + pads[0] + pads[2] - ((kernel[0] - 1) * dilations[0] + 1)) / strides[0] + 1;
-  const int64_t out_w64 = (Wd + pads[1] + pads[3] - ((kernel[1] - 1) * dilations[1] + 1)) / strides[1] + 1;
-  const int K = static_cast<int>(kernel[0] * kernel[1]);
-  const int G = static_cast<int>(offset_group);
-  if (offset.shape(0) != N || offset.shape(1) != G * K * 2 || offset.shape(2) != out_h64 ||
-      offset.shape(3) != out_w64) {
-    throw ctx.error("offset must be [", N, ", ", G * K * 2, ", ", out_h64, ", ", out_w64, "]");
-  }
-  const int out_h = static_cast<int>(out_h64), out_w = static_cast<int>(out_w64), P = out_h * out_w;
-  const int64_t gathered =
-      checked_mul(ctx, checked_mul(ctx, int64_t{N} * C, K, "DeformConv columns"), P, "DeformConv columns");
-  to_int32(ctx, gathered, "DeformConv columns");
+  const int64_t taps = checked_product(ctx, kernel, "kernel size");
+  const int64_t positions = checked_product(ctx, out_dims, "output size");
+  const int64_t plane = checked_product(ctx, in_dims, "input size");
+  const int K = to_int32(ctx, taps, "kernel size"), P = to_int32(ctx, positions, "output size");
+  const int G = static_cast<int>(offset_group), dims = static_cast<int>(n);
+  mx::Shape offset_shape = {
+      N, to_int32(ctx, checked_mul(ctx, int64_t{G} * K, dims, "offset channels"), "offset")};
+  mx::Shape mask_shape = {N, G * K};
+  for (int64_t d : out_dims)
+    offset_shape.push_back(static_cast<int>(d)), mask_shape.push_back(static_cast<int>(d));
+  if (offset.shape() != offset_shape) throw ctx.error("offset must have shape ", shape_text(offset_shape));
+  const int64_t columns =
+      checked_mul(ctx, checked_mul(ctx, int64_t{N} * C, K, "DeformConv columns"), P, "columns");
+  to_int32(ctx, columns, "DeformConv columns");
+  to_int32(ctx, plane, "input size");
 
-  // Sampling positions [N, G, K, P] in float32.
-  mx::array off = mx::reshape(mx::astype(offset, mx::float32, s), {N, G, K, 2, P}, s);
-  auto base = [&](int axis) {  // (p * stride - pad + k * dilation) per [K, P]
-    std::vector<float> values(static_cast<size_t>(K) * P);
+  // Sampling positions per axis, [N, G, K, P] in float32.
+  mx::array off = mx::reshape(mx::astype(offset, mx::float32, s), {N, G, K, dims, P}, s);
+  std::vector<mx::array> position, fraction, low;
+  for (int a = 0; a < dims; ++a) {
+    std::vector<float> base(static_cast<size_t>(K) * P);  // p * stride - pad + k * dilation
     for (int k = 0; k < K; ++k) {
-      const int64_t tap = axis == 0 ? k / kernel[1] : k % kernel[1];
+      const int64_t tap = unflatten(k, kernel)[a];
       for (int p = 0; p < P; ++p) {
-        const int64_t out = axis == 0 ? p / out_w : p % out_w;
-        values[static_cast<size_t>(k) * P + p] =
-            static_cast<float>(out * strides[axis] - pads[axis] + tap * dilations[axis]);
+        base[static_cast<size_t>(k) * P + p] =
+            static_cast<float>(unflatten(p, out_dims)[a] * strides[a] - pads[a] + tap * dilations[a]);
       }
     }
-    return mx::array(values.data(), {1, 1, K, P}, mx::float32);
-  };
-  auto component = [&](int c) {
-    return mx::squeeze(mx::slice(off, {0, 0, 0, c, 0}, {N, G, K, c + 1, P}, s), 3, s);
-  };
-  mx::array y = mx::add(base(0), component(0), s);
-  mx::array xs = mx::add(base(1), component(1), s);
-  mx::array y0 = mx::floor(y, s), x0 = mx::floor(xs, s);
-  mx::array fy = mx::subtract(y, y0, s), fx = mx::subtract(xs, x0, s);
-  mx::array one = mx::array(1.0f);
-
-  // Channels grouped by offset group: [N, G, C/G, H*W].
-  mx::array planes = mx::reshape(x, {N, G, C / G, H * Wd}, s);
-  std::optional<mx::array> sampled;
-  for (int dy = 0; dy < 2; ++dy) {
-    for (int dx = 0; dx < 2; ++dx) {
-      mx::array yy = mx::add(y0, mx::array(static_cast<float>(dy)), s);
-      mx::array xx = mx::add(x0, mx::array(static_cast<float>(dx)), s);
-      mx::array inside =
-          mx::logical_and(mx::logical_and(mx::greater_equal(yy, mx::array(0.0f), s),
-                                          mx::less(yy, mx::array(static_cast<float>(H)), s), s),
-                          mx::logical_and(mx::greater_equal(xx, mx::array(0.0f), s),
-                                          mx::less(xx, mx::array(static_cast<float>(Wd)), s), s),
-                          s);
-      mx::array weight =
-          mx::multiply(dy ? fy : mx::subtract(one, fy, s), dx ? fx : mx::subtract(one, fx, s), s);
-      weight = mx::where(inside, weight, mx::array(0.0f), s);
-      mx::array row = mx::clip(yy, mx::array(0.0f), mx::array(static_cast<float>(H - 1)), s);
-      mx::array col = mx::clip(xx, mx::array(0.0f), mx::array(static_cast<float>(Wd - 1)), s);
-      mx::array index = mx::add(mx::multiply(mx::astype(row, mx::int32, s), mx::array(Wd), s),
-                                mx::astype(col, mx::int32, s), s);
-      // The gradient reaches the offsets through the bilinear weights; the
-      // corner indices are piecewise constant in them.
-      index = mx::stop_gradient(index, s);
-      index = mx::broadcast_to(mx::reshape(index, {N, G, 1, K * P}, s), {N, G, C / G, K * P}, s);
-      mx::array values = mx::reshape(mx::take_along_axis(planes, index, 3, s), {N, G, C / G, K, P}, s);
-      mx::array term =
-          mx::multiply(values, mx::astype(mx::reshape(weight, {N, G, 1, K, P}, s), x.dtype(), s), s);
-      sampled = sampled ? mx::add(*sampled, term, s) : term;
-    }
+    mx::array along = mx::take(off, a, 3, s);
+    mx::array pos = mx::add(mx::array(base.data(), {1, 1, K, P}, mx::float32), along, s);
+    mx::array floor = mx::floor(pos, s);
+    low.push_back(floor);
+    fraction.push_back(mx::subtract(pos, floor, s));
   }
-  mx::array columns = *sampled;  // [N, G, C/G, K, P]
+
+  // Channels grouped by offset group: [N, G, C/G, plane].
+  mx::array planes = mx::reshape(x, {N, G, C / G, static_cast<int>(plane)}, s);
+  std::optional<mx::array> sampled;
+  mx::array one = mx::array(1.0f);
+  for (int corner = 0; corner < (1 << dims); ++corner) {
+    std::optional<mx::array> weight, inside, index;
+    int64_t axis_stride = plane;
+    for (int a = 0; a < dims; ++a) {
+      const bool upper = (corner >> a) & 1;
+      axis_stride /= in_dims[static_cast<size_t>(a)];
+      mx::array c = upper ? mx::add(low[a], one, s) : low[a];
+      mx::array wa = upper ? fraction[a] : mx::subtract(one, fraction[a], s);
+      const float size = static_cast<float>(in_dims[static_cast<size_t>(a)]);
+      mx::array in_a =
+          mx::logical_and(mx::greater_equal(c, mx::array(0.0f), s), mx::less(c, mx::array(size), s), s);
+      mx::array ia =
+          mx::multiply(mx::astype(mx::clip(c, mx::array(0.0f), mx::array(size - 1), s), mx::int32, s),
+                       mx::array(static_cast<int>(axis_stride)), s);
+      weight = weight ? mx::multiply(*weight, wa, s) : wa;
+      inside = inside ? mx::logical_and(*inside, in_a, s) : in_a;
+      index = index ? mx::add(*index, ia, s) : ia;
+    }
+    mx::array wt = mx::where(*inside, *weight, mx::array(0.0f), s);
+    // The gradient reaches the offsets through the weights; the corner
+    // indices are piecewise constant in them.
+    mx::array idx = mx::stop_gradient(*index, s);
+    idx = mx::broadcast_to(mx::reshape(idx, {N, G, 1, K * P}, s), {N, G, C / G, K * P}, s);
+    mx::array values = mx::reshape(mx::take_along_axis(planes, idx, 3, s), {N, G, C / G, K, P}, s);
+    mx::array term = mx::multiply(values, mx::astype(mx::reshape(wt, {N, G, 1, K, P}, s), x.dtype(), s), s);
+    sampled = sampled ? mx::add(*sampled, term, s) : term;
+  }
+  mx::array columns_array = *sampled;  // [N, G, C/G, K, P]
   if (auto mask = ctx.optional_input(4)) {
-    if (mask->shape() != mx::Shape{N, G * K, out_h, out_w})
-      throw ctx.error("mask must be [", N, ", ", G * K, ", ", out_h, ", ", out_w, "]");
-    columns = mx::multiply(columns, mx::reshape(mx::astype(*mask, x.dtype(), s), {N, G, 1, K, P}, s), s);
+    if (mask->shape() != mask_shape) throw ctx.error("mask must have shape ", shape_text(mask_shape));
+    columns_array =
+        mx::multiply(columns_array, mx::reshape(mx::astype(*mask, x.dtype(), s), {N, G, 1, K, P}, s), s);
   }
   // Grouped matmul: W [g, oC/g, C/g * K] x columns [N, g, C/g * K, P].
   const int g = static_cast<int>(group);
-  mx::array cols = mx::reshape(columns, {N, g, (C / g) * K, P}, s);
+  mx::array cols = mx::reshape(columns_array, {N, g, (C / g) * K, P}, s);
   mx::array weights = mx::reshape(mx::astype(w, x.dtype(), s), {1, g, out_channels / g, (C / g) * K}, s);
-  mx::array out = mx::reshape(mx::matmul(weights, cols, s), {N, out_channels, out_h, out_w}, s);
-  if (auto bias = ctx.optional_input(3))
-    out = mx::add(out, mx::reshape(*bias, {1, out_channels, 1, 1}, s), s);
+  mx::Shape out_shape = {N, out_channels};
+  for (int64_t d : out_dims) out_shape.push_back(static_cast<int>(d));
+  mx::array out = mx::reshape(mx::matmul(weights, cols, s), out_shape, s);
+  if (auto bias = ctx.optional_input(3)) {
+    mx::Shape b_shape(static_cast<size_t>(rank), 1);
+    b_shape[1] = out_channels;
+    out = mx::add(out, mx::reshape(*bias, b_shape, s), s);
+  }
   return {mx::astype(out, x.dtype(), s)};
 }
 
@@ -453,18 +486,20 @@ void register_detection(OpRegistry& r) {
        .fn = roi_align<true>,
        .host_inputs = {1, 2}},
       // v22: bfloat16.
-      {.op_type = "DeformConv",
-       .domain = kOnnx,
-       .since = 19,
-       .until = 21,
-       .fn = deform_conv,
-       .restrictions = "2-D only"},
-      {.op_type = "DeformConv",
-       .domain = kOnnx,
-       .since = 22,
-       .until = kOpen,
-       .fn = deform_conv,
-       .restrictions = "2-D only"},
+      {
+          .op_type = "DeformConv",
+          .domain = kOnnx,
+          .since = 19,
+          .until = 21,
+          .fn = deform_conv,
+      },
+      {
+          .op_type = "DeformConv",
+          .domain = kOnnx,
+          .since = 22,
+          .until = kOpen,
+          .fn = deform_conv,
+      },
   });
 }
 

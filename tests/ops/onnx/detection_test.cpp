@@ -117,16 +117,53 @@ TEST(DeformConv, ShiftByOnePixelReadsTheNeighbour) {
   expect_near(to_doubles(out[0].tensor()), {1, 2, 1}, 1e-6);  // x = 1, 2, 2.5 (half of 2 + half of 0 outside)
 }
 
+TEST(DeformConv, ThreeDimensionalZeroOffsetsAreAPlainConvolution) {
+  mx::array x = mx::multiply(iota({1, 2, 3, 4, 3}), mx::array(0.1f));
+  mx::array w = mx::multiply(iota({3, 2, 2, 1, 2}), mx::array(0.05f));
+  std::vector<Attribute> attrs = {ints_attr("pads", {0, 1, 0, 1, 0, 1}), ints_attr("dilations", {1, 2, 1})};
+  auto conv = run_op("Conv", 11, {x, w}, attrs);
+  const mx::Shape& out = conv[0].tensor().shape();
+  mx::array offset = mx::zeros({1, 4 * 3, out[2], out[3], out[4]});
+  auto deform = run_op("DeformConv", 19, {x, w, offset}, attrs);
+  EXPECT_EQ(deform[0].tensor().shape(), out);
+  expect_near(to_doubles(deform[0].tensor()), to_doubles(conv[0].tensor()), 1e-5);
+}
+
+TEST(DeformConv, OneDimensionalMatchesTwoDimensionalWithHeightOne) {
+  // With H = 1 and zero y offsets, every 2-D sample lies on row 0: the same
+  // as the 1-D op with the x offsets (ONNX Runtime has only 2-D).
+  mx::array x = mx::random::normal({2, 4, 9}, mx::float32, 0, 1, mx::random::key(3));
+  mx::array w = mx::random::normal({6, 2, 3}, mx::float32, 0, 1, mx::random::key(4));
+  mx::array dx =
+      mx::multiply(mx::random::normal({2, 2, 3, 3}, mx::float32, 0, 1, mx::random::key(5)), mx::array(1.5f));
+  mx::array mask = mx::random::uniform({2, 6, 3}, mx::random::key(6));
+  auto one_d = run_op("DeformConv", 19, {x, w, mx::reshape(dx, {2, 6, 3}), Value(), mask},
+                      {int_attr("group", 2), int_attr("offset_group", 2), ints_attr("pads", {1, 0}),
+                       ints_attr("strides", {2}), ints_attr("dilations", {2})});
+  // 2-D offsets interleave (dy, dx) per tap: [N, G, K, 2, 1, P].
+  mx::array dxy = mx::stack({mx::zeros_like(dx), dx}, 3);
+  auto two_d = run_op("DeformConv", 19,
+                      {mx::expand_dims(x, 2), mx::expand_dims(w, 2), mx::reshape(dxy, {2, 12, 1, 3}), Value(),
+                       mx::reshape(mask, {2, 6, 1, 3})},
+                      {int_attr("group", 2), int_attr("offset_group", 2), ints_attr("pads", {0, 1, 0, 0}),
+                       ints_attr("strides", {1, 2}), ints_attr("dilations", {1, 2})});
+  expect_near(to_doubles(one_d[0].tensor()), to_doubles(two_d[0].tensor()), 1e-5);
+}
+
 TEST(DeformConv, BadShapesAreOpErrors) {
   EXPECT_NE(error_of<OpError>([] {
-              run_op("DeformConv", 19,
-                     {mx::zeros({1, 1, 2, 2, 2}), mx::zeros({1, 1, 1, 1, 1}), mx::zeros({1, 3, 2, 2, 2})});
-            }).find("only 2-D"),
+              run_op("DeformConv", 19, {mx::zeros({1, 1}), mx::zeros({1, 1}), mx::zeros({1, 1})});
+            }).find("X must be [N, C, D1, ...]"),
             std::string::npos);
   EXPECT_NE(error_of<OpError>([] {
               run_op("DeformConv", 19,
                      {mx::zeros({1, 1, 3, 3}), mx::zeros({1, 1, 2, 2}), mx::zeros({1, 8, 3, 3})});
-            }).find("offset must be [1, 8, 2, 2]"),
+            }).find("offset must have shape [1, 8, 2, 2]"),
+            std::string::npos);
+  EXPECT_NE(error_of<OpError>([] {
+              run_op("DeformConv", 19,
+                     {mx::zeros({1, 3, 3, 3}), mx::zeros({1, 2, 2, 2}), mx::zeros({1, 8, 2, 2})});
+            }).find("group 1 does not fit 3 input channels"),
             std::string::npos);
 }
 
