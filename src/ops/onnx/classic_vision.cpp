@@ -85,8 +85,9 @@ OpOutputs mean_variance_normalization(NodeContext& ctx) {
 // Indices: row-major over the whole unpooled tensor). The output's spatial
 // size is (in - 1) * stride + kernel - pad_begin - pad_end, zero-padded up to
 // output_shape when that is given.
-// Indices outside the output are dropped (sent to a scratch element that is
-// cut off), so traced indices never write out of bounds.
+// Indices known on the host must address the output; traced ones (under
+// compile) outside it are dropped (sent to a scratch element that is cut
+// off), so they never write out of bounds.
 OpOutputs max_unpool(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array& x = ctx.input(0);
@@ -129,6 +130,11 @@ OpOutputs max_unpool(NodeContext& ctx) {
   const int64_t total = checked_product(ctx, out_dims, "output size");
   const int scratch = to_int32(ctx, total, "output size");  // the index one past the end
 
+  if (!indices.is_tracer()) {  // known indices are checked; traced ones out of range are dropped
+    for (int64_t i : ctx.host_ints(1)) {
+      if (i < 0 || i >= total) throw ctx.error("index ", i, " out of range for ", total, " output elements");
+    }
+  }
   mx::array flat_index = mx::flatten(mx::astype(indices, mx::int64, s), s);
   mx::array valid = mx::logical_and(mx::greater_equal(flat_index, mx::array(int64_t{0}), s),
                                     mx::less(flat_index, mx::array(total), s), s);

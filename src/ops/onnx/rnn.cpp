@@ -332,6 +332,14 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
     if (!mx::issubdtype(lens->dtype(), mx::integer))
       throw ctx.error("sequence_lens must be an integer tensor");
     expect_shape(ctx, *lens, {B}, "sequence_lens");
+    // Known lengths are checked; traced ones (under compile) are used as
+    // masks, where a length beyond T acts as T and one below 1 keeps the
+    // initial state.
+    if (!lens->is_tracer()) {
+      for (int64_t length : ctx.host_ints(4)) {
+        if (length < 0 || length > T) throw ctx.error("sequence length ", length, " outside [0, ", T, "]");
+      }
+    }
     mx::array steps = mx::reshape(mx::arange(T, mx::int32, s), {T, 1, 1}, s);
     mask = mx::less(steps, mx::reshape(mx::astype(*lens, mx::int32, s), {1, B, 1}, s), s);
   }

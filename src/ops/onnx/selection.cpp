@@ -176,6 +176,12 @@ OpOutputs reverse_sequence(NodeContext& ctx) {
   if (!mx::issubdtype(lengths.dtype(), mx::integer))
     throw ctx.error("sequence_lens must be an integer tensor");
   // index[t, b] = t < len[b] ? len[b] - 1 - t : t, laid out as [T, B] or [B, T].
+  if (!lengths.is_tracer()) {  // traced lengths beyond the time axis act as its size
+    for (int64_t length : ctx.host_ints(1)) {
+      if (length < 0 || length > steps)
+        throw ctx.error("sequence length ", length, " outside [0, ", steps, "]");
+    }
+  }
   mx::array len = mx::minimum(mx::astype(lengths, mx::int32, s), mx::array(steps), s);
   mx::array t = mx::reshape(mx::arange(steps, mx::int32, s), {steps, 1}, s);
   len = mx::reshape(len, {1, batch}, s);

@@ -78,6 +78,15 @@ TEST(MaxUnpool, ScattersToTheRecordedPositions) {
   EXPECT_EQ(to_doubles(dropped[0]), expected);
 }
 
+TEST(MaxUnpool, KnownIndexOutsideTheOutputIsAnOpError) {
+  mx::array far = mx::array({5, 7, 13, 16}, {1, 1, 2, 2}, mx::int64);
+  std::string m = error_of<OpError>([&] {
+    run_op("MaxUnpool", 11, {mx::ones({1, 1, 2, 2}), far},
+           {ints_attr("kernel_shape", {2, 2}), ints_attr("strides", {2, 2})});
+  });
+  EXPECT_NE(m.find("index 16 out of range for 16 output elements"), std::string::npos);
+}
+
 TEST(MaxUnpool, BadAttributesAreOpErrors) {
   mx::array x = mx::zeros({1, 1, 2, 2});
   mx::array i = mx::zeros({1, 1, 2, 2}, mx::int64);

@@ -188,6 +188,10 @@ TEST(Recurrent, BadInputsAreOpErrorsNamingTheNode) {
                     {})
                 .find("sequence_lens must have shape [1]"),
             std::string::npos);
+  EXPECT_NE(
+      message("RNN", {x, mx::zeros({1, 1, 3}), mx::zeros({1, 1, 1}), Value(), mx::array({3}, mx::int32)}, {})
+          .find("sequence length 3 outside [0, 2]"),
+      std::string::npos);
   // The prefix names the op and node.
   EXPECT_NE(message("LSTM", {mx::zeros({2, 3}), w, r}, {}).find("[LSTM v14]"), std::string::npos);
 }

@@ -109,6 +109,8 @@ TEST(ReverseSequence, BadAxesOrLengthsAreOpErrors) {
   std::string lengths =
       error_of<OpError>([&] { run_op("ReverseSequence", 10, {iota({2, 2}), i64({1, 1, 1})}); });
   EXPECT_NE(lengths.find("sequence_lens must have shape [2]"), std::string::npos);
+  std::string longer = error_of<OpError>([&] { run_op("ReverseSequence", 10, {iota({2, 2}), i64({3, 1})}); });
+  EXPECT_NE(longer.find("sequence length 3 outside [0, 2]"), std::string::npos);
 }
 
 }  // namespace
