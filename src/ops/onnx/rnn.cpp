@@ -9,7 +9,10 @@
 // state (Y_h and Y_c are the state at its last step) and outputs zeros. A
 // reverse direction starts at the last step, where every entry past its
 // length is still masked, so each entry starts from the initial state at its
-// own last step.
+// own last step. The two directions of a bidirectional layer advance together
+// as one batched step (the reverse one reading time backwards) when their
+// activations agree: on the CPU the cost is per MLX op (roughly a millisecond
+// per step here), not per element.
 #include <algorithm>
 #include <cctype>
 #include <optional>
