@@ -69,6 +69,12 @@ OpRegistry make_builtin_registry() {
   register_ml(registry);
   register_training(registry);
   register_quantization(registry);
+  register_rnn(registry);
+  register_signal(registry);
+  register_detection(registry);
+  register_selection(registry);
+  register_linalg(registry);
+  register_classic_vision(registry);
   return registry;
 }
 }  // namespace

@@ -104,5 +104,11 @@ void register_text(OpRegistry& registry);
 void register_ml(OpRegistry& registry);
 void register_training(OpRegistry& registry);
 void register_quantization(OpRegistry& registry);
+void register_rnn(OpRegistry& registry);
+void register_signal(OpRegistry& registry);
+void register_detection(OpRegistry& registry);
+void register_selection(OpRegistry& registry);
+void register_linalg(OpRegistry& registry);
+void register_classic_vision(OpRegistry& registry);
 
 }  // namespace transmuter
