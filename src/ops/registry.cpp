@@ -68,6 +68,7 @@ OpRegistry make_builtin_registry() {
   register_text(registry);
   register_ml(registry);
   register_training(registry);
+  register_image(registry);
   return registry;
 }
 }  // namespace

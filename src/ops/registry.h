@@ -97,5 +97,6 @@ void register_attention(OpRegistry& registry);
 void register_text(OpRegistry& registry);
 void register_ml(OpRegistry& registry);
 void register_training(OpRegistry& registry);
+void register_image(OpRegistry& registry);
 
 }  // namespace transmuter
