@@ -29,7 +29,7 @@ void DecodedImage::allocate(int64_t rows, int64_t columns, int samples, const De
   height = rows;
   width = columns;
   channels = samples;
-  pixels.assign(area * static_cast<uint64_t>(samples), 0);
+  pixels.allocate(area * static_cast<uint64_t>(samples));
 }
 
 namespace {

@@ -15,11 +15,12 @@
 // error managers that jump back, never through exit()).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 namespace transmuter::image {
 
@@ -33,12 +34,30 @@ struct DecodeLimits {
   uint64_t max_bytes;  // largest pixel buffer (or library working raster) allowed
 };
 
+/** An uninitialized byte buffer: a decoder that fails early (a corrupt file
+ * declaring a large size) never touches, so never commits, most of it. */
+class PixelBuffer {
+ public:
+  void allocate(size_t size) {
+    data_ = std::make_unique_for_overwrite<uint8_t[]>(size);
+    size_ = size;
+  }
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  uint8_t& operator[](size_t i) { return data_[i]; }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_ = 0;
+};
+
 /** Decoded pixels: channels 1 (gray), 2 (gray, alpha), 3 (RGB) or 4 (RGBA). */
 struct DecodedImage {
   int64_t height = 0;
   int64_t width = 0;
   int channels = 0;
-  std::vector<uint8_t> pixels;  // height * width * channels, row-major
+  PixelBuffer pixels;  // height * width * channels, row-major
 
   /** Sizes `pixels` for the given geometry; throws ImageDecodeError when a
    * dim is not positive or the buffer would exceed `limits`. */

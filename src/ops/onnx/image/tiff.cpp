@@ -11,7 +11,6 @@
 #include <limits>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include <tiffio.h>
 
@@ -104,13 +103,14 @@ DecodedImage decode_tiff(std::span<const uint8_t> file, const DecodeLimits& limi
   check_allocation(area, sizeof(uint32_t), limits, "TIFF RGBA raster");
   DecodedImage image;
   image.allocate(height, width, 3, limits);
-  std::vector<uint32_t> raster(area);
-  if (!TIFFReadRGBAImageOriented(tif.get(), width, height, raster.data(), ORIENTATION_TOPLEFT, /*stop_on_error=*/1)) {
+  auto raster = std::make_unique_for_overwrite<uint32_t[]>(area);
+  if (!TIFFReadRGBAImageOriented(tif.get(), width, height, raster.get(), ORIENTATION_TOPLEFT, /*stop_on_error=*/1)) {
     fail(source, "cannot decode the image data");
   }
   // Alpha, if any, is dropped (RGB output); libtiff premultiplies unassociated alpha.
   uint8_t* out = image.pixels.data();
-  for (uint32_t abgr : raster) {
+  for (uint64_t i = 0; i < area; ++i) {
+    const uint32_t abgr = raster[i];
     *out++ = static_cast<uint8_t>(TIFFGetR(abgr));
     *out++ = static_cast<uint8_t>(TIFFGetG(abgr));
     *out++ = static_cast<uint8_t>(TIFFGetB(abgr));
