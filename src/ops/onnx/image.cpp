@@ -44,7 +44,8 @@ mx::array to_pixel_format(const NodeContext& ctx, const image::DecodedImage& dec
   const int64_t count = checked_mul(ctx, checked_mul(ctx, decoded.height, decoded.width, "image size"),
                                     out_channels, "image size");
   if (static_cast<uint64_t>(count) > ctx.memory_limit()) {
-    throw ctx.error("decoded image of ", count, " bytes exceeds the memory limit of ", ctx.memory_limit(), " bytes");
+    throw ctx.error("decoded image of ", count, " bytes exceeds the memory limit of ", ctx.memory_limit(),
+                    " bytes");
   }
   const mx::Shape shape = to_shape(ctx, {decoded.height, decoded.width, out_channels});
   std::optional<MlxBuffer> buffer;
@@ -166,8 +167,10 @@ OpOutputs max_roi_pool(NodeContext& ctx) {
     split_region(corner(roi[1]), corner(roi[3]), pooled[1], width, rois[r].col_start, rois[r].col_end);
   }
   const int64_t kh = widest(rois, true), kw = widest(rois, false);
-  const int64_t gathered = checked_product(ctx, {num_rois, pooled[0], kh, pooled[1], kw, channels}, "gather size");
-  const int64_t gathered_bytes = checked_mul(ctx, gathered, static_cast<int64_t>(x.itemsize()), "gather size");
+  const int64_t gathered =
+      checked_product(ctx, {num_rois, pooled[0], kh, pooled[1], kw, channels}, "gather size");
+  const int64_t gathered_bytes =
+      checked_mul(ctx, gathered, static_cast<int64_t>(x.itemsize()), "gather size");
   if (static_cast<uint64_t>(gathered_bytes) > ctx.memory_limit()) {
     throw ctx.error("the regions' windows (", gathered_bytes, " bytes) exceed the memory limit");
   }
@@ -184,7 +187,8 @@ OpOutputs max_roi_pool(NodeContext& ctx) {
           for (int64_t j = 0; j < kw; ++j) {
             const int64_t col = r.col_start[pw] + j < r.col_end[pw] ? r.col_start[pw] + j : r.col_start[pw];
             // Clamped: an empty bin may start at H or W; its value is replaced by 0 below.
-            const int64_t flat = (r.batch * height + std::min(row, height - 1)) * width + std::min(col, width - 1);
+            const int64_t flat =
+                (r.batch * height + std::min(row, height - 1)) * width + std::min(col, width - 1);
             index.push_back(to_int32(ctx, flat, "input position"));
           }
         }
@@ -218,7 +222,8 @@ void register_image(OpRegistry& r) {
        .restrictions = "decodes on the host; no CMYK JPEG, subsampled or YCC JPEG 2000, animated WebP "
                        "or RLE BMP; a stream that cannot be decoded is an error, not an empty tensor",
        .not_differentiable = "integer output decoded on the host"},
-      // v22 added bfloat16.
+      // v22 added bfloat16. The regions are read on the host; the gradient
+      // with respect to them is zero (rounded corners), as it should be.
       {.op_type = "MaxRoiPool", .domain = kOnnx, .since = 1, .until = kOpen, .fn = max_roi_pool,
        .host_inputs = {1}},
   });

@@ -14,8 +14,8 @@ namespace transmuter {
 namespace {
 
 using testing::error_of;
-using testing::ints_attr;
 using testing::float_attr;
+using testing::ints_attr;
 using testing::run_compiled;
 using testing::run_op;
 using testing::run_op_with_memory_limit;
@@ -29,13 +29,14 @@ using Bytes = std::vector<uint8_t>;
 // checkerboard of random colors, saved by Pillow in each format. JPEG and
 // WebP are lossy; the others (JPEG 2000 included: Pillow saves it reversible)
 // hold the same pixels.
-const char* const kLossless[] = {"checkerboard.bmp", "checkerboard.png", "checkerboard.ppm", "checkerboard.tif",
-                                 "checkerboard.jp2"};
+const char* const kLossless[] = {"checkerboard.bmp", "checkerboard.png", "checkerboard.ppm",
+                                 "checkerboard.tif", "checkerboard.jp2"};
 const char* const kAll[] = {"checkerboard.bmp", "checkerboard.png", "checkerboard.ppm", "checkerboard.tif",
                             "checkerboard.jp2", "checkerboard.jpg", "checkerboard.webp"};
 
 Bytes fixture(const std::string& name) {
-  std::ifstream in(std::string(TRANSMUTER_SOURCE_DIR) + "/tests/ops/onnx/image_data/" + name, std::ios::binary);
+  std::ifstream in(std::string(TRANSMUTER_SOURCE_DIR) + "/tests/ops/onnx/image_data/" + name,
+                   std::ios::binary);
   EXPECT_TRUE(in) << name;
   return Bytes(std::istreambuf_iterator<char>(in), {});
 }
@@ -155,8 +156,8 @@ TEST(ImageDecoder, BmpVariants) {
 TEST(ImageDecoder, TruncatedStreamsAreErrorsNamingTheNode) {
   for (const char* name : kAll) {
     const Bytes file = fixture(name);
-    for (size_t size : {size_t{1}, size_t{12}, file.size() / 4, file.size() / 2, file.size() * 3 / 4,
-                        file.size() - 1}) {
+    for (size_t size :
+         {size_t{1}, size_t{12}, file.size() / 4, file.size() / 2, file.size() * 3 / 4, file.size() - 1}) {
       const std::string message = decode_error(Bytes(file.begin(), file.begin() + size));
       EXPECT_NE(message.find("node 'test_ImageDecoder'"), std::string::npos) << name << " cut to " << size;
     }
@@ -173,7 +174,8 @@ TEST(ImageDecoder, CorruptHeadersDecodeOrFailCleanly) {
       Bytes corrupt = file;
       corrupt[at] ^= 0xFF;
       try {
-        const mx::array image = run_op_with_memory_limit("ImageDecoder", 20, {encoded(corrupt)}, {}, 64 << 20)[0].tensor();
+        const mx::array image =
+            run_op_with_memory_limit("ImageDecoder", 20, {encoded(corrupt)}, {}, 64 << 20)[0].tensor();
         EXPECT_EQ(image.ndim(), 3) << name << " byte " << at;
         EXPECT_EQ(image.dtype(), mx::uint8);
       } catch (const OpError& e) {
@@ -214,9 +216,8 @@ TEST(ImageDecoder, HugeDeclaredSizeIsRefusedBeforeAllocating) {
   png_chunk(png, "IHDR", header);
   png_chunk(png, "IDAT", {});
   png_chunk(png, "IEND", {});
-  const std::string message = error_of<OpError>([&] {
-    run_op_with_memory_limit("ImageDecoder", 20, {encoded(png)}, {}, uint64_t{1} << 30);
-  });
+  const std::string message = error_of<OpError>(
+      [&] { run_op_with_memory_limit("ImageDecoder", 20, {encoded(png)}, {}, uint64_t{1} << 30); });
   EXPECT_NE(message.find("node 'test_ImageDecoder'"), std::string::npos) << message;
   EXPECT_NE(message.find("memory limit"), std::string::npos) << message;
   // The output check applies too: a 32 x 32 image within 1 KiB of output is refused.
@@ -229,8 +230,9 @@ TEST(ImageDecoder, HugeDeclaredSizeIsRefusedBeforeAllocating) {
 TEST(ImageDecoder, RejectsBadInputsAndAttributes) {
   EXPECT_NE(decode_error(text("GIF89a....")).find("unknown image format"), std::string::npos);
   EXPECT_NE(decode_error({}).find("unknown image format"), std::string::npos);
-  EXPECT_NE(error_of<OpError>([] { run_op("ImageDecoder", 20, {mx::zeros({4}, mx::float32)}); }).find("uint8"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of<OpError>([] { run_op("ImageDecoder", 20, {mx::zeros({4}, mx::float32)}); }).find("uint8"),
+      std::string::npos);
   EXPECT_NE(error_of<OpError>([] { run_op("ImageDecoder", 20, {mx::zeros({2, 2}, mx::uint8)}); }).find("1-D"),
             std::string::npos);
   EXPECT_NE(error_of<OpError>([] { decode(fixture("checkerboard.png"), "RGBA"); }).find("pixel_format"),
@@ -248,38 +250,40 @@ mx::array roi_pool_input() {
 }
 
 mx::array roi_pool_regions() {
-  return mx::array({0.f, 0.f, 0.f, 6.f, 5.f,  1.f, 1.4f, 0.5f, 4.6f, 3.5f,  0.f, 3.f, 2.f, 12.f, 9.f,
-                    1.f, 5.f, 4.f, 2.f, 1.f,  1.f, 2.f, 1.f, 3.f, 4.f,     0.f, 20.f, 20.f, 30.f, 30.f},
+  return mx::array({0.f, 0.f, 0.f, 6.f, 5.f, 1.f, 1.4f, 0.5f, 4.6f, 3.5f, 0.f, 3.f,  2.f,  12.f, 9.f,
+                    1.f, 5.f, 4.f, 2.f, 1.f, 1.f, 2.f,  1.f,  3.f,  4.f,  0.f, 20.f, 20.f, 30.f, 30.f},
                    {6, 5});
 }
 
 TEST(MaxRoiPool, MatchesOnnxRuntime) {
-  auto out = run_op("MaxRoiPool", 1, {roi_pool_input(), roi_pool_regions()}, {ints_attr("pooled_shape", {2, 3})});
+  auto out =
+      run_op("MaxRoiPool", 1, {roi_pool_input(), roi_pool_regions()}, {ints_attr("pooled_shape", {2, 3})});
   EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{6, 3, 2, 3}));
   EXPECT_EQ(to_doubles(out[0].tensor()),
             (std::vector<double>{
-                11.75, 10.875, 12.125, 12.5,   12.5,   11.25,  12,    12.375, 12.375, 11.875, 11.875, 11.5,
-                11.375, 11,    12.25,  12.125, 11.75,  11.75,  8.25,  10.375, 9.5,    9.875,  12,     11.125,
-                10.625, 10.625, 11.875, 12.25, 12.25,  8.875,  10.875, 12.125, 12.125, 12.5,  11.625, 8.25,
-                12.125, 11.25, 0,      0,      0,      0,      12.375, 10.625, 0,     0,      0,      0,
-                11.75,  10,    0,      0,      0,      0,      3.125, 3.125,  3.125,  3.125,  3.125,  3.125,
-                8,      8,     8,      8,      8,      8,      0.25,  0.25,   0.25,   0.25,   0.25,   0.25,
-                5.75,   10.375, 10.375, 7.375, 12,     12,     10.625, 10.625, 9.75,  12.25,  12.25,  11.375,
-                10,     10,    7.5,    11.625, 11.625, 9.125,  0,     0,      0,      0,      0,      0,
-                0,      0,     0,      0,      0,      0,      0,     0,      0,      0,      0,      0}));
+                11.75,  10.875, 12.125, 12.5,   12.5,   11.25, 12,     12.375, 12.375, 11.875, 11.875, 11.5,
+                11.375, 11,     12.25,  12.125, 11.75,  11.75, 8.25,   10.375, 9.5,    9.875,  12,     11.125,
+                10.625, 10.625, 11.875, 12.25,  12.25,  8.875, 10.875, 12.125, 12.125, 12.5,   11.625, 8.25,
+                12.125, 11.25,  0,      0,      0,      0,     12.375, 10.625, 0,      0,      0,      0,
+                11.75,  10,     0,      0,      0,      0,     3.125,  3.125,  3.125,  3.125,  3.125,  3.125,
+                8,      8,      8,      8,      8,      8,     0.25,   0.25,   0.25,   0.25,   0.25,   0.25,
+                5.75,   10.375, 10.375, 7.375,  12,     12,    10.625, 10.625, 9.75,   12.25,  12.25,  11.375,
+                10,     10,     7.5,    11.625, 11.625, 9.125, 0,      0,      0,      0,      0,      0,
+                0,      0,      0,      0,      0,      0,     0,      0,      0,      0,      0,      0}));
 }
 
 TEST(MaxRoiPool, ScaledCornersRoundHalfAwayFromZeroLikeOnnxRuntime) {
   const std::vector<Attribute> attrs = {ints_attr("pooled_shape", {3, 2}), float_attr("spatial_scale", 0.5f)};
   const std::vector<double> expected = {
-      11.75, 9.25,  11.75, 10.875, 8.75,  10.875, 12,    8.625, 12,    8.625, 11.125, 10.25, 9.75,  11,
-      11.375, 8,    11.375, 8,     6.625, 11.25,  1.125, 5.75,  8.25,  0.25,  11.5,   3.5,   6,     10.625,
-      0.5,   5.125, 3.75,  8.375,  10.875, 2.875, 5.375, 10,    10.875, 12.125, 12.5, 12.125, 12.5, 9.125,
-      12.375, 12.375, 12.375, 12.375, 11.875, 10.625, 10.125, 10.125, 11.75, 11.75, 9.625, 10.875, 4.875, 4.875,
-      4.875, 4.875, 4.875, 4.875,  9.75,  9.75,   9.75,  9.75,  9.75,  9.75,  2,      2,     2,     2,
-      2,     2,     1.125, 5.75,   8.25,  5.75,   8.25,  0.25,  6,     10.625, 6,     10.625, 0.5,   5.125,
-      10.875, 2.875, 10.875, 10,   5.375, 10,     0,     0,     0,     0,     0,      0,     0,     0,
-      0,     0,     0,     0,      0,     0,      0,     0,     0,     0};
+      11.75,  9.25,   11.75,  10.875, 8.75,   10.875, 12,     8.625,  12,     8.625,  11.125, 10.25,
+      9.75,   11,     11.375, 8,      11.375, 8,      6.625,  11.25,  1.125,  5.75,   8.25,   0.25,
+      11.5,   3.5,    6,      10.625, 0.5,    5.125,  3.75,   8.375,  10.875, 2.875,  5.375,  10,
+      10.875, 12.125, 12.5,   12.125, 12.5,   9.125,  12.375, 12.375, 12.375, 12.375, 11.875, 10.625,
+      10.125, 10.125, 11.75,  11.75,  9.625,  10.875, 4.875,  4.875,  4.875,  4.875,  4.875,  4.875,
+      9.75,   9.75,   9.75,   9.75,   9.75,   9.75,   2,      2,      2,      2,      2,      2,
+      1.125,  5.75,   8.25,   5.75,   8.25,   0.25,   6,      10.625, 6,      10.625, 0.5,    5.125,
+      10.875, 2.875,  10.875, 10,     5.375,  10,     0,      0,      0,      0,      0,      0,
+      0,      0,      0,      0,      0,      0,      0,      0,      0,      0,      0,      0};
   auto eager = run_op("MaxRoiPool", 22, {roi_pool_input(), roi_pool_regions()}, attrs);
   EXPECT_EQ(to_doubles(eager[0].tensor()), expected);
   // X traced, regions known on the host (as the row's host_inputs ask).
@@ -294,7 +298,9 @@ TEST(MaxRoiPool, RejectsBadRegionsAndAttributes) {
               run_op("MaxRoiPool", 1, {x, mx::array({2.f, 0.f, 0.f, 1.f, 1.f}, {1, 5})}, attrs);
             }).find("batch index 2"),
             std::string::npos);
-  EXPECT_NE(error_of<OpError>([&] { run_op("MaxRoiPool", 1, {x, mx::zeros({1, 4})}, attrs); }).find("[num_rois, 5]"),
+  EXPECT_NE(error_of<OpError>([&] {
+              run_op("MaxRoiPool", 1, {x, mx::zeros({1, 4})}, attrs);
+            }).find("[num_rois, 5]"),
             std::string::npos);
   EXPECT_NE(error_of<OpError>([&] { run_op("MaxRoiPool", 1, {x, mx::zeros({1, 5})}); }).find("pooled_shape"),
             std::string::npos);

@@ -67,7 +67,7 @@ struct BmpHeader {
   uint32_t bits = 0;
   uint32_t compression = kRgb;
   uint64_t pixel_offset = 0;
-  std::array<uint32_t, 3> masks = {0, 0, 0};  // red, green, blue
+  std::array<uint32_t, 3> masks = {0, 0, 0};    // red, green, blue
   std::vector<std::array<uint8_t, 3>> palette;  // RGB
 };
 
@@ -101,7 +101,8 @@ BmpHeader read_header(const ByteReader& in) {
     throw ImageDecodeError("BMP: unknown info header size " + std::to_string(info_size));
   }
   if (h.compression != kRgb && h.compression != kBitFields && h.compression != kAlphaBitFields) {
-    throw ImageDecodeError("BMP: compression " + std::to_string(h.compression) + " (RLE, JPEG, PNG) is not supported");
+    throw ImageDecodeError("BMP: compression " + std::to_string(h.compression) +
+                           " (RLE, JPEG, PNG) is not supported");
   }
   const bool fields = h.compression != kRgb;
   if (fields ? (h.bits != 16 && h.bits != 32)
@@ -123,8 +124,7 @@ BmpHeader read_header(const ByteReader& in) {
 }
 
 // Unpacks one stored row into RGB.
-void unpack_row(const BmpHeader& h, const uint8_t* row, uint8_t* out,
-                const std::array<BitField, 3>& fields) {
+void unpack_row(const BmpHeader& h, const uint8_t* row, uint8_t* out, const std::array<BitField, 3>& fields) {
   for (int64_t x = 0; x < h.width; ++x, out += 3) {
     if (h.bits <= 8) {
       const uint64_t bit = static_cast<uint64_t>(x) * h.bits;
@@ -138,8 +138,9 @@ void unpack_row(const BmpHeader& h, const uint8_t* row, uint8_t* out,
       out[2] = bgr[0];
     } else {
       const uint8_t* p = row + x * (h.bits / 8);
-      const uint32_t pixel = h.bits == 16 ? p[0] | (p[1] << 8)
-                                          : p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
+      const uint32_t pixel = h.bits == 16
+                                 ? p[0] | (p[1] << 8)
+                                 : p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
       for (int c = 0; c < 3; ++c) out[c] = fields[c](pixel);
     }
   }
@@ -150,8 +151,8 @@ void unpack_row(const BmpHeader& h, const uint8_t* row, uint8_t* out,
 DecodedImage decode_bmp(std::span<const uint8_t> file, const DecodeLimits& limits) {
   const ByteReader in(file);
   const BmpHeader h = read_header(in);
-  if (h.width <= 0 || h.height <= 0) throw ImageDecodeError("BMP: bad size " + std::to_string(h.width) + " x " +
-                                                            std::to_string(h.height));
+  if (h.width <= 0 || h.height <= 0)
+    throw ImageDecodeError("BMP: bad size " + std::to_string(h.width) + " x " + std::to_string(h.height));
   const std::array<BitField, 3> fields = {BitField(h.masks[0]), BitField(h.masks[1]), BitField(h.masks[2])};
   // Rows are padded to 4 bytes; the whole pixel array must be in the file.
   const uint64_t stride = (static_cast<uint64_t>(h.width) * h.bits + 31) / 32 * 4;

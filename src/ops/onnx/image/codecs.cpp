@@ -45,7 +45,8 @@ Decoder find_decoder(std::span<const uint8_t> file) {
       starts_with(file, {'I', 'I', '+', 0}) || starts_with(file, {'M', 'M', 0, '+'})) {
     return decode_tiff;
   }
-  if (file.size() >= 12 && starts_with(file, {'R', 'I', 'F', 'F'}) && std::memcmp(file.data() + 8, "WEBP", 4) == 0) {
+  if (file.size() >= 12 && starts_with(file, {'R', 'I', 'F', 'F'}) &&
+      std::memcmp(file.data() + 8, "WEBP", 4) == 0) {
     return decode_webp;
   }
   // A JP2 file starts with its signature box; a bare codestream with SOC SIZ.

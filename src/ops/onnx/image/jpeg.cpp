@@ -8,6 +8,8 @@
 // of its own that calls setjmp before anything else and holds no object with
 // a destructor, so the jump skips no C++ cleanup; the decompressor is
 // destroyed by its owner's destructor.
+#include <algorithm>
+#include <climits>
 #include <csetjmp>
 #include <cstddef>
 #include <cstdio>  // jpeglib.h uses FILE and size_t without including them
@@ -54,9 +56,12 @@ struct JpegDecompressor {
   JpegDecompressor& operator=(const JpegDecompressor&) = delete;
 };
 
-bool read_jpeg_header(JpegDecompressor& d, const uint8_t* data, size_t size) {
+bool read_jpeg_header(JpegDecompressor& d, const uint8_t* data, size_t size, uint64_t max_bytes) {
   if (setjmp(d.err.jump)) return false;
   jpeg_create_decompress(&d.cinfo);
+  // Caps libjpeg's own buffers too (a progressive file keeps every
+  // coefficient of the image): beyond it libjpeg fails, having no backing store.
+  d.cinfo.mem->max_memory_to_use = static_cast<long>(std::min<uint64_t>(max_bytes, LONG_MAX));
   jpeg_mem_src(&d.cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&d.cinfo, TRUE);
   return true;
@@ -87,7 +92,8 @@ bool read_jpeg_pixels(JpegDecompressor& d, DecodedImage& image) {
 
 DecodedImage decode_jpeg(std::span<const uint8_t> file, const DecodeLimits& limits) {
   JpegDecompressor d;
-  if (!read_jpeg_header(d, file.data(), file.size())) throw ImageDecodeError(std::string("JPEG: ") + d.err.message);
+  if (!read_jpeg_header(d, file.data(), file.size(), limits.max_bytes))
+    throw ImageDecodeError(std::string("JPEG: ") + d.err.message);
   int channels = 3;
   switch (d.cinfo.jpeg_color_space) {
     case JCS_GRAYSCALE:

@@ -72,7 +72,8 @@ struct ImageFree {
 
 // Every component must cover the whole image at full resolution.
 void check_components(const Jp2Source& source, const opj_image_t& image, uint32_t width, uint32_t height) {
-  if (image.numcomps < 1 || image.numcomps > 4) fail(source, std::to_string(image.numcomps) + " components (1 to 4 supported)");
+  if (image.numcomps < 1 || image.numcomps > 4)
+    fail(source, std::to_string(image.numcomps) + " components (1 to 4 supported)");
   for (uint32_t c = 0; c < image.numcomps; ++c) {
     const opj_image_comp_t& comp = image.comps[c];
     if (comp.w != width || comp.h != height || comp.dx != 1 || comp.dy != 1) {
@@ -88,7 +89,8 @@ DecodedImage decode_jpeg2000(std::span<const uint8_t> file, const DecodeLimits& 
   Jp2Source source;
   source.file = file;
   const bool codestream = file.size() >= 2 && file[0] == 0xFF && file[1] == 0x4F;
-  std::unique_ptr<opj_codec_t, CodecFree> codec(opj_create_decompress(codestream ? OPJ_CODEC_J2K : OPJ_CODEC_JP2));
+  std::unique_ptr<opj_codec_t, CodecFree> codec(
+      opj_create_decompress(codestream ? OPJ_CODEC_J2K : OPJ_CODEC_JP2));
   if (!codec) fail(source, "cannot create the decoder");
   opj_set_error_handler(codec.get(), on_jp2_error, &source);
   opj_set_warning_handler(codec.get(), on_jp2_quiet, nullptr);
@@ -117,7 +119,8 @@ DecodedImage decode_jpeg2000(std::span<const uint8_t> file, const DecodeLimits& 
   // OpenJPEG decodes into one int32 plane per component.
   check_allocation(static_cast<uint64_t>(width) * height * decoded->numcomps, sizeof(OPJ_INT32), limits,
                    "JPEG 2000 component planes");
-  if (!opj_decode(codec.get(), stream.get(), decoded.get()) || !opj_end_decompress(codec.get(), stream.get())) {
+  if (!opj_decode(codec.get(), stream.get(), decoded.get()) ||
+      !opj_end_decompress(codec.get(), stream.get())) {
     fail(source, "cannot decode the image data");
   }
   check_components(source, *decoded, width, height);

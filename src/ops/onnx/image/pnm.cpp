@@ -65,9 +65,9 @@ class PnmReader {
 
  private:
   ImageDecodeError error(const char* what) const {
-    return ImageDecodeError(pos_ >= file_.size() ? std::string("PNM: file is truncated")
-                                                 : std::string("PNM: expected ") + what + " at byte " +
-                                                       std::to_string(pos_));
+    return ImageDecodeError(pos_ >= file_.size()
+                                ? std::string("PNM: file is truncated")
+                                : std::string("PNM: expected ") + what + " at byte " + std::to_string(pos_));
   }
 
   std::span<const uint8_t> file_;
@@ -77,7 +77,8 @@ class PnmReader {
 uint8_t scale_sample(int64_t value, int64_t maxval) {
   if (value > maxval) throw ImageDecodeError("PNM: sample " + std::to_string(value) + " exceeds maxval");
   if (maxval == 255) return static_cast<uint8_t>(value);
-  return static_cast<uint8_t>(std::nearbyint(static_cast<double>(value) / static_cast<double>(maxval) * 255.0));
+  return static_cast<uint8_t>(
+      std::nearbyint(static_cast<double>(value) / static_cast<double>(maxval) * 255.0));
 }
 
 }  // namespace
@@ -91,7 +92,8 @@ DecodedImage decode_pnm(std::span<const uint8_t> file, const DecodeLimits& limit
   const int64_t width = in.number("width");
   const int64_t height = in.number("height");
   const int64_t maxval = bitmap ? 1 : in.number("maxval");
-  if (maxval < 1 || maxval > 65535) throw ImageDecodeError("PNM: maxval " + std::to_string(maxval) + " not in [1, 65535]");
+  if (maxval < 1 || maxval > 65535)
+    throw ImageDecodeError("PNM: maxval " + std::to_string(maxval) + " not in [1, 65535]");
   if (!plain) in.header_end();
   // The file must hold every sample before the image is allocated: a plain
   // sample takes at least one byte, a raw one 1/8, 1 or 2.
@@ -99,7 +101,9 @@ DecodedImage decode_pnm(std::span<const uint8_t> file, const DecodeLimits& limit
   const uint64_t samples = static_cast<uint64_t>(width) * static_cast<uint64_t>(height) * channels;
   const uint64_t bytes = maxval < 256 ? 1 : 2;
   const uint64_t bitmap_stride = (static_cast<uint64_t>(width) + 7) / 8;
-  const uint64_t needed = plain ? samples : bitmap ? bitmap_stride * static_cast<uint64_t>(height) : samples * bytes;
+  const uint64_t needed = plain    ? samples
+                          : bitmap ? bitmap_stride * static_cast<uint64_t>(height)
+                                   : samples * bytes;
   if (needed > in.remaining()) throw ImageDecodeError("PNM: file is truncated");
   DecodedImage image;
   image.allocate(height, width, channels, limits);

@@ -85,16 +85,18 @@ DecodedImage decode_tiff(std::span<const uint8_t> file, const DecodeLimits& limi
   if (!options) throw ImageDecodeError("TIFF: cannot allocate the open options");
   TIFFOpenOptionsSetErrorHandlerExtR(options.get(), on_tiff_error, &source);
   TIFFOpenOptionsSetWarningHandlerExtR(options.get(), on_tiff_warning, nullptr);
-  TIFFOpenOptionsSetMaxSingleMemAlloc(options.get(), static_cast<tmsize_t>(
-      std::min<uint64_t>(limits.max_bytes, static_cast<uint64_t>(std::numeric_limits<tmsize_t>::max()))));
+  TIFFOpenOptionsSetMaxSingleMemAlloc(
+      options.get(), static_cast<tmsize_t>(std::min<uint64_t>(
+                         limits.max_bytes, static_cast<uint64_t>(std::numeric_limits<tmsize_t>::max()))));
   // "m": no memory mapping, every read goes through read_tiff's bounds.
-  std::unique_ptr<TIFF, TiffCloser> tif(TIFFClientOpenExt("image", "rm", &source, read_tiff, write_tiff, seek_tiff,
-                                                          close_tiff, size_tiff, map_tiff, unmap_tiff,
-                                                          options.get()));
+  std::unique_ptr<TIFF, TiffCloser> tif(TIFFClientOpenExt("image", "rm", &source, read_tiff, write_tiff,
+                                                          seek_tiff, close_tiff, size_tiff, map_tiff,
+                                                          unmap_tiff, options.get()));
   if (!tif) fail(source, "cannot read the header");
   uint32_t width = 0;
   uint32_t height = 0;
-  if (!TIFFGetField(tif.get(), TIFFTAG_IMAGEWIDTH, &width) || !TIFFGetField(tif.get(), TIFFTAG_IMAGELENGTH, &height)) {
+  if (!TIFFGetField(tif.get(), TIFFTAG_IMAGEWIDTH, &width) ||
+      !TIFFGetField(tif.get(), TIFFTAG_IMAGELENGTH, &height)) {
     fail(source, "no image size");
   }
   char reason[1024] = "";
@@ -104,7 +106,8 @@ DecodedImage decode_tiff(std::span<const uint8_t> file, const DecodeLimits& limi
   DecodedImage image;
   image.allocate(height, width, 3, limits);
   auto raster = std::make_unique_for_overwrite<uint32_t[]>(area);
-  if (!TIFFReadRGBAImageOriented(tif.get(), width, height, raster.get(), ORIENTATION_TOPLEFT, /*stop_on_error=*/1)) {
+  if (!TIFFReadRGBAImageOriented(tif.get(), width, height, raster.get(), ORIENTATION_TOPLEFT,
+                                 /*stop_on_error=*/1)) {
     fail(source, "cannot decode the image data");
   }
   // Alpha, if any, is dropped (RGB output); libtiff premultiplies unassociated alpha.

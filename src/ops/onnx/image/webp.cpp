@@ -12,14 +12,22 @@ namespace {
 
 const char* status_text(VP8StatusCode status) {
   switch (status) {
-    case VP8_STATUS_OK: return "ok";
-    case VP8_STATUS_OUT_OF_MEMORY: return "out of memory";
-    case VP8_STATUS_INVALID_PARAM: return "invalid parameter";
-    case VP8_STATUS_BITSTREAM_ERROR: return "corrupt bitstream";
-    case VP8_STATUS_UNSUPPORTED_FEATURE: return "unsupported feature";
-    case VP8_STATUS_SUSPENDED: return "suspended";
-    case VP8_STATUS_USER_ABORT: return "aborted";
-    case VP8_STATUS_NOT_ENOUGH_DATA: return "file is truncated";
+    case VP8_STATUS_OK:
+      return "ok";
+    case VP8_STATUS_OUT_OF_MEMORY:
+      return "out of memory";
+    case VP8_STATUS_INVALID_PARAM:
+      return "invalid parameter";
+    case VP8_STATUS_BITSTREAM_ERROR:
+      return "corrupt bitstream";
+    case VP8_STATUS_UNSUPPORTED_FEATURE:
+      return "unsupported feature";
+    case VP8_STATUS_SUSPENDED:
+      return "suspended";
+    case VP8_STATUS_USER_ABORT:
+      return "aborted";
+    case VP8_STATUS_NOT_ENOUGH_DATA:
+      return "file is truncated";
   }
   return "unknown error";
 }
