@@ -206,6 +206,51 @@ void png_chunk(Bytes& png, const char* type, const Bytes& data) {
   put_be32(png, crc32(png.data() + start, png.size() - start));
 }
 
+// A zlib stream of one stored (uncompressed) deflate block.
+Bytes zlib_stored(const Bytes& data) {
+  Bytes z = {0x78, 0x01, 0x01};
+  const uint16_t size = static_cast<uint16_t>(data.size());
+  z.insert(z.end(), {static_cast<uint8_t>(size & 0xFF), static_cast<uint8_t>(size >> 8),
+                     static_cast<uint8_t>(~size & 0xFF), static_cast<uint8_t>((~size >> 8) & 0xFF)});
+  z.insert(z.end(), data.begin(), data.end());
+  uint32_t a = 1, b = 0;
+  for (uint8_t v : data) {
+    a = (a + v) % 65521;
+    b = (b + a) % 65521;
+  }
+  put_be32(z, (b << 16) | a);
+  return z;
+}
+
+// A one-row PNG: IHDR, optional PLTE and tRNS, one IDAT of `row` (filter byte included), IEND.
+Bytes png_row(uint32_t width, uint8_t bit_depth, uint8_t color_type, const Bytes& row, const Bytes& palette = {},
+              const Bytes& transparency = {}) {
+  Bytes png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  Bytes header;
+  put_be32(header, width);
+  put_be32(header, 1);
+  header.insert(header.end(), {bit_depth, color_type, 0, 0, 0});
+  png_chunk(png, "IHDR", header);
+  if (!palette.empty()) png_chunk(png, "PLTE", palette);
+  if (!transparency.empty()) png_chunk(png, "tRNS", transparency);
+  png_chunk(png, "IDAT", zlib_stored(row));
+  png_chunk(png, "IEND", {});
+  return png;
+}
+
+TEST(ImageDecoder, PngPaletteAndSixteenBitGray) {
+  // Palette with a transparent entry: expanded to RGB, the alpha dropped.
+  const Bytes palette = png_row(2, 8, 3, {0, 0, 1}, {10, 20, 30, 200, 100, 50}, {0, 255});
+  EXPECT_EQ(to_ints(decode(palette)), (std::vector<int64_t>{10, 20, 30, 200, 100, 50}));
+  EXPECT_EQ(to_ints(decode(palette, "Grayscale")),
+            (std::vector<int64_t>{(10 * 19595 + 20 * 38470 + 30 * 7471 + 0x8000) >> 16,
+                                  (200 * 19595 + 100 * 38470 + 50 * 7471 + 0x8000) >> 16}));
+  // 16-bit gray keeps the high byte, replicated into RGB.
+  const Bytes gray = png_row(2, 16, 0, {0, 0x12, 0x34, 0xAB, 0xCD});
+  EXPECT_EQ(to_ints(decode(gray)), (std::vector<int64_t>{0x12, 0x12, 0x12, 0xAB, 0xAB, 0xAB}));
+  EXPECT_EQ(to_ints(decode(gray, "Grayscale")), (std::vector<int64_t>{0x12, 0xAB}));
+}
+
 TEST(ImageDecoder, HugeDeclaredSizeIsRefusedBeforeAllocating) {
   // A valid PNG header claiming 100000 x 100000 RGB (30 GB), and no pixels.
   Bytes png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
