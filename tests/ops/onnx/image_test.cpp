@@ -223,8 +223,8 @@ Bytes zlib_stored(const Bytes& data) {
 }
 
 // A one-row PNG: IHDR, optional PLTE and tRNS, one IDAT of `row` (filter byte included), IEND.
-Bytes png_row(uint32_t width, uint8_t bit_depth, uint8_t color_type, const Bytes& row, const Bytes& palette = {},
-              const Bytes& transparency = {}) {
+Bytes png_row(uint32_t width, uint8_t bit_depth, uint8_t color_type, const Bytes& row,
+              const Bytes& palette = {}, const Bytes& transparency = {}) {
   Bytes png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   Bytes header;
   put_be32(header, width);
