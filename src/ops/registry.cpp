@@ -75,6 +75,7 @@ OpRegistry make_builtin_registry() {
   register_selection(registry);
   register_linalg(registry);
   register_classic_vision(registry);
+  register_image(registry);
   return registry;
 }
 }  // namespace

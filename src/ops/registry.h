@@ -110,5 +110,6 @@ void register_detection(OpRegistry& registry);
 void register_selection(OpRegistry& registry);
 void register_linalg(OpRegistry& registry);
 void register_classic_vision(OpRegistry& registry);
+void register_image(OpRegistry& registry);
 
 }  // namespace transmuter

@@ -61,9 +61,11 @@ std::vector<Value> run_op(const std::string& op_type, int opset, const std::vect
   return run_domain_op("", op_type, opset, inputs, attributes, num_outputs);
 }
 
-std::vector<Value> run_domain_op(const std::string& domain, const std::string& op_type, int opset,
-                                 const std::vector<Value>& inputs, const std::vector<Attribute>& attributes,
-                                 int num_outputs) {
+namespace {
+// memory_limit 0: the machine's physical memory (NodeContext's default).
+std::vector<Value> run_node(const std::string& domain, const std::string& op_type, int opset,
+                            const std::vector<Value>& inputs, const std::vector<Attribute>& attributes,
+                            int num_outputs, uint64_t memory_limit) {
   Node node;
   node.name = "test_" + op_type;
   node.op_type = op_type;
@@ -77,7 +79,20 @@ std::vector<Value> run_domain_op(const std::string& domain, const std::string& o
   std::vector<const Value*> ptrs;
   for (const Value& v : inputs) ptrs.push_back(&v);
   NodeContext ctx(node, ptrs, mx::Device::cpu, nullptr, row);
+  ctx.set_memory_limit(memory_limit);
   return row->fn(ctx);
+}
+}  // namespace
+
+std::vector<Value> run_domain_op(const std::string& domain, const std::string& op_type, int opset,
+                                 const std::vector<Value>& inputs, const std::vector<Attribute>& attributes,
+                                 int num_outputs) {
+  return run_node(domain, op_type, opset, inputs, attributes, num_outputs, 0);
+}
+
+std::vector<Value> run_op_with_memory_limit(const std::string& op_type, int opset, const std::vector<Value>& inputs,
+                                            const std::vector<Attribute>& attributes, uint64_t memory_limit) {
+  return run_node("", op_type, opset, inputs, attributes, 1, memory_limit);
 }
 
 std::vector<mx::array> run_compiled(const std::string& op_type, int opset, const std::vector<Value>& inputs,

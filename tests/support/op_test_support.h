@@ -31,6 +31,11 @@ std::vector<Value> run_domain_op(const std::string& domain, const std::string& o
                                  const std::vector<Value>& inputs, const std::vector<Attribute>& attributes = {},
                                  int num_outputs = 1);
 
+/** run_op with the node's memory limit (NodeContext::memory_limit) set to
+ * `memory_limit` bytes, as RunOptions::memory_limit sets it. */
+std::vector<Value> run_op_with_memory_limit(const std::string& op_type, int opset, const std::vector<Value>& inputs,
+                                            const std::vector<Attribute>& attributes, uint64_t memory_limit);
+
 /** Runs the op inside mx::compile: inputs at `traced` positions are the
  * compiled function's arguments (tracers while tracing), the others are
  * captured constants, as host inputs are for the runtime's compiler. */
