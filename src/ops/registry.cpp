@@ -64,6 +64,7 @@ OpRegistry make_builtin_registry() {
   register_cast(registry);
   register_controlflow(registry);
   register_sequence(registry);
+  register_loss(registry);
   return registry;
 }
 }  // namespace

@@ -93,5 +93,6 @@ void register_random(OpRegistry& registry);
 void register_cast(OpRegistry& registry);
 void register_controlflow(OpRegistry& registry);
 void register_sequence(OpRegistry& registry);
+void register_loss(OpRegistry& registry);
 
 }  // namespace transmuter
