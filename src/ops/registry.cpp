@@ -65,6 +65,7 @@ OpRegistry make_builtin_registry() {
   register_controlflow(registry);
   register_sequence(registry);
   register_loss(registry);
+  register_resize(registry);
   return registry;
 }
 }  // namespace

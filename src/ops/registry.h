@@ -94,5 +94,6 @@ void register_cast(OpRegistry& registry);
 void register_controlflow(OpRegistry& registry);
 void register_sequence(OpRegistry& registry);
 void register_loss(OpRegistry& registry);
+void register_resize(OpRegistry& registry);
 
 }  // namespace transmuter
