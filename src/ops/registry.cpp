@@ -66,6 +66,7 @@ OpRegistry make_builtin_registry() {
   register_sequence(registry);
   register_loss(registry);
   register_resize(registry);
+  register_grid(registry);
   return registry;
 }
 }  // namespace

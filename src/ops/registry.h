@@ -95,5 +95,6 @@ void register_controlflow(OpRegistry& registry);
 void register_sequence(OpRegistry& registry);
 void register_loss(OpRegistry& registry);
 void register_resize(OpRegistry& registry);
+void register_grid(OpRegistry& registry);
 
 }  // namespace transmuter
