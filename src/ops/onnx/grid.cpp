@@ -63,8 +63,8 @@ mx::array reflect(const mx::array& v, double low, double high, mx::StreamOrDevic
   };
   mx::array below = fold(mx::subtract(scalar(low, dt), v, s), low, high, 1.0);
   mx::array above = fold(mx::subtract(v, scalar(high, dt), s), high, low, -1.0);
-  return mx::where(mx::less(v, scalar(low, dt), s), below, mx::where(mx::greater(v, scalar(high, dt), s), above, v, s),
-                   s);
+  return mx::where(mx::less(v, scalar(low, dt), s), below,
+                   mx::where(mx::greater(v, scalar(high, dt), s), above, v, s), s);
 }
 
 // Keys' cubic convolution weight with A = -0.75 (PyTorch's bicubic).
@@ -72,15 +72,16 @@ mx::array cubic_weight(const mx::array& distance, mx::StreamOrDevice s) {
   const mx::Dtype dt = distance.dtype();
   const double a = -0.75;
   mx::array d = mx::abs(distance, s);
-  mx::array near = mx::add(mx::multiply(mx::multiply(mx::subtract(mx::multiply(scalar(a + 2, dt), d, s),
-                                                                  scalar(a + 3, dt), s),
-                                                     d, s),
-                                        d, s),
-                           scalar(1, dt), s);
+  mx::array near = mx::add(
+      mx::multiply(
+          mx::multiply(mx::subtract(mx::multiply(scalar(a + 2, dt), d, s), scalar(a + 3, dt), s), d, s), d,
+          s),
+      scalar(1, dt), s);
   mx::array far = mx::subtract(
-      mx::multiply(mx::add(mx::multiply(mx::subtract(mx::multiply(scalar(a, dt), d, s), scalar(5 * a, dt), s), d, s),
-                           scalar(8 * a, dt), s),
-                   d, s),
+      mx::multiply(
+          mx::add(mx::multiply(mx::subtract(mx::multiply(scalar(a, dt), d, s), scalar(5 * a, dt), s), d, s),
+                  scalar(8 * a, dt), s),
+          d, s),
       scalar(4 * a, dt), s);
   return mx::where(mx::less_equal(d, scalar(1, dt), s), near,
                    mx::where(mx::less(d, scalar(2, dt), s), far, scalar(0, dt), s), s);
@@ -96,7 +97,7 @@ struct Tap {
 
 struct AxisSampling {
   int size;
-  double low;   // the coordinate range that needs no padding
+  double low;  // the coordinate range that needs no padding
   double high;
 };
 
@@ -145,20 +146,24 @@ OpOutputs grid_sample(NodeContext& ctx, int since) {
   const int rank = static_cast<int>(x.ndim());
   const int spatial = rank - 2;
   if (rank < 3) throw ctx.error("X must have rank >= 3 ([N, C, D1, ...]), got ", rank);
-  if (since < 20 && rank != 4) throw ctx.error("X must have rank 4 ([N, C, H, W]) before opset 20, got ", rank);
+  if (since < 20 && rank != 4)
+    throw ctx.error("X must have rank 4 ([N, C, H, W]) before opset 20, got ", rank);
   if (static_cast<int>(grid.ndim()) != rank || grid.shape(0) != x.shape(0) || grid.shape(-1) != spatial) {
-    throw ctx.error("Grid must have shape [", x.shape(0), ", ..., ", spatial, "] for X of shape ", x.shape(), ", got ",
-                    grid.shape());
+    throw ctx.error("Grid must have shape [", x.shape(0), ", ..., ", spatial, "] for X of shape ", x.shape(),
+                    ", got ", grid.shape());
   }
-  if (!mx::issubdtype(grid.dtype(), mx::floating)) throw ctx.error("Grid must be a float tensor, got ", grid.dtype());
+  if (!mx::issubdtype(grid.dtype(), mx::floating))
+    throw ctx.error("Grid must be a float tensor, got ", grid.dtype());
   const SampleMode mode = sample_mode_of(ctx, since);
   const Padding padding = padding_of(ctx);
   const bool align_corners = ctx.attr_int("align_corners", 0) != 0;
-  if (mode == SampleMode::kCubic && spatial != 2) throw ctx.error("cubic mode needs 4-D input, got rank ", rank);
+  if (mode == SampleMode::kCubic && spatial != 2)
+    throw ctx.error("cubic mode needs 4-D input, got rank ", rank);
 
   const int n = x.shape(0), channels = x.shape(1);
   mx::Shape out_spatial(grid.shape().begin() + 1, grid.shape().end() - 1);
-  const int points = static_cast<int>(checked_product(ctx, {out_spatial.begin(), out_spatial.end()}, "grid points"));
+  const int points =
+      static_cast<int>(checked_product(ctx, {out_spatial.begin(), out_spatial.end()}, "grid points"));
   int64_t pixels = 1;
   for (int i = 0; i < spatial; ++i) pixels = checked_mul(ctx, pixels, x.shape(2 + i), "input positions");
   to_int32(ctx, pixels, "input positions");
@@ -176,13 +181,15 @@ OpOutputs grid_sample(NodeContext& ctx, int since) {
     const int size = x.shape(2 + i);
     mx::array normalized = mx::take(coordinates, spatial - 1 - i, 2, s);  // [N, P]
     mx::array one = scalar(1, dt);
-    mx::array v = align_corners
-                      ? mx::multiply(mx::divide(mx::add(normalized, one, s), scalar(2, dt), s), scalar(size - 1, dt), s)
-                      : mx::divide(mx::subtract(mx::multiply(mx::add(normalized, one, s), scalar(size, dt), s), one, s),
-                                   scalar(2, dt), s);
+    mx::array v =
+        align_corners
+            ? mx::multiply(mx::divide(mx::add(normalized, one, s), scalar(2, dt), s), scalar(size - 1, dt), s)
+            : mx::divide(mx::subtract(mx::multiply(mx::add(normalized, one, s), scalar(size, dt), s), one, s),
+                         scalar(2, dt), s);
     if (mode == SampleMode::kNearest) v = mx::round(v, s);  // half to even, as PyTorch
     AxisSampling axis{size, align_corners ? 0.0 : -0.5, align_corners ? size - 1.0 : size - 0.5};
-    mx::array outside = mx::logical_or(mx::less(v, scalar(axis.low, dt), s), mx::greater(v, scalar(axis.high, dt), s), s);
+    mx::array outside =
+        mx::logical_or(mx::less(v, scalar(axis.low, dt), s), mx::greater(v, scalar(axis.high, dt), s), s);
     if (padding == Padding::kBorder) {
       v = mx::where(outside, mx::clip(v, scalar(0, dt), scalar(size - 1, dt), s), v, s);
     } else if (padding == Padding::kReflection) {
@@ -248,12 +255,16 @@ OpOutputs affine_grid(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array& theta = ctx.input(0);
   const std::vector<int64_t> size = ctx.host_ints(1);
-  if (size.size() != 4 && size.size() != 5) throw ctx.error("size must have 4 or 5 values, got ", size.size());
+  if (size.size() != 4 && size.size() != 5)
+    throw ctx.error("size must have 4 or 5 values, got ", size.size());
   const int spatial = static_cast<int>(size.size()) - 2;
-  if (theta.ndim() != 3 || theta.shape(0) != size[0] || theta.shape(1) != spatial || theta.shape(2) != spatial + 1) {
-    throw ctx.error("theta must have shape [", size[0], ", ", spatial, ", ", spatial + 1, "], got ", theta.shape());
+  if (theta.ndim() != 3 || theta.shape(0) != size[0] || theta.shape(1) != spatial ||
+      theta.shape(2) != spatial + 1) {
+    throw ctx.error("theta must have shape [", size[0], ", ", spatial, ", ", spatial + 1, "], got ",
+                    theta.shape());
   }
-  if (!mx::issubdtype(theta.dtype(), mx::floating)) throw ctx.error("theta must be a float tensor, got ", theta.dtype());
+  if (!mx::issubdtype(theta.dtype(), mx::floating))
+    throw ctx.error("theta must be a float tensor, got ", theta.dtype());
   const bool align_corners = ctx.attr_int("align_corners", 0) != 0;
   const mx::Shape dims = to_shape(ctx, std::vector<int64_t>(size.begin() + 2, size.end()));
   const int n = static_cast<int>(size[0]);
@@ -297,7 +308,8 @@ OpOutputs center_crop_pad(NodeContext& ctx) {
   if (ctx.has_attr("axes")) {
     for (int64_t axis : ctx.attr_ints("axes")) {
       const int a = ctx.normalize_axis(axis, rank);
-      if (std::find(axes.begin(), axes.end(), a) != axes.end()) throw ctx.error("axis ", axis, " repeats in axes");
+      if (std::find(axes.begin(), axes.end(), a) != axes.end())
+        throw ctx.error("axis ", axis, " repeats in axes");
       axes.push_back(a);
     }
   } else {
@@ -350,7 +362,8 @@ OpOutputs col2im(NodeContext& ctx) {
   if (dilations.size() != dims || strides.size() != dims || pads.size() != 2 * dims) {
     throw ctx.error("dilations and strides need ", dims, " values and pads ", 2 * dims);
   }
-  if (input.ndim() != 3) throw ctx.error("input must have rank 3 ([N, C * prod(block_shape), L]), got ", input.ndim());
+  if (input.ndim() != 3)
+    throw ctx.error("input must have rank 3 ([N, C * prod(block_shape), L]), got ", input.ndim());
 
   const int64_t kernel = checked_product(ctx, block, "block size");
   if (kernel <= 0 || input.shape(1) % kernel != 0) {
@@ -358,12 +371,17 @@ OpOutputs col2im(NodeContext& ctx) {
   }
   std::vector<int64_t> padded(dims), blocks(dims);
   for (size_t i = 0; i < dims; ++i) {
-    if (image[i] <= 0 || block[i] <= 0 || dilations[i] <= 0 || strides[i] <= 0 || pads[i] < 0 || pads[dims + i] < 0) {
-      throw ctx.error("image_shape, block_shape, dilations and strides must be positive and pads non-negative");
+    if (image[i] <= 0 || block[i] <= 0 || dilations[i] <= 0 || strides[i] <= 0 || pads[i] < 0 ||
+        pads[dims + i] < 0) {
+      throw ctx.error(
+          "image_shape, block_shape, dilations and strides must be positive and pads non-negative");
     }
-    padded[i] = checked_add(ctx, checked_add(ctx, image[i], pads[i], "padded size"), pads[dims + i], "padded size");
-    const int64_t extent = checked_add(ctx, checked_mul(ctx, dilations[i], block[i] - 1, "block extent"), 1, "block extent");
-    if (padded[i] < extent) throw ctx.error("block extent ", extent, " exceeds the padded image size ", padded[i]);
+    padded[i] =
+        checked_add(ctx, checked_add(ctx, image[i], pads[i], "padded size"), pads[dims + i], "padded size");
+    const int64_t extent =
+        checked_add(ctx, checked_mul(ctx, dilations[i], block[i] - 1, "block extent"), 1, "block extent");
+    if (padded[i] < extent)
+      throw ctx.error("block extent ", extent, " exceeds the padded image size ", padded[i]);
     blocks[i] = (padded[i] - extent) / strides[i] + 1;
   }
   if (checked_product(ctx, blocks, "block count") != input.shape(2)) {

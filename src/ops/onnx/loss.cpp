@@ -35,7 +35,8 @@ Reduction reduction_of(const NodeContext& ctx) {
 void check_shapes(const NodeContext& ctx, const mx::array& input, const mx::array& target,
                   const std::optional<mx::array>& weight) {
   if (input.ndim() < 2) throw ctx.error("input must have rank >= 2 ([N, C, ...]), got ", input.ndim());
-  if (!mx::issubdtype(input.dtype(), mx::floating)) throw ctx.error("input must be a float tensor, got ", input.dtype());
+  if (!mx::issubdtype(input.dtype(), mx::floating))
+    throw ctx.error("input must be a float tensor, got ", input.dtype());
   if (!mx::issubdtype(target.dtype(), mx::integer)) {
     throw ctx.error("target must be int32 or int64, got ", target.dtype());
   }
@@ -73,7 +74,8 @@ PickedLoss pick_target_class(const NodeContext& ctx, const mx::array& input, con
   }
   mx::array zero = mx::array(0, input.dtype());
   mx::array picked = mx::sum(mx::where(is_target, input, zero, s), 1, false, s);
-  if (!weight) return {mx::negative(picked, s), mx::astype(mx::any(is_target, 1, false, s), input.dtype(), s)};
+  if (!weight)
+    return {mx::negative(picked, s), mx::astype(mx::any(is_target, 1, false, s), input.dtype(), s)};
   mx::array class_weight = mx::reshape(mx::astype(*weight, input.dtype(), s), class_shape, s);
   mx::array picked_weight = mx::sum(mx::where(is_target, class_weight, zero, s), 1, false, s);
   return {mx::negative(mx::multiply(picked, picked_weight, s), s), picked_weight};

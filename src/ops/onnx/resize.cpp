@@ -220,13 +220,14 @@ int tap_count(const NodeContext& ctx, const ResizeAttributes& a, double scale) {
 }
 
 // Interpolation weights of output position o whose taps start at `first`.
-void interpolation_weights(const ResizeAttributes& a, const AxisGeometry& g, double x, int64_t first, int taps,
-                           double* weight) {
+void interpolation_weights(const ResizeAttributes& a, const AxisGeometry& g, double x, int64_t first,
+                           int taps, double* weight) {
   const double stretch = a.antialias ? std::min(g.scale, 1.0) : 1.0;
   double sum = 0;
   for (int t = 0; t < taps; ++t) {
     const double d = stretch * (static_cast<double>(first + t) - x);
-    weight[t] = a.mode == Mode::kCubic ? cubic_kernel(d, a.cubic_coeff_a) : std::clamp(1 - std::abs(d), 0.0, 1.0);
+    weight[t] =
+        a.mode == Mode::kCubic ? cubic_kernel(d, a.cubic_coeff_a) : std::clamp(1 - std::abs(d), 0.0, 1.0);
     sum += weight[t];
   }
   if (a.antialias) {
@@ -374,7 +375,8 @@ mx::array interleave(const std::vector<mx::array>& phases, int axis, mx::StreamO
   if (phases.size() == 1) return phases[0];
   mx::Shape shape = phases[0].shape();
   shape[axis] *= static_cast<int>(phases.size());
-  bool same = std::all_of(phases.begin(), phases.end(), [&](const mx::array& p) { return p.id() == phases[0].id(); });
+  bool same =
+      std::all_of(phases.begin(), phases.end(), [&](const mx::array& p) { return p.id() == phases[0].id(); });
   if (same) {
     // Nearest upscale: every phase is the same slice, so repeat it.
     mx::Shape repeated = phases[0].shape();
@@ -423,7 +425,8 @@ mx::array resample_periodic(const mx::array& x, int axis, const AxisTable& table
 
 // General case: one gather per tap (indices clamped on the host) and the
 // weighted sum of the gathered tensors, which fuses under mx::compile.
-mx::array resample_gather(const mx::array& x, int axis, const AxisTable& table, int64_t out, mx::StreamOrDevice s) {
+mx::array resample_gather(const mx::array& x, int axis, const AxisTable& table, int64_t out,
+                          mx::StreamOrDevice s) {
   const int rank = static_cast<int>(x.ndim()), taps = table.taps, out32 = static_cast<int>(out);
   const mx::Shape shape = shape_along({out32}, axis, rank);
   std::optional<mx::array> sum;
@@ -464,7 +467,8 @@ mx::array resample_axis(const NodeContext& ctx, const ResizeAttributes& a, const
                               : resample_gather(x, axis, table, g.out, s);
   }();
   if (table.any_extrapolated) {
-    mx::array mask = mask_along(table.extrapolated, shape_along({static_cast<int>(g.out)}, axis, static_cast<int>(x.ndim())));
+    mx::array mask = mask_along(table.extrapolated,
+                                shape_along({static_cast<int>(g.out)}, axis, static_cast<int>(x.ndim())));
     y = mx::where(mask, mx::array(a.extrapolation_value, y.dtype()), y, s);
   }
   return y;
@@ -485,14 +489,22 @@ mx::Dtype compute_dtype(mx::Dtype dtype) {
 // The range of an integer dtype, as doubles.
 std::pair<double, double> integer_range(mx::Dtype dtype) {
   switch (dtype.val()) {
-    case mx::Dtype::Val::int8: return {-128.0, 127.0};
-    case mx::Dtype::Val::uint8: return {0.0, 255.0};
-    case mx::Dtype::Val::int16: return {-32768.0, 32767.0};
-    case mx::Dtype::Val::uint16: return {0.0, 65535.0};
-    case mx::Dtype::Val::int32: return {-2147483648.0, 2147483647.0};
-    case mx::Dtype::Val::uint32: return {0.0, 4294967295.0};
-    case mx::Dtype::Val::int64: return {-9223372036854775808.0, 9223372036854775807.0};
-    default: return {0.0, 18446744073709551615.0};
+    case mx::Dtype::Val::int8:
+      return {-128.0, 127.0};
+    case mx::Dtype::Val::uint8:
+      return {0.0, 255.0};
+    case mx::Dtype::Val::int16:
+      return {-32768.0, 32767.0};
+    case mx::Dtype::Val::uint16:
+      return {0.0, 65535.0};
+    case mx::Dtype::Val::int32:
+      return {-2147483648.0, 2147483647.0};
+    case mx::Dtype::Val::uint32:
+      return {0.0, 4294967295.0};
+    case mx::Dtype::Val::int64:
+      return {-9223372036854775808.0, 9223372036854775807.0};
+    default:
+      return {0.0, 18446744073709551615.0};
   }
 }
 
@@ -510,14 +522,16 @@ mx::array resize_axes(const NodeContext& ctx, const ResizeAttributes& a, const m
                       const std::vector<AxisGeometry>& geometry) {
   auto s = ctx.stream();
   const bool interpolates = a.mode != Mode::kNearest;
-  if (interpolates && x.dtype() == mx::bool_) throw ctx.error("linear and cubic modes need numeric data, got bool");
+  if (interpolates && x.dtype() == mx::bool_)
+    throw ctx.error("linear and cubic modes need numeric data, got bool");
   mx::array y = interpolates ? mx::astype(x, compute_dtype(x.dtype()), s) : x;
   // Shrinking axes first keeps the intermediate tensors small.
   std::vector<int> order(geometry.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
   std::stable_sort(order.begin(), order.end(), [&](int l, int r) {
     const auto ratio = [&](int i) {
-      return geometry[i].in == 0 ? 1.0 : static_cast<double>(geometry[i].out) / static_cast<double>(geometry[i].in);
+      return geometry[i].in == 0 ? 1.0
+                                 : static_cast<double>(geometry[i].out) / static_cast<double>(geometry[i].in);
     };
     return ratio(l) < ratio(r);
   });
@@ -534,7 +548,8 @@ std::vector<AxisGeometry> geometry_from_scales(const NodeContext& ctx, const mx:
   std::vector<AxisGeometry> geometry(x.ndim());
   std::vector<int64_t> dims(x.ndim());
   for (size_t i = 0; i < scales.size(); ++i) {
-    if (!(scales[i] > 0) || !std::isfinite(scales[i])) throw ctx.error("scale ", scales[i], " of axis ", i, " must be positive");
+    if (!(scales[i] > 0) || !std::isfinite(scales[i]))
+      throw ctx.error("scale ", scales[i], " of axis ", i, " must be positive");
     AxisGeometry& g = geometry[i];
     g.in = x.shape(static_cast<int>(i));
     g.scale = scales[i];
@@ -559,7 +574,8 @@ OpOutputs resize_v11(NodeContext& ctx) {
   if (ctx.has_attr("axes")) {
     for (int64_t axis : ctx.attr_ints("axes")) {
       const int normalized = ctx.normalize_axis(axis, rank);
-      if (std::find(axes.begin(), axes.end(), normalized) != axes.end()) throw ctx.error("axis ", axis, " repeats in axes");
+      if (std::find(axes.begin(), axes.end(), normalized) != axes.end())
+        throw ctx.error("axis ", axis, " repeats in axes");
       axes.push_back(normalized);
     }
   } else {
@@ -594,7 +610,8 @@ OpOutputs resize_v11(NodeContext& ctx) {
     for (size_t j = 0; j < count; ++j) {
       const AxisGeometry& g = geometry[axes[j]];
       if (sizes[j] < 0) throw ctx.error("size ", sizes[j], " of axis ", axes[j], " is negative");
-      if (g.in == 0 && sizes[j] != 0) throw ctx.error("axis ", axes[j], " of size 0 cannot be resized to ", sizes[j]);
+      if (g.in == 0 && sizes[j] != 0)
+        throw ctx.error("axis ", axes[j], " of size 0 cannot be resized to ", sizes[j]);
       ratios[j] = g.in == 0 ? 1.0 : static_cast<double>(sizes[j]) / static_cast<double>(g.in);
     }
     for (size_t j = 0; j < count; ++j) {
@@ -616,7 +633,8 @@ OpOutputs resize_v11(NodeContext& ctx) {
   }
 
   if (a.coordinates == CoordinateMode::kTfCropAndResize) {
-    if (roi.size() != 2 * count) throw ctx.error("roi must have ", 2 * count, " values for tf_crop_and_resize, got ", roi.size());
+    if (roi.size() != 2 * count)
+      throw ctx.error("roi must have ", 2 * count, " values for tf_crop_and_resize, got ", roi.size());
     for (size_t j = 0; j < count; ++j) {
       geometry[axes[j]].roi_start = static_cast<float>(roi[j]);
       geometry[axes[j]].roi_end = static_cast<float>(roi[count + j]);
@@ -647,7 +665,8 @@ OpOutputs upsample_v1(NodeContext& ctx) {
   if (!ctx.has_attr("height_scale") || !ctx.has_attr("width_scale")) {
     throw ctx.error("height_scale and width_scale are required");
   }
-  std::vector<double> scales = {1.0, 1.0, ctx.attr_float("height_scale", 1.0f), ctx.attr_float("width_scale", 1.0f)};
+  std::vector<double> scales = {1.0, 1.0, ctx.attr_float("height_scale", 1.0f),
+                                ctx.attr_float("width_scale", 1.0f)};
   return {resize_axes(ctx, legacy_attributes(ctx), x, geometry_from_scales(ctx, x, scales))};
 }
 

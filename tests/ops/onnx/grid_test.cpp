@@ -81,7 +81,8 @@ TEST(GridSample, BadInputsNameTheNode) {
                       {string_attr("mode", "cubic")}),
                OpError);  // cubic is 4-D only
   EXPECT_THROW(run_op("GridSample", 16, {mx::zeros({1, 1, 2, 2, 2}), mx::zeros({1, 1, 1, 1, 3})}), OpError);
-  EXPECT_THROW(run_op("GridSample", 22, {row(), points({0.f})}, {string_attr("padding_mode", "wrap")}), OpError);
+  EXPECT_THROW(run_op("GridSample", 22, {row(), points({0.f})}, {string_attr("padding_mode", "wrap")}),
+               OpError);
 }
 
 TEST(AffineGrid, IdentityGivesCellCentres) {
@@ -126,8 +127,9 @@ TEST(Col2Im, BlockCountMustMatch) {
       error_of<OpError>([] { run_op("Col2Im", 18, {mx::zeros({1, 2, 3}), i64({1, 3}), i64({1, 2})}); });
   EXPECT_NE(message.find("[Col2Im v18]"), std::string::npos) << message;
   EXPECT_THROW(run_op("Col2Im", 18, {mx::zeros({1, 3, 2}), i64({1, 3}), i64({1, 2})}), OpError);
-  EXPECT_THROW(run_op("Col2Im", 18, {mx::zeros({1, 2, 2}), i64({1, 3}), i64({1, 2})}, {ints_attr("strides", {0, 1})}),
-               OpError);
+  EXPECT_THROW(
+      run_op("Col2Im", 18, {mx::zeros({1, 2, 2}), i64({1, 3}), i64({1, 2})}, {ints_attr("strides", {0, 1})}),
+      OpError);
 }
 
 }  // namespace

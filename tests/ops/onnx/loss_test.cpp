@@ -72,14 +72,15 @@ TEST(NegativeLogLikelihoodLoss, CompiledWithTracedTargets) {
 }
 
 TEST(NegativeLogLikelihoodLoss, BadInputsNameTheNode) {
-  std::string message = error_of<OpError>([] {
-    run_op("NegativeLogLikelihoodLoss", 13, {three_by_two(), i64({1, 0})});
-  });
+  std::string message =
+      error_of<OpError>([] { run_op("NegativeLogLikelihoodLoss", 13, {three_by_two(), i64({1, 0})}); });
   EXPECT_NE(message.find("[NegativeLogLikelihoodLoss v"), std::string::npos) << message;
   EXPECT_NE(message.find("target shape"), std::string::npos) << message;
   EXPECT_THROW(run_op("NegativeLogLikelihoodLoss", 13, {mx::array({1.f, 2.f}), i64({0})}), OpError);
-  EXPECT_THROW(run_op("NegativeLogLikelihoodLoss", 13, {three_by_two(), mx::array({1.f, 0.f, 1.f})}), OpError);
-  EXPECT_THROW(run_op("NegativeLogLikelihoodLoss", 13, {three_by_two(), i64({1, 0, 1}), mx::ones({3})}), OpError);
+  EXPECT_THROW(run_op("NegativeLogLikelihoodLoss", 13, {three_by_two(), mx::array({1.f, 0.f, 1.f})}),
+               OpError);
+  EXPECT_THROW(run_op("NegativeLogLikelihoodLoss", 13, {three_by_two(), i64({1, 0, 1}), mx::ones({3})}),
+               OpError);
   EXPECT_THROW(run_op("NegativeLogLikelihoodLoss", 13, {three_by_two(), i64({1, 0, 1})},
                       {string_attr("reduction", "max")}),
                OpError);
@@ -96,7 +97,8 @@ TEST(SoftmaxCrossEntropyLoss, LogSoftmaxThenNegativeLogLikelihood) {
 
 TEST(SoftmaxCrossEntropyLoss, HalfPrecisionKeepsItsDtype) {
   mx::array scores = mx::astype(three_by_two(), mx::float16);
-  auto out = run_op("SoftmaxCrossEntropyLoss", 13, {scores, i64({0, 0, 0})}, {string_attr("reduction", "sum")}, 2);
+  auto out =
+      run_op("SoftmaxCrossEntropyLoss", 13, {scores, i64({0, 0, 0})}, {string_attr("reduction", "sum")}, 2);
   EXPECT_EQ(out[0].tensor().dtype(), mx::float16);
   EXPECT_EQ(out[1].tensor().dtype(), mx::float16);
   expect_near(to_doubles(out[0].tensor()), {3 * std::log1p(std::exp(10.0))}, 0.02);  // f16 rounding of ~30

@@ -27,13 +27,16 @@ void expect_near(const std::vector<double>& actual, const std::vector<double>& e
 
 const Value kNone;
 
-mx::array scales(std::vector<float> v) { return mx::array(v.data(), {static_cast<int>(v.size())}, mx::float32); }
+mx::array scales(std::vector<float> v) {
+  return mx::array(v.data(), {static_cast<int>(v.size())}, mx::float32);
+}
 
 TEST(Resize, NearestIntegerUpscaleRepeats) {
   mx::array x = mx::array({1.f, 2.f, 3.f, 4.f}, {1, 1, 2, 2});
   auto out = run_op("Resize", 19, {x, kNone, scales({1, 1, 2, 3})}, {string_attr("mode", "nearest")});
   EXPECT_EQ(out[0].tensor().shape(), (mx::Shape{1, 1, 4, 6}));
-  expect_near(to_doubles(out[0].tensor()), {1, 1, 1, 2, 2, 2, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 3, 3, 3, 4, 4, 4});
+  expect_near(to_doubles(out[0].tensor()),
+              {1, 1, 1, 2, 2, 2, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 3, 3, 3, 4, 4, 4});
 }
 
 TEST(Resize, BilinearHalfPixelUpscale) {
@@ -51,8 +54,9 @@ TEST(Resize, LinearDownscaleByTwoAveragesPairs) {
 
 TEST(Resize, AlignCornersWithSizes) {
   mx::array x = mx::array({1.f, 2.f}, {2});
-  auto out = run_op("Resize", 11, {x, mx::zeros({0}), mx::zeros({0}), i64({3})},
-                    {string_attr("mode", "linear"), string_attr("coordinate_transformation_mode", "align_corners")});
+  auto out =
+      run_op("Resize", 11, {x, mx::zeros({0}), mx::zeros({0}), i64({3})},
+             {string_attr("mode", "linear"), string_attr("coordinate_transformation_mode", "align_corners")});
   expect_near(to_doubles(out[0].tensor()), {1, 1.5, 2});
 }
 
@@ -68,9 +72,10 @@ TEST(Resize, CompiledMatchesEager) {
 TEST(Resize, TfCropAndResizeExtrapolates) {
   // roi [0.5, 1.5] of a 3-element axis: sources 1, 2, 3; 3 lies outside.
   mx::array x = mx::array({10.f, 20.f, 30.f}, {3});
-  auto out = run_op("Resize", 13, {x, mx::array({0.5f, 1.5f}), kNone, i64({3})},
-                    {string_attr("mode", "linear"), string_attr("coordinate_transformation_mode", "tf_crop_and_resize"),
-                     testing::float_attr("extrapolation_value", -1.f)});
+  auto out = run_op(
+      "Resize", 13, {x, mx::array({0.5f, 1.5f}), kNone, i64({3})},
+      {string_attr("mode", "linear"), string_attr("coordinate_transformation_mode", "tf_crop_and_resize"),
+       testing::float_attr("extrapolation_value", -1.f)});
   expect_near(to_doubles(out[0].tensor()), {20, 30, -1});
 }
 
@@ -104,20 +109,22 @@ TEST(Resize, LegacyVersionsUseAsymmetricCoordinates) {
 
 TEST(Resize, BadInputsNameTheNode) {
   mx::array x = mx::ones({1, 1, 2, 2});
-  std::string message = error_of<OpError>([&] { run_op("Resize", 19, {x, kNone, scales({1, 1, 2, 2}), i64({1, 1, 4, 4})}); });
+  std::string message =
+      error_of<OpError>([&] { run_op("Resize", 19, {x, kNone, scales({1, 1, 2, 2}), i64({1, 1, 4, 4})}); });
   EXPECT_NE(message.find("[Resize v19]"), std::string::npos) << message;
   EXPECT_NE(message.find("exactly one of scales and sizes"), std::string::npos) << message;
-  EXPECT_THROW(run_op("Resize", 19, {x, kNone, scales({1, 2})}), OpError);            // one scale per axis
-  EXPECT_THROW(run_op("Resize", 19, {x, kNone, scales({1, 1, -2, 2})}), OpError);     // negative scale
+  EXPECT_THROW(run_op("Resize", 19, {x, kNone, scales({1, 2})}), OpError);             // one scale per axis
+  EXPECT_THROW(run_op("Resize", 19, {x, kNone, scales({1, 1, -2, 2})}), OpError);      // negative scale
   EXPECT_THROW(run_op("Resize", 19, {x, kNone, kNone, i64({1, 1, -4, 4})}), OpError);  // negative size
-  EXPECT_THROW(run_op("Resize", 19, {x, kNone, scales({1, 1, 2, 2})}, {string_attr("mode", "area")}), OpError);
+  EXPECT_THROW(run_op("Resize", 19, {x, kNone, scales({1, 1, 2, 2})}, {string_attr("mode", "area")}),
+               OpError);
   EXPECT_THROW(run_op("Resize", 19, {x, kNone, scales({1, 1, 2, 2})},
                       {string_attr("coordinate_transformation_mode", "tf_crop_and_resize")}),
-               OpError);  // no roi
+               OpError);                                                             // no roi
   EXPECT_THROW(run_op("Resize", 19, {x, kNone, scales({1, 1, 3e9f, 1})}), OpError);  // output beyond int32
   EXPECT_THROW(run_op("Resize", 10, {x, scales({1, 1, 2, 2})}, {string_attr("mode", "cubic")}), OpError);
-  EXPECT_THROW(run_op("Upsample", 1, {mx::ones({2, 2})}, {testing::float_attr("height_scale", 2),
-                                                          testing::float_attr("width_scale", 2)}),
+  EXPECT_THROW(run_op("Upsample", 1, {mx::ones({2, 2})},
+                      {testing::float_attr("height_scale", 2), testing::float_attr("width_scale", 2)}),
                OpError);  // v1 takes NCHW only
 }
 
