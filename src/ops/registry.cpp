@@ -76,6 +76,9 @@ OpRegistry make_builtin_registry() {
   register_linalg(registry);
   register_classic_vision(registry);
   register_image(registry);
+  register_loss(registry);
+  register_resize(registry);
+  register_grid(registry);
   return registry;
 }
 }  // namespace

@@ -111,5 +111,8 @@ void register_selection(OpRegistry& registry);
 void register_linalg(OpRegistry& registry);
 void register_classic_vision(OpRegistry& registry);
 void register_image(OpRegistry& registry);
+void register_loss(OpRegistry& registry);
+void register_resize(OpRegistry& registry);
+void register_grid(OpRegistry& registry);
 
 }  // namespace transmuter
