@@ -36,4 +36,13 @@ std::span<const int> onnx_since_versions(std::string_view domain, std::string_vi
   return it->second;
 }
 
+std::vector<std::string_view> onnx_schema_ops(std::string_view domain) {
+  if (domain == "ai.onnx") domain = "";
+  std::vector<std::string_view> out;
+  for (const auto& [key, since] : table()) {
+    if (key.first == domain) out.push_back(key.second);
+  }
+  return out;
+}
+
 }  // namespace transmuter

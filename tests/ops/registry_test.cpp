@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <span>
+#include <string>
 
 #include "onnx/since_versions.h"
 #include "ops/node_context.h"
@@ -79,8 +80,8 @@ namespace {
 // Every row of a default-domain op must start at a schema version and end just
 // before one (or stay open), rows of one op must not leave gaps, and the last
 // must be open: otherwise a model at some opset finds no row, or a row that
-// implements the wrong version. Versions older than an op's first row are not
-// checked here (implementing them is issue 6's work).
+// implements the wrong version. That the first row starts at the op's first
+// schema version is checked by EveryAiOnnxOperatorIsImplementedFromItsFirstVersion.
 std::vector<std::string> version_range_problems(const std::vector<const OpRow*>& rows) {
   std::vector<std::string> problems;
   std::map<std::string, std::vector<const OpRow*>> by_op;
@@ -116,6 +117,28 @@ TEST(OpRegistry, RowsMatchOnnxSchemaSinceVersions) {
   std::string all;
   for (const std::string& p : problems) all += "\n  " + p;
   EXPECT_TRUE(problems.empty()) << problems.size() << " problem(s):" << all;
+}
+
+// Issue 6: every ai.onnx operator of the pinned onnx, from its first schema
+// version on (with the test above: every version has exactly one row).
+TEST(OpRegistry, EveryAiOnnxOperatorIsImplementedFromItsFirstVersion) {
+  std::map<std::string, int> first_row;
+  for (const OpRow* row : builtin_registry().rows()) {
+    if (!row->domain.empty()) continue;
+    auto [it, inserted] = first_row.emplace(std::string(row->op_type), row->since);
+    if (!inserted) it->second = std::min(it->second, row->since);
+  }
+  std::string missing, late;
+  for (std::string_view op : onnx_schema_ops("")) {
+    auto it = first_row.find(std::string(op));
+    if (it == first_row.end()) {
+      missing += str(" ", op);
+    } else if (it->second != onnx_since_versions("", op).front()) {
+      late += str(" ", op, " (from v", it->second, ", schema from v", onnx_since_versions("", op).front(), ")");
+    }
+  }
+  EXPECT_EQ(missing, "") << "ai.onnx operators with no row";
+  EXPECT_EQ(late, "") << "ai.onnx operators whose oldest versions have no row";
 }
 
 TEST(OpRegistry, VersionRangeCheckCatchesMistakes) {

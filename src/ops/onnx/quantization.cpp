@@ -624,9 +624,9 @@ constexpr std::string_view kNoFloat6 = "float6e2m3/float6e3m2 (new in v28) not s
 }  // namespace
 
 void register_quantization(OpRegistry& r) {
-  const OpRow quantize{.op_type = "QuantizeLinear", .since = 10, .until = 12, .fn = quantize_linear,
+  const OpRow quantize{.op_type = "QuantizeLinear", .domain = kOnnx, .since = 10, .until = 12, .fn = quantize_linear,
                        .not_differentiable = kQuantizedOutput, .sets_element_types = true};
-  const OpRow dequantize{.op_type = "DequantizeLinear", .since = 10, .until = 12, .fn = dequantize_linear,
+  const OpRow dequantize{.op_type = "DequantizeLinear", .domain = kOnnx, .since = 10, .until = 12, .fn = dequantize_linear,
                          .restrictions = "int32 x computed in float32 (exact below 2^24)",
                          .sets_element_types = true};
   // One row per version (what changed is written at quantize_linear and
@@ -642,21 +642,21 @@ void register_quantization(OpRegistry& r) {
     r.add(d);
   }
   r.add({
-      {.op_type = "DynamicQuantizeLinear", .since = 11, .until = kOpen, .fn = dynamic_quantize_linear,
+      {.op_type = "DynamicQuantizeLinear", .domain = kOnnx, .since = 11, .until = kOpen, .fn = dynamic_quantize_linear,
        .not_differentiable = "y and y_zero_point are integers (y_scale, a max - min range, is not checked)"},
-      {.op_type = "MatMulInteger", .since = 10, .until = kOpen, .fn = matmul_integer,
+      {.op_type = "MatMulInteger", .domain = kOnnx, .since = 10, .until = kOpen, .fn = matmul_integer,
        .not_differentiable = kIntegerOutput},
-      {.op_type = "ConvInteger", .since = 10, .until = kOpen, .fn = conv_integer,
+      {.op_type = "ConvInteger", .domain = kOnnx, .since = 10, .until = kOpen, .fn = conv_integer,
        .not_differentiable = kIntegerOutput},
-      {.op_type = "QLinearMatMul", .since = 10, .until = 20, .fn = qlinear_matmul,
+      {.op_type = "QLinearMatMul", .domain = kOnnx, .since = 10, .until = 20, .fn = qlinear_matmul,
        .not_differentiable = kQuantizedOutput, .sets_element_types = true},
       // 21: float16/bfloat16 scales and float8 operands.
-      {.op_type = "QLinearMatMul", .since = 21, .until = kOpen, .fn = qlinear_matmul,
+      {.op_type = "QLinearMatMul", .domain = kOnnx, .since = 21, .until = kOpen, .fn = qlinear_matmul,
        .restrictions = "float8 operands multiplied in float32", .not_differentiable = kQuantizedOutput,
        .sets_element_types = true},
-      {.op_type = "QLinearConv", .since = 10, .until = kOpen, .fn = qlinear_conv,
+      {.op_type = "QLinearConv", .domain = kOnnx, .since = 10, .until = kOpen, .fn = qlinear_conv,
        .not_differentiable = kQuantizedOutput, .sets_element_types = true},
-      {.op_type = "BitCast", .since = 26, .until = kOpen, .fn = bitcast,
+      {.op_type = "BitCast", .domain = kOnnx, .since = 26, .until = kOpen, .fn = bitcast,
        .restrictions = "not from or to float8, float4, int4/uint4, int2/uint2 (held widened)",
        .not_differentiable = "reinterprets bits", .sets_element_types = true},
   });
