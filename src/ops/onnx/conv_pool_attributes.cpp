@@ -100,4 +100,18 @@ WindowGeometry resolve_window(const NodeContext& ctx, const ConvPoolAttributes& 
   return g;
 }
 
+void for_each_offset(const std::vector<int64_t>& kernel,
+                     const std::function<void(const std::vector<int64_t>&)>& fn) {
+  std::vector<int64_t> offset(kernel.size(), 0);
+  int64_t count = 1;
+  for (int64_t k : kernel) count *= k;
+  for (; count > 0; --count) {
+    fn(offset);
+    for (size_t i = kernel.size(); i-- > 0;) {
+      if (++offset[i] < kernel[i]) break;
+      offset[i] = 0;
+    }
+  }
+}
+
 }  // namespace transmuter

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,5 +51,12 @@ struct WindowGeometry {
  * Throws OpError (through `ctx`) when a window does not fit. */
 WindowGeometry resolve_window(const NodeContext& ctx, const ConvPoolAttributes& attrs,
                               const std::vector<int64_t>& input_spatial);
+
+/** Calls `fn(offset)` for every kernel offset (one index per spatial axis),
+ * in row-major order: the order of a weight's flattened kernel elements, and
+ * the order in which the ONNX reference scans a pooling window (which decides
+ * MaxPool's ties for Indices). */
+void for_each_offset(const std::vector<int64_t>& kernel,
+                     const std::function<void(const std::vector<int64_t>&)>& fn);
 
 }  // namespace transmuter

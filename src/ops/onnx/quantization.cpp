@@ -440,19 +440,6 @@ int64_t product(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<int64_t>());
 }
 
-// Calls `fn(offset)` for every kernel offset (one index per spatial axis), in
-// row-major order: the order of the weight's flattened kernel elements.
-void for_each_offset(const std::vector<int64_t>& kernel,
-                     const std::function<void(const std::vector<int64_t>&)>& fn) {
-  std::vector<int64_t> offset(kernel.size(), 0);
-  for (int64_t n = product(kernel); n > 0; --n) {
-    fn(offset);
-    for (size_t i = kernel.size(); i-- > 0;) {
-      if (++offset[i] < kernel[i]) break;
-      offset[i] = 0;
-    }
-  }
-}
 
 // A window this large would mean one slice op per element; the pools refuse
 // the same.

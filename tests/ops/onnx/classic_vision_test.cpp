@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/expect_error.h"
+#include "support/expect_near.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
 
@@ -22,8 +23,7 @@ using testing::run_op;
 using testing::to_doubles;
 
 void expect_near(const std::vector<double>& actual, const std::vector<double>& expected, double tol) {
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < actual.size(); ++i) EXPECT_NEAR(actual[i], expected[i], tol) << "at " << i;
+  testing::expect_all_near(actual, expected, tol);
 }
 
 TEST(Lrn, WindowAcrossChannelsByHand) {

@@ -4,6 +4,7 @@
 
 #include "support/expect_error.h"
 #include "support/graph_builder.h"
+#include "support/expect_near.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
 #include "transmuter/runtime.h"
@@ -22,8 +23,7 @@ using testing::to_doubles;
 constexpr double kTol = 1e-4;
 
 void expect_near(const std::vector<double>& actual, const std::vector<double>& expected) {
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < actual.size(); ++i) EXPECT_NEAR(actual[i], expected[i], kTol) << "at " << i;
+  testing::expect_all_near(actual, expected, kTol);
 }
 
 // Deterministic small integers, so the naive reference below is exact.

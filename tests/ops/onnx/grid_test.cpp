@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "support/expect_error.h"
+#include "support/expect_near.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
 
@@ -20,8 +21,7 @@ using testing::to_doubles;
 constexpr double kTol = 1e-5;
 
 void expect_near(const std::vector<double>& actual, const std::vector<double>& expected, double tol = kTol) {
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < actual.size(); ++i) EXPECT_NEAR(actual[i], expected[i], tol) << "at " << i;
+  testing::expect_all_near(actual, expected, tol);
 }
 
 // X [1, 1, 1, 3] = {10, 20, 30}; a grid of 1 x 4 points at normalized x
