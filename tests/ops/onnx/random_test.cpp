@@ -131,6 +131,32 @@ TEST(RandomGenerators, BernoulliAndMultinomial) {
   EXPECT_EQ(to_ints(m), (std::vector<int64_t>{1, 1, 1, 1, 2, 2, 2, 2}));
 }
 
+// The node tests of Bernoulli compare NumPy's bits (expected failures); these
+// check what ONNX specifies instead: the distribution and the seed.
+TEST(RandomGenerators, BernoulliDrawsAtTheGivenRateAndRepeatsWithASeed) {
+  mx::array p = mx::full({100, 100}, 0.3f);
+  std::vector<Attribute> attrs = {float_attr("seed", 11.f)};
+  std::vector<double> v = to_doubles(run_op("Bernoulli", 15, {p}, attrs)[0].tensor());
+  for (double x : v) ASSERT_TRUE(x == 0.0 || x == 1.0);
+  // 10^4 draws: the rate has a standard error of 0.0046; 8 of them.
+  EXPECT_NEAR(mean_of(v), 0.3, 0.037);
+  EXPECT_EQ(to_doubles(run_op("Bernoulli", 15, {p}, attrs)[0].tensor()), v);
+}
+
+TEST(RandomGenerators, MultinomialFrequenciesFollowTheProbabilities) {
+  mx::array logits = mx::log(mx::array({0.2f, 0.8f}, {1, 2}));
+  std::vector<int64_t> draws =
+      to_ints(run_op("Multinomial", 7, {logits}, {int_attr("sample_size", 5000), float_attr("seed", 5.f)})[0].tensor());
+  ASSERT_EQ(draws.size(), 5000u);
+  size_t ones = 0;
+  for (int64_t d : draws) {
+    ASSERT_TRUE(d == 0 || d == 1);
+    ones += static_cast<size_t>(d);
+  }
+  // 5000 draws of class 1 at 0.8: the rate has a standard error of 0.0057; 8 of them.
+  EXPECT_NEAR(static_cast<double>(ones) / draws.size(), 0.8, 0.045);
+}
+
 TEST(RandomGenerators, RandomNormalNeedsAShape) {
   try {
     run_op("RandomNormal", 22, {});
