@@ -191,8 +191,7 @@ mx::array host_vector(const NodeContext& ctx, const std::vector<double>& values)
 }
 
 // w[k] = sum_i a_i cos(2 pi i k / N), N = size (periodic) or size - 1 (symmetric).
-template <double a0, double a1, double a2>
-OpOutputs cosine_window(NodeContext& ctx) {
+OpOutputs cosine_window(NodeContext& ctx, double a0, double a1, double a2) {
   const int64_t size = ctx.host_int(0);
   if (size < 0) throw ctx.error("size must be non-negative, got ", size);
   to_int32(ctx, size, "size");
@@ -260,6 +259,10 @@ OpOutputs mel_weight_matrix(NodeContext& ctx) {
   return {mx::reshape(host_vector(ctx, w), {static_cast<int>(spectrogram_bins), static_cast<int>(mel_bins)})};
 }
 
+OpOutputs hann_window(NodeContext& ctx) { return cosine_window(ctx, 0.5, 0.5, 0.0); }
+OpOutputs hamming_window(NodeContext& ctx) { return cosine_window(ctx, kHammingAlpha, 1.0 - kHammingAlpha, 0.0); }
+OpOutputs blackman_window(NodeContext& ctx) { return cosine_window(ctx, 0.42, 0.5, 0.08); }
+
 constexpr std::string_view kHostComputed = "computed on the host from host inputs";
 
 }  // namespace
@@ -292,21 +295,21 @@ void register_signal(OpRegistry& r) {
        .domain = kOnnx,
        .since = 17,
        .until = kOpen,
-       .fn = cosine_window<0.5, 0.5, 0.0>,
+       .fn = hann_window,
        .host_inputs = {0},
        .not_differentiable = kHostComputed},
       {.op_type = "HammingWindow",
        .domain = kOnnx,
        .since = 17,
        .until = kOpen,
-       .fn = cosine_window<kHammingAlpha, 1.0 - kHammingAlpha, 0.0>,
+       .fn = hamming_window,
        .host_inputs = {0},
        .not_differentiable = kHostComputed},
       {.op_type = "BlackmanWindow",
        .domain = kOnnx,
        .since = 17,
        .until = kOpen,
-       .fn = cosine_window<0.42, 0.5, 0.08>,
+       .fn = blackman_window,
        .host_inputs = {0},
        .not_differentiable = kHostComputed},
       {.op_type = "MelWeightMatrix",
