@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -436,10 +435,6 @@ OpOutputs qlinear_matmul(NodeContext& ctx) {
 
 // --- integer convolution ----------------------------------------------------------------
 
-int64_t product(const std::vector<int64_t>& v) {
-  return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<int64_t>());
-}
-
 
 // A window this large would mean one slice op per element; the pools refuse
 // the same.
@@ -466,7 +461,7 @@ mx::array integer_convolution(const NodeContext& ctx, const mx::array& x, const 
     throw ctx.error("channels do not match: input ", channels, ", weight ", w.shape(0), "x", w.shape(1), ", group ",
                     group);
   }
-  const int64_t window = product(kernel);
+  const int64_t window = checked_product(ctx, kernel, "kernel size");
   if (window > kMaxWindowElements) throw ctx.error("kernel of ", window, " elements is too large");
   WindowGeometry geo = resolve_window(ctx, attrs, std::vector<int64_t>(x.shape().begin() + 2, x.shape().end()));
 
@@ -476,7 +471,7 @@ mx::array integer_convolution(const NodeContext& ctx, const mx::array& x, const 
   }
   mx::array padded = mx::pad(x, pads, mx::array(0.0f), "constant", s);
   const int batch = x.shape(0);
-  const int positions = to_int32(ctx, product(geo.output), "output size");
+  const int positions = to_int32(ctx, checked_product(ctx, geo.output, "output size"), "output size");
   const int g = static_cast<int>(group);
   const int in_per_group = channels / g;
   const int out_per_group = w.shape(0) / g;
