@@ -93,10 +93,19 @@ std::string kind_text(const ValueInfo& info) {
   return "?";
 }
 
+// --passes default|none: the load-time rewrites on (default) or off, to compare.
+LoadOptions parse_load_options(const Args& args) {
+  const std::string passes = args.get("passes", "default");
+  if (passes != "default" && passes != "none") throw Error(str("--passes expects default or none, got '", passes, "'"));
+  LoadOptions options;
+  options.run_passes = passes == "default";
+  return options;
+}
+
 int info_main(const Args& args) {
   if (args.positional.size() != 1) throw Error("usage: transmuter info MODEL");
   auto t0 = std::chrono::steady_clock::now();
-  Model model = load(args.positional[0]);
+  Model model = load(args.positional[0], parse_load_options(args));
   double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::cout << "model: " << args.positional[0] << "\n";
   std::cout << "ir_version: " << model.ir_version() << "  producer: " << model.producer() << "\n";
@@ -268,7 +277,7 @@ void print_compile_stats(const Runner& runner) {
 
 int run_main(const Args& args) {
   if (args.positional.size() != 1) throw Error("usage: transmuter run MODEL [--input NAME=FILE.npy]... [--output-dir DIR]");
-  Model model = load(args.positional[0]);
+  Model model = load(args.positional[0], parse_load_options(args));
   PreparedInputs prepared = prepare_inputs(model, args);
   Runner runner = make_runner(model, prepared, args);
   Outputs outputs = runner.run_once();
@@ -291,7 +300,7 @@ int run_main(const Args& args) {
 
 int bench_main(const Args& args) {
   if (args.positional.size() != 1) throw Error("usage: transmuter bench MODEL [--mode eager|compiled] [--warmup N] [--runs N]");
-  Model model = load(args.positional[0]);
+  Model model = load(args.positional[0], parse_load_options(args));
   PreparedInputs prepared = prepare_inputs(model, args);
   Runner runner = make_runner(model, prepared, args);
   int warmup = args.get_int("warmup", 3), runs = std::max(1, args.get_int("runs", 10));
@@ -335,9 +344,10 @@ int operators_main() {
 
 void usage() {
   std::cerr << "usage:\n"
-               "  transmuter info MODEL\n"
+               "  transmuter info MODEL [--passes default|none]\n"
                "  transmuter run MODEL [--input NAME=FILE.npy]... [--static NAME=FILE.npy]...\n"
                "                 [--output-dir DIR] [--mode eager|compiled] [--device cpu|gpu] [--dim NAME=VALUE]... [--seed N]\n"
+               "                 [--passes default|none]\n"
                "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
                "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
                "                 [--expected FILE]\n";

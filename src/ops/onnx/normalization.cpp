@@ -7,6 +7,8 @@
 #include <mlx/fast.h>
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/layer_norm.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -69,6 +71,10 @@ OpOutputs layer_normalization(NodeContext& ctx) {
   const bool float32_stats = x.dtype() == mx::float32 || stash_dtype(ctx, x.dtype()) == mx::float32;
   const bool one_d_params = scale.ndim() == 1 && (!bias || bias->ndim() == 1);
   if (axis == rank - 1 && !wants_stats && float32_stats && one_d_params) {
+    // On CPU, MLX's fast::layer_norm is its composition of ops; the kernel is one pass.
+    if (kernels::is_cpu_stream(s) && x.dtype() == mx::float32) {
+      return {kernels::normalize_last_axis(x, std::nullopt, std::nullopt, scale, bias, {.epsilon = epsilon}, s)[0]};
+    }
     return {mx::fast::layer_norm(x, scale, bias, epsilon, s)};
   }
 

@@ -1,0 +1,63 @@
+// Transmuter's own CPU kernels as MLX primitives.
+//
+// A kernel is an mx::Primitive whose eval_cpu runs our code (vectorized with
+// Highway, threaded with parallel_for) on the stream's thread. Every kernel
+// also has a reference: the same function composed of MLX ops. The reference
+// gives the kernel its transformations (vjp, jvp: the derivative of the
+// composition, evaluated where the gradient is asked for) and runs instead of
+// the kernel on non-CPU streams, where MLX's own ops are fast. So a kernel
+// changes the speed of a CPU forward pass, never the math of a gradient.
+//
+// Kernels read row-contiguous inputs: make_cpu_kernel_outputs() wraps each
+// input in mx::contiguous (free when it already is).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <mlx/mlx.h>
+#include <mlx/primitives.h>
+
+namespace transmuter::kernels {
+
+namespace mx = mlx::core;
+
+using Reference = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+
+/** The work of one kernel evaluation: runs later, on the stream's thread. It
+ * must capture what it needs by value (raw data pointers of the inputs and
+ * outputs stay valid until it has run; the primitive itself may not). */
+using KernelTask = std::function<void()>;
+
+class CpuKernel : public mx::Primitive {
+ public:
+  CpuKernel(mx::Stream stream, Reference reference) : mx::Primitive(stream), reference_(std::move(reference)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) final;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) final;
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>& outputs) override;
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override;
+
+ protected:
+  /** The task computing `outputs` (already allocated, row-contiguous) from
+   * `inputs` (row-contiguous). Called on the thread that evaluates. */
+  virtual KernelTask make_task(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) const = 0;
+
+ private:
+  Reference reference_;
+};
+
+/** True when `s` resolves to a CPU stream (own kernels run only there). */
+bool is_cpu_stream(mx::StreamOrDevice s);
+
+/** The outputs of `kernel` (made by `make_kernel(stream)`) on a CPU stream, or
+ * reference(inputs) on any other stream. `shapes`/`dtypes` describe the
+ * outputs and must be what the reference returns. */
+std::vector<mx::array> make_cpu_kernel_outputs(
+    const std::function<std::shared_ptr<CpuKernel>(mx::Stream)>& make_kernel, const Reference& reference,
+    std::vector<mx::array> inputs, std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes, mx::StreamOrDevice s);
+
+}  // namespace transmuter::kernels
