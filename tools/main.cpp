@@ -264,6 +264,12 @@ Runner make_runner(const Model& model, const PreparedInputs& prepared, const Arg
   CompileOptions options;
   options.static_inputs = prepared.static_names;
   options.device = device;
+  const std::string fuse = args.get("fuse", "auto");
+  if (fuse == "on" || fuse == "off") {
+    options.fuse_elementwise = fuse == "on";
+  } else if (fuse != "auto") {
+    throw Error(str("--fuse expects on, off or auto, got '", fuse, "'"));
+  }
   auto compiled = std::make_shared<CompiledModel>(compile(model, {}, options));
   return {[compiled, prepared]() { return (*compiled)(prepared.inputs); }, compiled};
 }
@@ -347,7 +353,7 @@ void usage() {
                "  transmuter info MODEL [--passes default|none]\n"
                "  transmuter run MODEL [--input NAME=FILE.npy]... [--static NAME=FILE.npy]...\n"
                "                 [--output-dir DIR] [--mode eager|compiled] [--device cpu|gpu] [--dim NAME=VALUE]... [--seed N]\n"
-               "                 [--passes default|none]\n"
+               "                 [--passes default|none] [--fuse auto|on|off]\n"
                "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
                "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
                "                 [--expected FILE]\n";

@@ -65,6 +65,13 @@ struct CompileOptions {
    * (operator()(params, inputs)) without a new plan, and mx::value_and_grad
    * differentiates with respect to them (fine-tuning). */
   bool params_as_arguments = false;
+  /** Let MLX fuse elementwise ops into kernels it generates and builds with the
+   * system compiler when a plan is first traced. On a GPU that is fast and
+   * pays; on the CPU the generated code is scalar, and building it costs
+   * seconds per kernel when MLX's kernel cache is empty (34 s for a 3-layer
+   * BERT), so unset means: fuse on GPU devices, not on the CPU (where
+   * Transmuter's own kernels cover the hot elementwise work). */
+  std::optional<bool> fuse_elementwise;
 };
 
 /** Counters of a CompiledModel's plan cache. */

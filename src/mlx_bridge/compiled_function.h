@@ -6,10 +6,19 @@
 // MLX 0.32 each thread has its own compile cache (mx::detail::compile_cache()
 // is thread_local), so a CompiledFunction remembers the cache of the thread
 // that created it and erases from that one, whichever thread destroys it.
+//
+// Fusion: MLX's CPU backend turns each fused elementwise subgraph into C++
+// source and builds it with the system compiler the first time it is traced,
+// which costs seconds per kernel with an empty kernel cache (34 s for a
+// 3-layer BERT). A CompiledFunction made without fusion traces under MLX's
+// `no_fuse` compile mode (graph simplification still runs), set around the
+// calls that trace: the first one for each argument signature. MLX's compile mode is
+// process-wide and has no getter; see ScopedNoFuse in the .cpp.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include <mlx/array.h>
@@ -24,13 +33,14 @@ class CompiledFunction {
   using Fn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
 
   /** Wraps `fn` in MLX's compile. Call the result only on the creating thread:
-   * MLX traces and caches per thread. */
-  explicit CompiledFunction(Fn fn);
+   * MLX traces and caches per thread. `fuse`: let MLX fuse elementwise ops
+   * into run-time compiled kernels. */
+  explicit CompiledFunction(Fn fn, bool fuse = true);
   ~CompiledFunction();
   CompiledFunction(const CompiledFunction&) = delete;
   CompiledFunction& operator=(const CompiledFunction&) = delete;
 
-  std::vector<mx::array> operator()(const std::vector<mx::array>& args) const { return compiled_(args); }
+  std::vector<mx::array> operator()(const std::vector<mx::array>& args);
 
   /** True while the creating thread's compile cache still exists (the thread
    * has not exited). */
@@ -40,6 +50,9 @@ class CompiledFunction {
   std::uintptr_t id_;
   mx::detail::CompileCacheWeakPtr cache_;
   Fn compiled_;
+  bool fuse_;
+  // Argument shapes and dtypes already traced (without fusion).
+  std::vector<std::vector<std::pair<mx::Shape, mx::Dtype>>> traced_signatures_;
 };
 
 /** True when the calling thread's MLX compile cache is `cache`. */

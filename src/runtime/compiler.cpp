@@ -24,7 +24,7 @@ namespace {
 // owned by one thread's Executor and only ever used on that thread.
 class Plan {
  public:
-  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params)
+  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params, bool fuse)
       : graph_(graph), layout_(layout), exec_(exec) {
     bind_initializers(*graph_.graph, &params, constants_);
     for (const Step& step : layout_.steps) {
@@ -33,7 +33,7 @@ class Plan {
         continue;
       }
       compiled_.push_back(std::make_unique<CompiledFunction>(
-          [this, &step](const std::vector<mx::array>& args) { return trace_segment(step, args); }));
+          [this, &step](const std::vector<mx::array>& args) { return trace_segment(step, args); }, fuse));
     }
   }
 
@@ -192,7 +192,8 @@ struct CompiledModel::State {
       }
     }
     Execution exec{options.device.value_or(default_device()), options.memory_limit};
-    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params()));
+    const bool fuse = options.fuse_elementwise.value_or(exec.device != mx::Device::cpu);
+    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params(), fuse));
     size_t evicted = 0;
     while (plans.size() > std::max<size_t>(options.cache_size, 1)) {
       plans.pop_back();

@@ -7,9 +7,11 @@
 #include <thread>
 
 #include <mlx/mlx.h>
+#include <mlx/primitives.h>
 #include <mlx/version.h>
 
 #include "mlx_bridge/compiled_function.h"
+#include "mlx_bridge/kernel_cache.h"
 
 namespace transmuter {
 namespace {
@@ -45,6 +47,25 @@ TEST(MlxBridge, CompiledFunctionTracesOncePerThreadAndShape) {
   EXPECT_EQ(traces.load(), 1);  // same shape: cached
   f({mx::array({1.f, 2.f, 3.f})});
   EXPECT_EQ(traces.load(), 2);  // new shape: retraced
+}
+
+// Without fusion the traced graph keeps MLX's own elementwise primitives; with
+// it, a chain of elementwise ops becomes one run-time compiled kernel. Checked
+// for every argument signature (a new shape retraces), and the process-wide
+// mode is restored afterwards (a plain mx::compile fuses again).
+TEST(MlxBridge, CompiledFunctionWithoutFusionKeepsElementwisePrimitives) {
+  auto chain = [](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{mx::add(mx::multiply(mx::exp(in[0]), mx::array(3.f)), mx::array(1.f))};
+  };
+  auto output_primitive = [](mx::array y) { return std::string(y.primitive().name()); };
+  CompiledFunction unfused(chain, /*fuse=*/false);
+  EXPECT_EQ(output_primitive(unfused({mx::array({1.f, 2.f})})[0]), "Add");
+  EXPECT_EQ(output_primitive(unfused({mx::ones({2, 3})})[0]), "Add");
+  secure_kernel_cache();  // the fused kernel is built into the private folder, as compile() does
+  CompiledFunction fused(chain, /*fuse=*/true);
+  EXPECT_TRUE(output_primitive(fused({mx::array({1.f, 2.f})})[0]).starts_with("Compiled"));
+  mx::array y = unfused({mx::array({0.f})})[0];
+  EXPECT_FLOAT_EQ(y.item<float>(), 4.f);
 }
 
 TEST(MlxBridge, DestroyingErasesTheEntryOfTheCreatingThread) {
