@@ -6,6 +6,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/matmul.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -37,7 +38,9 @@ mx::array numpy_matmul(const NodeContext& ctx, mx::array a, mx::array b) {
   if (a.shape(-1) != b.shape(-2)) {
     throw ctx.error("inner dimensions differ: ", a.shape(-1), " and ", b.shape(-2));
   }
-  mx::array out = is_integral(a.dtype()) ? integer_matmul(a, b, s) : mx::matmul(a, b, s);
+  mx::array out = is_integral(a.dtype())                 ? integer_matmul(a, b, s)
+                  : kernels::matvec_applies(a, b, s) ? kernels::matvec(a, b, /*transposed_w=*/false, s)
+                                                     : mx::matmul(a, b, s);
   if (vector_b) out = mx::squeeze(out, -1, s);
   if (vector_a) out = mx::squeeze(out, vector_b ? -1 : -2, s);
   return out;
@@ -56,12 +59,17 @@ OpOutputs gemm(NodeContext& ctx) {
   if (a.ndim() != 2 || b.ndim() != 2)
     throw ctx.error("A and B must be matrices, got ranks ", a.ndim(), ", ", b.ndim());
   if (ctx.attr_int("transA", 0) != 0) a = mx::transpose(a, s);
-  if (ctx.attr_int("transB", 0) != 0) b = mx::transpose(b, s);
+  const bool trans_b = ctx.attr_int("transB", 0) != 0;
   const float alpha = ctx.attr_float("alpha", 1.0f);
   const float beta = ctx.attr_float("beta", 1.0f);
   const mx::Dtype dtype = a.dtype();
 
-  mx::array y = numpy_matmul(ctx, a, b);
+  // One row times a weight: GEMV reads B as stored, transposed or not.
+  const bool one_row = a.shape(0) == 1 && kernels::matvec_applies(a, b, s);
+  if (one_row && a.shape(1) != (trans_b ? b.shape(1) : b.shape(0))) {
+    throw ctx.error("inner dimensions differ: ", a.shape(1), " and ", trans_b ? b.shape(1) : b.shape(0));
+  }
+  mx::array y = one_row ? kernels::matvec(a, b, trans_b, s) : numpy_matmul(ctx, a, trans_b ? mx::transpose(b, s) : b);
   if (alpha != 1.0f) y = mx::multiply(y, mx::array(alpha, dtype), s);
   if (auto c = ctx.optional_input(2); c && beta != 0.0f) {
     mx::array scaled_c = beta == 1.0f ? *c : mx::multiply(*c, mx::array(beta, dtype), s);
