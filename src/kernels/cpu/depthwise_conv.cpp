@@ -119,7 +119,8 @@ struct RowTaps {
   std::vector<const float*> weights;
 };
 
-void CollectRowTaps(const DepthwiseConvArgs& a, const PlaneScratch& s, const float* w, int64_t oy, RowTaps& taps) {
+void CollectRowTaps(const DepthwiseConvArgs& a, const PlaneScratch& s, const float* w, int64_t oy,
+                    RowTaps& taps) {
   taps.input.clear();
   taps.weights.clear();
   for (int64_t ky = 0; ky < a.kernel_h; ++ky) {
@@ -134,8 +135,8 @@ void CollectRowTaps(const DepthwiseConvArgs& a, const PlaneScratch& s, const flo
 // stored (the last block only up to out_w). `offsets[kx]` is where kernel
 // column kx reads in a scratch row (see PlaneScratch).
 template <int kBlock>
-void ConvolveBlock(const DepthwiseConvArgs& a, const RowTaps& taps, const int64_t* offsets, float bias, int64_t ox,
-                   float* out_row) {
+void ConvolveBlock(const DepthwiseConvArgs& a, const RowTaps& taps, const int64_t* offsets, float bias,
+                   int64_t ox, float* out_row) {
   const FloatTag df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   FloatVec acc[kBlock];
@@ -156,8 +157,8 @@ void ConvolveBlock(const DepthwiseConvArgs& a, const RowTaps& taps, const int64_
   }
 }
 
-void ConvolvePlane(const DepthwiseConvArgs& a, const PlaneScratch& s, const int64_t* offsets, int64_t out_channel,
-                   float* out, RowTaps& taps) {
+void ConvolvePlane(const DepthwiseConvArgs& a, const PlaneScratch& s, const int64_t* offsets,
+                   int64_t out_channel, float* out, RowTaps& taps) {
   const FloatTag df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const float* w = a.w + out_channel * a.kernel_h * a.kernel_w;
@@ -168,7 +169,8 @@ void ConvolvePlane(const DepthwiseConvArgs& a, const PlaneScratch& s, const int6
     CollectRowTaps(a, s, w, oy, taps);
     float* out_row = out + oy * a.out_w;
     int64_t ox = 0;
-    for (; ox + kWide * lanes <= a.out_w; ox += kWide * lanes) ConvolveBlock<kWide>(a, taps, offsets, bias, ox, out_row);
+    for (; ox + kWide * lanes <= a.out_w; ox += kWide * lanes)
+      ConvolveBlock<kWide>(a, taps, offsets, bias, ox, out_row);
     for (; ox < a.out_w; ox += lanes) ConvolveBlock<1>(a, taps, offsets, bias, ox, out_row);
   }
 }
@@ -302,8 +304,9 @@ class DepthwiseConvKernel : public CpuKernel {
       // About 64K multiply-adds a chunk: enough work to pay for waking a thread.
       const int64_t per_plane = std::max<int64_t>(1, args.out_h * args.out_w * args.kernel_h * args.kernel_w);
       const int64_t grain = std::max<int64_t>(1, 65536 / per_plane);
-      parallel_for(planes, grain,
-                   [&](int64_t begin, int64_t end) { HWY_DYNAMIC_DISPATCH(DepthwiseConvPlanes)(args, begin, end); });
+      parallel_for(planes, grain, [&](int64_t begin, int64_t end) {
+        HWY_DYNAMIC_DISPATCH(DepthwiseConvPlanes)(args, begin, end);
+      });
     };
   }
 
@@ -340,10 +343,12 @@ bool kernel_takes(const mx::array& x, const mx::array& w, const std::optional<mx
     return false;
   }
   const int channels = x.shape(1);
-  if (o.groups != channels || w.shape(1) != 1 || w.shape(0) % channels != 0 || x.size() == 0 || w.size() == 0) {
+  if (o.groups != channels || w.shape(1) != 1 || w.shape(0) % channels != 0 || x.size() == 0 ||
+      w.size() == 0) {
     return false;
   }
-  if (bias && (bias->ndim() != 1 || bias->shape(0) != w.shape(0) || bias->dtype() != mx::float32)) return false;
+  if (bias && (bias->ndim() != 1 || bias->shape(0) != w.shape(0) || bias->dtype() != mx::float32))
+    return false;
   for (size_t i = 0; i < spatial; ++i) {
     if (output_length(x.shape(2 + i), w.shape(2 + i), o.strides[i], o.pads_begin[i], o.pads_end[i],
                       o.dilations[i]) <= 0) {
@@ -383,14 +388,16 @@ mx::array depthwise_conv(const mx::array& x, const mx::array& w, const std::opti
   const mx::array& w4 = inputs[1];
   mx::Shape out_shape = {x4.shape(0), w4.shape(0)};
   for (int i = 0; i < 2; ++i) {
-    out_shape.push_back(static_cast<int>(
-        output_length(x4.shape(2 + i), w4.shape(2 + i), o.strides[i], o.pads_begin[i], o.pads_end[i], o.dilations[i])));
+    out_shape.push_back(static_cast<int>(output_length(x4.shape(2 + i), w4.shape(2 + i), o.strides[i],
+                                                       o.pads_begin[i], o.pads_end[i], o.dilations[i])));
   }
   Reference reference = [o, stream](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{depthwise_reference(in, o, stream)};
   };
   mx::array y = make_cpu_kernel_outputs(
-      [&](mx::Stream kernel_stream) { return std::make_shared<DepthwiseConvKernel>(kernel_stream, reference, o); },
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<DepthwiseConvKernel>(kernel_stream, reference, o);
+      },
       reference, inputs, {out_shape}, {mx::float32}, stream)[0];
   return one_d ? mx::squeeze(y, 2, stream) : y;
 }

@@ -32,10 +32,10 @@ enum class ConvActivation {
 };
 
 struct DepthwiseConvOptions {
-  std::vector<int> strides = {1, 1};    // [sH, sW]
+  std::vector<int> strides = {1, 1};     // [sH, sW]
   std::vector<int> pads_begin = {0, 0};  // [padTop, padLeft]
   std::vector<int> pads_end = {0, 0};    // [padBottom, padRight]
-  std::vector<int> dilations = {1, 1};  // [dH, dW]
+  std::vector<int> dilations = {1, 1};   // [dH, dW]
   int groups = 1;
   ConvActivation activation = ConvActivation::kNone;
   float clip_min = 0.0f, clip_max = 6.0f;  // kClip only

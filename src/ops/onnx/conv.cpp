@@ -78,7 +78,8 @@ ConvPoolAttributes checked_attributes(const NodeContext& ctx, const mx::array& x
 // N * output positions * C * kernel elements that it allocates without
 // checking; a huge kernel over a large input asks for far more than the output
 // itself. Refuse what would not fit the memory limit, before MLX tries.
-void check_unfold_size(const NodeContext& ctx, const mx::array& x, const mx::array& w, const mx::Shape& y_shape) {
+void check_unfold_size(const NodeContext& ctx, const mx::array& x, const mx::array& w,
+                       const mx::Shape& y_shape) {
   // y is channels-last, [N, D1, ..., C_out]; the unfolded input holds
   // N * D1 * ... rows of C_in * K1 * ... elements.
   mx::Shape unfolded(y_shape.begin(), y_shape.end() - 1);
@@ -96,8 +97,8 @@ void check_unfold_size(const NodeContext& ctx, const mx::array& x, const mx::arr
 // CPU streams for float32 our kernel, in ONNX's layout with the bias added in
 // the same pass; elsewhere the same composition as below, under the same
 // unfold size check (the kernel itself unfolds nothing).
-mx::array depthwise(const NodeContext& ctx, const mx::array& x, const mx::array& w, const ConvPoolAttributes& attrs,
-                    const WindowGeometry& g, mx::StreamOrDevice s) {
+mx::array depthwise(const NodeContext& ctx, const mx::array& x, const mx::array& w,
+                    const ConvPoolAttributes& attrs, const WindowGeometry& g, mx::StreamOrDevice s) {
   auto bias = ctx.optional_input(2);
   if (bias && (bias->ndim() != 1 || bias->shape(0) != w.shape(0))) {
     throw ctx.error("bias must have shape [", w.shape(0), "], got ", bias->ndim(), "-D");
@@ -135,7 +136,10 @@ OpOutputs conv(NodeContext& ctx) {
                     ", group ", group);
   }
   WindowGeometry g = resolve_window(ctx, attrs, spatial_dims(x));
-  if (group == x.shape(1) && w.shape(1) == 1 && x.ndim() <= 4) return {depthwise(ctx, x, w, attrs, g, s)};
+  // group 1 (a single input channel) stays on MLX's unfold + GEMM path below, which is fast.
+  if (group > 1 && group == x.shape(1) && w.shape(1) == 1 && x.ndim() <= 4) {
+    return {depthwise(ctx, x, w, attrs, g, s)};
+  }
   mx::array y = [&] {
     try {
       return mx::conv_general(channels_last(x, s), channels_last(w, s), to_ints(ctx, attrs.strides, "stride"),
