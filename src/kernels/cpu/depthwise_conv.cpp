@@ -46,45 +46,48 @@ constexpr int kActivationNone = 0, kActivationRelu = 1, kActivationClip = 2, kAc
 // p + 2 sW, ... (the padded row is the input row with pad_left zeros before
 // and zeros after). Output element ox under kernel column kx then reads phase
 // (kx dW) mod sW at position ox + (kx dW) div sW: contiguous for every stride.
-// phase_len leaves room for whole vectors past the last output (zeros).
+// phase_len leaves room for whole vectors past the last output. One more row
+// stands for the rows above and below the input, so every output row sums all
+// kernel_h rows without a branch. Padding positions are zeroed once per call:
+// each plane then writes only where input values go.
 struct PlaneScratch {
   int64_t phase_len = 0;
   int64_t row_len = 0;  // stride_w * phase_len
+  int64_t rows = 0;     // input rows; row `rows` is all zeros
   std::vector<float> values;
+
+  const float* row(int64_t iy) const { return values.data() + (iy >= 0 && iy < rows ? iy : rows) * row_len; }
 };
 
 int64_t RoundUp(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
 
-void SizeScratch(const DepthwiseConvArgs& a, int64_t lanes, PlaneScratch& s) {
+void PrepareScratch(const DepthwiseConvArgs& a, int64_t lanes, PlaneScratch& s) {
   s.phase_len = RoundUp(a.out_w, lanes) + (a.kernel_w - 1) * a.dilation_w / a.stride_w + 1;
   s.row_len = a.stride_w * s.phase_len;
-  s.values.resize(static_cast<size_t>(a.in_h * s.row_len));
+  s.rows = a.in_h;
+  s.values.assign(static_cast<size_t>((a.in_h + 1) * s.row_len), 0.0f);
 }
 
+// Input row element ix goes to padded position ix + pad_left, that is phase
+// (ix + pad_left) mod sW, index (ix + pad_left) div sW, when that index is
+// within phase_len (beyond it no output reads).
 void FillScratch(const DepthwiseConvArgs& a, const float* plane, PlaneScratch& s) {
   for (int64_t iy = 0; iy < a.in_h; ++iy) {
     const float* row = plane + iy * a.in_w;
     float* dst = s.values.data() + iy * s.row_len;
     if (a.stride_w == 1) {
-      // Padded position i holds row[i - pad_left]: zeros, the row, zeros.
-      const int64_t lo = std::min(a.pad_left, s.phase_len);
-      const int64_t hi = std::min(a.pad_left + a.in_w, s.phase_len);
-      std::fill(dst, dst + lo, 0.0f);
-      std::memcpy(dst + lo, row, static_cast<size_t>(hi - lo) * sizeof(float));
-      std::fill(dst + hi, dst + s.phase_len, 0.0f);
+      const int64_t count = std::max<int64_t>(0, std::min(a.in_w, s.phase_len - a.pad_left));
+      if (count > 0) std::copy(row, row + count, dst + a.pad_left);
       continue;
     }
-    for (int64_t p = 0; p < a.stride_w; ++p) {
-      float* phase = dst + p * s.phase_len;
-      for (int64_t j = 0; j < s.phase_len; ++j) {
-        const int64_t ix = p + j * a.stride_w - a.pad_left;
-        phase[j] = ix >= 0 && ix < a.in_w ? row[ix] : 0.0f;
-      }
+    for (int64_t ix = 0; ix < a.in_w; ++ix) {
+      const int64_t padded = ix + a.pad_left, j = padded / a.stride_w;
+      if (j < s.phase_len) dst[(padded % a.stride_w) * s.phase_len + j] = row[ix];
     }
   }
 }
 
-FloatVec Activate(const DepthwiseConvArgs& a, FloatVec v) {
+HWY_INLINE FloatVec Activate(const DepthwiseConvArgs& a, FloatVec v) {
   const FloatTag df;
   switch (a.activation) {
     case kActivationRelu:
@@ -100,8 +103,9 @@ FloatVec Activate(const DepthwiseConvArgs& a, FloatVec v) {
   }
 }
 
-// Stores the first `count` (<= lanes) values of v at out, writing nothing past them.
-void StoreFirst(FloatVec v, float* out, int64_t count) {
+// Stores the first `count` (<= lanes) values of v at out, writing nothing past
+// them (the next values may be another thread's plane).
+HWY_INLINE void StoreFirst(FloatVec v, float* out, int64_t count) {
   const FloatTag df;
   if (count == static_cast<int64_t>(hn::Lanes(df))) {
     hn::StoreU(v, df, out);
@@ -112,76 +116,104 @@ void StoreFirst(FloatVec v, float* out, int64_t count) {
   std::memcpy(out, tail, static_cast<size_t>(count) * sizeof(float));
 }
 
-// The kernel rows that land inside the input for output row oy: scratch rows
-// and the matching weight rows.
-struct RowTaps {
-  std::vector<const float*> input;
-  std::vector<const float*> weights;
-};
-
-void CollectRowTaps(const DepthwiseConvArgs& a, const PlaneScratch& s, const float* w, int64_t oy,
-                    RowTaps& taps) {
-  taps.input.clear();
-  taps.weights.clear();
-  for (int64_t ky = 0; ky < a.kernel_h; ++ky) {
-    const int64_t iy = oy * a.stride_h - a.pad_top + ky * a.dilation_h;
-    if (iy < 0 || iy >= a.in_h) continue;
-    taps.input.push_back(s.values.data() + iy * s.row_len);
-    taps.weights.push_back(w + ky * a.kernel_w);
-  }
-}
-
-// kBlock vectors of outputs starting at ox: bias + sum over the taps, activated,
-// stored (the last block only up to out_w). `offsets[kx]` is where kernel
-// column kx reads in a scratch row (see PlaneScratch).
-template <int kBlock>
-void ConvolveBlock(const DepthwiseConvArgs& a, const RowTaps& taps, const int64_t* offsets, float bias,
-                   int64_t ox, float* out_row) {
-  const FloatTag df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  FloatVec acc[kBlock];
-  for (int b = 0; b < kBlock; ++b) acc[b] = hn::Set(df, bias);
-  for (size_t r = 0; r < taps.input.size(); ++r) {
-    const float* in = taps.input[r] + ox;
-    const float* wr = taps.weights[r];
-    for (int64_t kx = 0; kx < a.kernel_w; ++kx) {
-      const FloatVec weight = hn::Set(df, wr[kx]);
-      const float* src = in + offsets[kx];
-      for (int b = 0; b < kBlock; ++b) acc[b] = hn::MulAdd(weight, hn::LoadU(df, src + b * lanes), acc[b]);
+// The scratch rows under each kernel row for every output row:
+// table[oy * kernel_h + ky]. The same for every plane a thread convolves (the
+// scratch stays in place), and laid out so that a tile of rows from oy reads
+// its rows at table + oy * kernel_h.
+void GatherRows(const DepthwiseConvArgs& a, const PlaneScratch& s, std::vector<const float*>& table) {
+  table.resize(static_cast<size_t>(a.out_h * a.kernel_h));
+  for (int64_t oy = 0; oy < a.out_h; ++oy) {
+    for (int64_t ky = 0; ky < a.kernel_h; ++ky) {
+      table[oy * a.kernel_h + ky] = s.row(oy * a.stride_h - a.pad_top + ky * a.dilation_h);
     }
   }
-  for (int b = 0; b < kBlock; ++b) {
-    const int64_t start = ox + b * lanes;
-    if (start >= a.out_w) break;
-    StoreFirst(Activate(a, acc[b]), out_row + start, std::min(lanes, a.out_w - start));
+}
+
+// A tile of kRows output rows x kVecs vectors from column ox: bias + the
+// kernel_h x kernel_w taps, activated, stored up to out_w. The kRows * kVecs
+// accumulators are independent FMA chains, which is what keeps the FMA units
+// busy (one chain would wait out each FMA's latency). `offsets[kx]` is where
+// kernel column kx reads in a scratch row (see PlaneScratch).
+template <int kRows, int kVecs>
+void ConvolveTile(const DepthwiseConvArgs& a, const float* const* rows, const float* w,
+                  const int64_t* offsets, float bias, int64_t ox, float* out) {
+  const FloatTag df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  FloatVec acc[kRows][kVecs];
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = hn::Set(df, bias);
+  }
+  for (int64_t ky = 0; ky < a.kernel_h; ++ky) {
+    const float* in[kRows];
+    for (int r = 0; r < kRows; ++r) in[r] = rows[r * a.kernel_h + ky] + ox;
+    const float* weights = w + ky * a.kernel_w;
+    for (int64_t kx = 0; kx < a.kernel_w; ++kx) {
+      const FloatVec weight = hn::Set(df, weights[kx]);
+      const int64_t offset = offsets[kx];
+      for (int r = 0; r < kRows; ++r) {
+        for (int v = 0; v < kVecs; ++v) {
+          acc[r][v] = hn::MulAdd(weight, hn::LoadU(df, in[r] + offset + v * lanes), acc[r][v]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVecs; ++v) {
+      const int64_t start = ox + v * lanes;
+      StoreFirst(Activate(a, acc[r][v]), out + r * a.out_w + start, std::min(lanes, a.out_w - start));
+    }
   }
 }
 
-void ConvolvePlane(const DepthwiseConvArgs& a, const PlaneScratch& s, const int64_t* offsets,
-                   int64_t out_channel, float* out, RowTaps& taps) {
-  const FloatTag df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+// One output row in tiles of 4 vectors, then the 1-3 vectors left.
+void ConvolveRow(const DepthwiseConvArgs& a, const float* const* rows, const float* w, const int64_t* offsets,
+                 float bias, int64_t vectors, float* out) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(FloatTag()));
+  int64_t v = 0;
+  for (; v + 4 <= vectors; v += 4) ConvolveTile<1, 4>(a, rows, w, offsets, bias, v * lanes, out);
+  switch (vectors - v) {
+    case 3:
+      return ConvolveTile<1, 3>(a, rows, w, offsets, bias, v * lanes, out);
+    case 2:
+      return ConvolveTile<1, 2>(a, rows, w, offsets, bias, v * lanes, out);
+    case 1:
+      return ConvolveTile<1, 1>(a, rows, w, offsets, bias, v * lanes, out);
+    default:
+      return;
+  }
+}
+
+void ConvolvePlane(const DepthwiseConvArgs& a, const std::vector<const float*>& row_table,
+                   const int64_t* offsets, int64_t out_channel, float* out) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(FloatTag()));
   const float* w = a.w + out_channel * a.kernel_h * a.kernel_w;
   const float bias = a.bias != nullptr ? a.bias[out_channel] : 0.0f;
-  // Four vectors at a time keep four independent FMA chains in flight.
-  constexpr int kWide = 4;
-  for (int64_t oy = 0; oy < a.out_h; ++oy) {
-    CollectRowTaps(a, s, w, oy, taps);
-    float* out_row = out + oy * a.out_w;
-    int64_t ox = 0;
-    for (; ox + kWide * lanes <= a.out_w; ox += kWide * lanes)
-      ConvolveBlock<kWide>(a, taps, offsets, bias, ox, out_row);
-    for (; ox < a.out_w; ox += lanes) ConvolveBlock<1>(a, taps, offsets, bias, ox, out_row);
+  const int64_t vectors = (a.out_w + lanes - 1) / lanes;
+  int64_t oy = 0;
+  // Rows of at most 3 vectors (late, narrow layers) go 4 or 2 rows at a time,
+  // for 4 to 6 independent accumulators.
+  if (vectors <= 3) {
+    const int tile_rows = vectors == 1 ? 4 : 2;
+    for (; oy + tile_rows <= a.out_h; oy += tile_rows) {
+      const float* const* rows = row_table.data() + oy * a.kernel_h;
+      float* tile_out = out + oy * a.out_w;
+      if (vectors == 1) ConvolveTile<4, 1>(a, rows, w, offsets, bias, 0, tile_out);
+      if (vectors == 2) ConvolveTile<2, 2>(a, rows, w, offsets, bias, 0, tile_out);
+      if (vectors == 3) ConvolveTile<2, 3>(a, rows, w, offsets, bias, 0, tile_out);
+    }
+  }
+  for (; oy < a.out_h; ++oy) {
+    ConvolveRow(a, row_table.data() + oy * a.kernel_h, w, offsets, bias, vectors, out + oy * a.out_w);
   }
 }
 
 void DepthwiseConvPlanes(const DepthwiseConvArgs& a, int64_t begin, int64_t end) {
-  const FloatTag df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(FloatTag()));
   // Per thread, reused across calls: no allocation once warmed up.
   thread_local PlaneScratch scratch;
-  thread_local RowTaps taps;
-  SizeScratch(a, lanes, scratch);
+  thread_local std::vector<const float*> row_table;
+  PrepareScratch(a, lanes, scratch);
+  GatherRows(a, scratch, row_table);
   std::vector<int64_t> offsets(static_cast<size_t>(a.kernel_w));
   for (int64_t kx = 0; kx < a.kernel_w; ++kx) {
     const int64_t reach = kx * a.dilation_w;
@@ -196,7 +228,7 @@ void DepthwiseConvPlanes(const DepthwiseConvArgs& a, int64_t begin, int64_t end)
       FillScratch(a, a.x + input_plane * plane_in, scratch);
       filled = input_plane;
     }
-    ConvolvePlane(a, scratch, offsets.data(), m, a.y + plane * plane_out, taps);
+    ConvolvePlane(a, row_table, offsets.data(), m, a.y + plane * plane_out);
   }
 }
 
