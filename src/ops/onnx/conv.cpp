@@ -123,6 +123,28 @@ mx::array depthwise(const NodeContext& ctx, const mx::array& x, const mx::array&
   return y;
 }
 
+// A 1x1 convolution with unit strides and no padding: one matrix product per
+// image in ONNX's layout, y[n] = W[M, C] @ x[n][C, D1 * ...], with no
+// transposes to channels-last and back (which cost more than the product on
+// narrow layers) and the bias added to a contiguous result.
+bool is_pointwise(const ConvPoolAttributes& attrs, const WindowGeometry& g) {
+  auto all_equal = [](const std::vector<int64_t>& v, int64_t value) {
+    return std::all_of(v.begin(), v.end(), [value](int64_t x) { return x == value; });
+  };
+  return all_equal(attrs.kernel_shape, 1) && all_equal(attrs.strides, 1) && all_equal(g.pad_begin, 0) &&
+         all_equal(g.pad_end, 0);
+}
+
+mx::array pointwise(const NodeContext& ctx, const mx::array& x, const mx::array& w, mx::StreamOrDevice s) {
+  const int batch = x.shape(0), channels = x.shape(1), out_channels = w.shape(0);
+  const int positions = to_int32(ctx, checked_product(ctx, spatial_dims(x), "spatial size"), "spatial size");
+  mx::array y = mx::matmul(mx::reshape(w, {out_channels, channels}, s),
+                           mx::reshape(x, {batch, channels, positions}, s), s);
+  mx::Shape shape = x.shape();
+  shape[1] = out_channels;
+  return add_bias(ctx, mx::reshape(y, shape, s), s);
+}
+
 // Conv: v11 allows kernel_shape to be omitted and inferred from W; v22 adds
 // bfloat16. Asymmetric pads go straight to conv_general (padding_lo/hi).
 OpOutputs conv(NodeContext& ctx) {
@@ -136,6 +158,7 @@ OpOutputs conv(NodeContext& ctx) {
                     ", group ", group);
   }
   WindowGeometry g = resolve_window(ctx, attrs, spatial_dims(x));
+  if (group == 1 && is_pointwise(attrs, g)) return {pointwise(ctx, x, w, s)};
   // group 1 (a single input channel) stays on MLX's unfold + GEMM path below, which is fast.
   if (group > 1 && group == x.shape(1) && w.shape(1) == 1 && x.ndim() <= 4) {
     return {depthwise(ctx, x, w, attrs, g, s)};
