@@ -80,9 +80,13 @@ void FillScratch(const DepthwiseConvArgs& a, const float* plane, PlaneScratch& s
       if (count > 0) std::copy(row, row + count, dst + a.pad_left);
       continue;
     }
-    for (int64_t ix = 0; ix < a.in_w; ++ix) {
-      const int64_t padded = ix + a.pad_left, j = padded / a.stride_w;
-      if (j < s.phase_len) dst[(padded % a.stride_w) * s.phase_len + j] = row[ix];
+    // Phase p takes every sW-th element from the first ix whose padded
+    // position falls in it.
+    for (int64_t p = 0; p < a.stride_w; ++p) {
+      const int64_t first = ((p - a.pad_left) % a.stride_w + a.stride_w) % a.stride_w;
+      float* phase = dst + p * s.phase_len;
+      int64_t j = (first + a.pad_left) / a.stride_w;
+      for (int64_t ix = first; ix < a.in_w && j < s.phase_len; ix += a.stride_w, ++j) phase[j] = row[ix];
     }
   }
 }
