@@ -245,6 +245,8 @@ HWY_AFTER_NAMESPACE();
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/thread_pool.h"
 
+#include <limits>
+
 namespace transmuter::kernels {
 
 HWY_EXPORT(DepthwiseConvPlanes);
@@ -352,7 +354,8 @@ class DepthwiseConvKernel : public CpuKernel {
 
 // Output length of one spatial axis, or <= 0 when the window does not fit.
 int64_t output_length(int64_t in, int64_t k, int stride, int pad_begin, int pad_end, int dilation) {
-  return (in + pad_begin + pad_end - static_cast<int64_t>(dilation) * (k - 1) - 1) / stride + 1;
+  const int64_t room = in + pad_begin + pad_end - static_cast<int64_t>(dilation) * (k - 1) - 1;
+  return room < 0 ? 0 : room / stride + 1;  // (division truncates toward zero: test the sign first)
 }
 
 bool all_positive(const std::vector<int>& v) {
@@ -386,10 +389,10 @@ bool kernel_takes(const mx::array& x, const mx::array& w, const std::optional<mx
   if (bias && (bias->ndim() != 1 || bias->shape(0) != w.shape(0) || bias->dtype() != mx::float32))
     return false;
   for (size_t i = 0; i < spatial; ++i) {
-    if (output_length(x.shape(2 + i), w.shape(2 + i), o.strides[i], o.pads_begin[i], o.pads_end[i],
-                      o.dilations[i]) <= 0) {
-      return false;
-    }
+    // An output length must be positive and an MLX (int32) dimension.
+    const int64_t length = output_length(x.shape(2 + i), w.shape(2 + i), o.strides[i], o.pads_begin[i],
+                                         o.pads_end[i], o.dilations[i]);
+    if (length <= 0 || length > std::numeric_limits<int32_t>::max()) return false;
   }
   return true;
 }

@@ -219,10 +219,20 @@ TEST(DepthwiseConvKernel, OtherDtypesAndGroupingsUseTheComposition) {
   EXPECT_THROW(depthwise_conv(x3, w3, {}, o3, mx::Device::cpu), std::invalid_argument);
 }
 
-TEST(DepthwiseConvKernel, InconsistentShapesThrow) {
+TEST(DepthwiseConvKernel, WindowsBeyondTheInputGoToTheComposition) {
   mx::array x = random_array({1, 4, 5, 5}, 101);
   mx::array w = random_array({4, 1, 7, 7}, 102);  // window larger than the unpadded input
   EXPECT_THROW(depthwise_conv(x, w, {}, {.groups = 4}, mx::Device::cpu), std::invalid_argument);
+  // One short of the window with stride 2: MLX's convolution still gives one
+  // output (its length formula truncates toward zero); the kernel leaves such
+  // windows to it, so the result is the composition's.
+  mx::array w6 = random_array({4, 1, 6, 6}, 103);
+  DepthwiseConvOptions strided{.strides = {2, 2}, .groups = 4};
+  mx::array got = depthwise_conv(x, w6, {}, strided, mx::Device::cpu);
+  EXPECT_FALSE(from_kernel(got));
+  mx::array want = expected(x, w6, {}, strided);
+  ASSERT_EQ(got.shape(), want.shape());
+  EXPECT_LT(max_abs_diff(got, want), kTolerance);
 }
 
 }  // namespace
