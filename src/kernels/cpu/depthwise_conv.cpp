@@ -68,6 +68,31 @@ void PrepareScratch(const DepthwiseConvArgs& a, int64_t lanes, PlaneScratch& s) 
   s.values.assign(static_cast<size_t>((a.in_h + 1) * s.row_len), 0.0f);
 }
 
+// Stride 2, the common strided case: even and odd input elements split with
+// vector de-interleaving loads while whole vectors fit their phases, the rest
+// one by one. Element ix goes to phase (ix + pad_left) mod 2, index
+// (ix + pad_left) div 2.
+void FillStride2Row(const DepthwiseConvArgs& a, const float* row, float* dst, int64_t phase_len) {
+  const FloatTag df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  float* even_phase = dst + (a.pad_left % 2) * phase_len;       // where ix = 0, 2, 4, ... go
+  float* odd_phase = dst + ((a.pad_left + 1) % 2) * phase_len;  // where ix = 1, 3, 5, ... go
+  const int64_t even_start = a.pad_left / 2, odd_start = (a.pad_left + 1) / 2;
+  int64_t pairs = 0;  // pairs (ix = 2k, 2k + 1) done
+  for (; 2 * (pairs + lanes) <= a.in_w && odd_start + pairs + lanes <= phase_len &&
+         even_start + pairs + lanes <= phase_len;
+       pairs += lanes) {
+    FloatVec even, odd;
+    hn::LoadInterleaved2(df, row + 2 * pairs, even, odd);
+    hn::StoreU(even, df, even_phase + even_start + pairs);
+    hn::StoreU(odd, df, odd_phase + odd_start + pairs);
+  }
+  for (int64_t ix = 2 * pairs; ix < a.in_w; ++ix) {
+    const int64_t padded = ix + a.pad_left;
+    if (padded / 2 < phase_len) dst[(padded % 2) * phase_len + padded / 2] = row[ix];
+  }
+}
+
 // Input row element ix goes to padded position ix + pad_left, that is phase
 // (ix + pad_left) mod sW, index (ix + pad_left) div sW, when that index is
 // within phase_len (beyond it no output reads).
@@ -78,6 +103,10 @@ void FillScratch(const DepthwiseConvArgs& a, const float* plane, PlaneScratch& s
     if (a.stride_w == 1) {
       const int64_t count = std::max<int64_t>(0, std::min(a.in_w, s.phase_len - a.pad_left));
       if (count > 0) std::copy(row, row + count, dst + a.pad_left);
+      continue;
+    }
+    if (a.stride_w == 2) {
+      FillStride2Row(a, row, dst, s.phase_len);
       continue;
     }
     // Phase p takes every sW-th element from the first ix whose padded
