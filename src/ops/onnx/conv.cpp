@@ -13,6 +13,8 @@
 #include <mlx/mlx.h>
 
 #include "core/memory.h"
+#include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/depthwise_conv.h"
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/registry.h"
@@ -76,10 +78,11 @@ ConvPoolAttributes checked_attributes(const NodeContext& ctx, const mx::array& x
 // N * output positions * C * kernel elements that it allocates without
 // checking; a huge kernel over a large input asks for far more than the output
 // itself. Refuse what would not fit the memory limit, before MLX tries.
-void check_unfold_size(const NodeContext& ctx, const mx::array& x, const mx::array& w, const mx::array& y) {
+void check_unfold_size(const NodeContext& ctx, const mx::array& x, const mx::array& w,
+                       const mx::Shape& y_shape) {
   // y is channels-last, [N, D1, ..., C_out]; the unfolded input holds
   // N * D1 * ... rows of C_in * K1 * ... elements.
-  mx::Shape unfolded(y.shape().begin(), y.shape().end() - 1);
+  mx::Shape unfolded(y_shape.begin(), y_shape.end() - 1);
   unfolded.push_back(x.shape(1));
   for (int d = 2; d < static_cast<int>(w.ndim()); ++d) unfolded.push_back(w.shape(d));
   std::optional<uint64_t> bytes = checked_nbytes(unfolded, x.dtype());
@@ -88,6 +91,58 @@ void check_unfold_size(const NodeContext& ctx, const mx::array& x, const mx::arr
                     bytes ? std::to_string(*bytes) : std::string("more than 2^64"), " bytes, over the memory limit of ",
                     ctx.memory_limit(), " bytes");
   }
+}
+
+// Depthwise Conv (one input channel per group) with 1 or 2 spatial axes: on
+// CPU streams for float32 our kernel, in ONNX's layout with the bias added in
+// the same pass; elsewhere the same composition as below, under the same
+// unfold size check (the kernel itself unfolds nothing).
+mx::array depthwise(const NodeContext& ctx, const mx::array& x, const mx::array& w,
+                    const ConvPoolAttributes& attrs, const WindowGeometry& g, mx::StreamOrDevice s) {
+  auto bias = ctx.optional_input(2);
+  if (bias && (bias->ndim() != 1 || bias->shape(0) != w.shape(0))) {
+    throw ctx.error("bias must have shape [", w.shape(0), "], got ", bias->ndim(), "-D");
+  }
+  kernels::DepthwiseConvOptions options{.strides = to_ints(ctx, attrs.strides, "stride"),
+                                        .pads_begin = to_ints(ctx, g.pad_begin, "pad"),
+                                        .pads_end = to_ints(ctx, g.pad_end, "pad"),
+                                        .dilations = to_ints(ctx, attrs.dilations, "dilation"),
+                                        .groups = static_cast<int>(x.shape(1))};
+  mx::array y = [&] {
+    try {
+      return kernels::depthwise_conv(x, w, bias, options, s);
+    } catch (const std::invalid_argument& e) {
+      throw ctx.error(e.what());
+    }
+  }();
+  if (!kernels::is_cpu_stream(s) || x.dtype() != mx::float32 || w.dtype() != mx::float32) {
+    mx::Shape y_channels_last = y.shape();
+    std::rotate(y_channels_last.begin() + 1, y_channels_last.begin() + 2, y_channels_last.end());
+    check_unfold_size(ctx, x, w, y_channels_last);
+  }
+  return y;
+}
+
+// A 1x1 convolution with unit strides and no padding: one matrix product per
+// image in ONNX's layout, y[n] = W[M, C] @ x[n][C, D1 * ...], with no
+// transposes to channels-last and back (which cost more than the product on
+// narrow layers) and the bias added to a contiguous result.
+bool is_pointwise(const ConvPoolAttributes& attrs, const WindowGeometry& g) {
+  auto all_equal = [](const std::vector<int64_t>& v, int64_t value) {
+    return std::all_of(v.begin(), v.end(), [value](int64_t x) { return x == value; });
+  };
+  return all_equal(attrs.kernel_shape, 1) && all_equal(attrs.strides, 1) && all_equal(g.pad_begin, 0) &&
+         all_equal(g.pad_end, 0);
+}
+
+mx::array pointwise(const NodeContext& ctx, const mx::array& x, const mx::array& w, mx::StreamOrDevice s) {
+  const int batch = x.shape(0), channels = x.shape(1), out_channels = w.shape(0);
+  const int positions = to_int32(ctx, checked_product(ctx, spatial_dims(x), "spatial size"), "spatial size");
+  mx::array y = mx::matmul(mx::reshape(w, {out_channels, channels}, s),
+                           mx::reshape(x, {batch, channels, positions}, s), s);
+  mx::Shape shape = x.shape();
+  shape[1] = out_channels;
+  return add_bias(ctx, mx::reshape(y, shape, s), s);
 }
 
 // Conv: v11 allows kernel_shape to be omitted and inferred from W; v22 adds
@@ -103,6 +158,11 @@ OpOutputs conv(NodeContext& ctx) {
                     ", group ", group);
   }
   WindowGeometry g = resolve_window(ctx, attrs, spatial_dims(x));
+  if (group == 1 && is_pointwise(attrs, g)) return {pointwise(ctx, x, w, s)};
+  // group 1 (a single input channel) stays on MLX's unfold + GEMM path below, which is fast.
+  if (group > 1 && group == x.shape(1) && w.shape(1) == 1 && x.ndim() <= 4) {
+    return {depthwise(ctx, x, w, attrs, g, s)};
+  }
   mx::array y = [&] {
     try {
       return mx::conv_general(channels_last(x, s), channels_last(w, s), to_ints(ctx, attrs.strides, "stride"),
@@ -113,7 +173,7 @@ OpOutputs conv(NodeContext& ctx) {
       throw ctx.error(e.what());
     }
   }();
-  check_unfold_size(ctx, x, w, y);  // y is channels-last: [N, D1..., C_out]
+  check_unfold_size(ctx, x, w, y.shape());  // y is channels-last: [N, D1..., C_out]
   return {add_bias(ctx, channels_first(y, s), s)};
 }
 
@@ -258,7 +318,7 @@ OpOutputs conv_transpose(NodeContext& ctx) {
       throw ctx.error(e.what());
     }
   }();
-  check_unfold_size(ctx, x, w, y);  // MLX runs it as a convolution over the dilated input
+  check_unfold_size(ctx, x, w, y.shape());  // MLX runs it as a convolution over the dilated input
   // Negative padding amounts (pads larger than extent - 1) crop the result.
   crop_stop = y.shape();
   bool crop = false;

@@ -82,6 +82,39 @@ TEST(Conv, MatchesDirectLoopsWithGroupsStridesDilationsAndAsymmetricPads) {
   expect_near(to_doubles(out[0].tensor()), expected);
 }
 
+// group == channels runs the depthwise kernel on CPU; a channel multiplier of 2 here.
+TEST(Conv, DepthwiseMatchesDirectLoops) {
+  const Conv2dCase c{2, 1, 1, 2, 1, 0, 2, 1, 3};
+  mx::Shape xs{2, 3, 9, 11}, ws{6, 1, 3, 3};
+  mx::array x = ramp(xs), w = mx::subtract(ramp(ws, 5), mx::array(2.f));
+  mx::array bias = mx::array({1.f, -2.f, 3.f, -4.f, 5.f, -6.f});
+  auto out = run_op(
+      "Conv", 11, {x, w, bias},
+      {ints_attr("strides", {c.stride_h, c.stride_w}), ints_attr("dilations", {c.dil_h, c.dil_w}),
+       ints_attr("pads", {c.pad_top, c.pad_left, c.pad_bottom, c.pad_right}), int_attr("group", c.group)});
+  mx::Shape expected_shape;
+  auto expected = naive_conv2d(to_doubles(x), xs, to_doubles(w), ws, c, expected_shape);
+  const int64_t per_channel = static_cast<int64_t>(expected.size()) / (expected_shape[0] * expected_shape[1]);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] += to_doubles(bias)[(i / per_channel) % 6];
+  EXPECT_EQ(out[0].tensor().shape(), expected_shape);
+  expect_near(to_doubles(out[0].tensor()), expected);
+}
+
+// 1x1 kernels with unit strides and no pads run as one matrix product per image.
+TEST(Conv, PointwiseMatchesDirectLoops) {
+  const Conv2dCase c{1, 1, 1, 1, 0, 0, 0, 0, 1};
+  mx::Shape xs{2, 5, 3, 7}, ws{4, 5, 1, 1};
+  mx::array x = ramp(xs), w = mx::subtract(ramp(ws, 5), mx::array(2.f));
+  auto out = run_op("Conv", 11, {x, w});
+  mx::Shape expected_shape;
+  auto expected = naive_conv2d(to_doubles(x), xs, to_doubles(w), ws, c, expected_shape);
+  EXPECT_EQ(out[0].tensor().shape(), expected_shape);
+  expect_near(to_doubles(out[0].tensor()), expected);
+  // One spatial axis, with a bias.
+  auto one_d = run_op("Conv", 11, {mx::ones({1, 2, 3}), mx::ones({2, 2, 1}), mx::array({10.f, 20.f})});
+  EXPECT_EQ(to_doubles(one_d[0].tensor()), (std::vector<double>{12, 12, 12, 22, 22, 22}));
+}
+
 TEST(Conv, AddsBiasPerOutputChannel) {
   auto out = run_op("Conv", 11, {mx::ones({1, 1, 2, 2}), mx::ones({2, 1, 1, 1}), mx::array({10.f, 20.f})});
   EXPECT_EQ(to_doubles(out[0].tensor()), (std::vector<double>{11, 11, 11, 11, 21, 21, 21, 21}));
