@@ -79,6 +79,7 @@ OpRegistry make_builtin_registry() {
   register_loss(registry);
   register_resize(registry);
   register_grid(registry);
+  register_transmuter_attention(registry);
   return registry;
 }
 }  // namespace

@@ -27,6 +27,8 @@ using OpFn = OpOutputs (*)(NodeContext&);
 inline constexpr int kOpen = std::numeric_limits<int>::max();
 inline constexpr std::string_view kOnnx = "";
 inline constexpr std::string_view kMicrosoft = "com.microsoft";
+// Transmuter's own ops, made by load-time passes (src/ops/transmuter/).
+inline constexpr std::string_view kTransmuter = "ai.transmuter";
 
 /** One implementation, valid for opsets [since, until] of its domain. */
 struct OpRow {
@@ -114,5 +116,6 @@ void register_image(OpRegistry& registry);
 void register_loss(OpRegistry& registry);
 void register_resize(OpRegistry& registry);
 void register_grid(OpRegistry& registry);
+void register_transmuter_attention(OpRegistry& registry);
 
 }  // namespace transmuter

@@ -7,6 +7,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/softmax.h"
 #include "ops/node_context.h"
 #include "ops/rational_erf.h"
 #include "ops/vectorized_exp.h"
@@ -209,13 +210,17 @@ mx::array softmax_half_steps(const mx::array& x, const std::vector<int>& axes, m
   return mx::divide(e, sum, s);
 }
 
-// On the CPU, float32 uses the vectorized softmax and half precision the
-// stepwise one above; float64, and every dtype on a GPU stream, keep MLX's.
+// On the CPU, float32 over the last axis uses the softmax kernel, float32
+// over other axes the vectorized composition, and half precision the stepwise
+// one above; float64, and every dtype on a GPU stream, keep MLX's.
 OpOutputs softmax(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   std::vector<int> axes = normalized_axes(ctx, x);
   if (x.dtype() == mx::float64 || !on_cpu_stream(ctx.stream())) {
     return {mx::softmax(x, axes, /*precise=*/true, ctx.stream())};
+  }
+  if (x.dtype() == mx::float32 && axes == std::vector<int>{static_cast<int>(x.ndim()) - 1}) {
+    return {kernels::softmax_last_axis(x, std::nullopt, {}, ctx.stream())};
   }
   if (x.dtype() == mx::float16 || x.dtype() == mx::bfloat16) return {softmax_half_steps(x, axes, ctx.stream())};
   return widened(ctx, [&](const mx::array& v, mx::StreamOrDevice s) { return softmax_float32(v, axes, s); });

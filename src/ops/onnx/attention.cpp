@@ -16,6 +16,8 @@
 #include <mlx/fast.h>
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_kernel.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 #include "ops/vectorized_exp.h"
@@ -280,12 +282,46 @@ mx::array soft_capped(const mx::array& x, float softcap, mx::StreamOrDevice s) {
   return mx::multiply(mx::tanh(mx::divide(x, cap, s), s), cap, s);
 }
 
+// The attention kernel (src/kernels/cpu/attention.h) covers float32 on a CPU
+// stream with a float or boolean mask and is_causal; softcap, sliding windows,
+// nonpad_kv_seqlen, another softmax precision and the qk_matmul_output output
+// keep the composition below.
+bool attention_kernel_fits(const NodeContext& ctx, const AttentionAttributes& a, const AttentionInputs& in) {
+  const bool wants_qk_output = ctx.num_outputs() > 3 && !ctx.node().outputs[3].empty();
+  return kernels::is_cpu_stream(ctx.stream()) && in.q.dtype() == mx::float32 && in.v.dtype() == mx::float32 &&
+         a.softcap == 0 && a.left_window < 0 && a.right_window < 0 && !ctx.has_input(6) && !wants_qk_output &&
+         a.softmax_precision.value_or(mx::float32) == mx::float32;
+}
+
+// softmax(Q K^T * scale + mask [causal]) V in one kernel; the mask as an
+// additive float32 bias (a boolean mask: 0 where true, -inf where false).
+mx::array kernel_attention(const NodeContext& ctx, const AttentionAttributes& a, const AttentionInputs& in) {
+  auto s = ctx.stream();
+  std::optional<mx::array> bias;
+  if (ctx.has_input(3)) {
+    mx::array mask = padded_mask(ctx, ctx.input(3), in.k.shape(2));
+    bias = mask.dtype() == mx::bool_ ? mx::where(mask, mx::array(0.0f), neg_inf(mx::float32), s)
+                                     : mx::astype(mask, mx::float32, s);
+  }
+  const double scale = a.scale ? double{*a.scale} : 1.0 / std::sqrt(static_cast<double>(in.q.shape(3)));
+  const kernels::SoftmaxOptions options{.scale = static_cast<float>(scale),
+                                        .causal = a.is_causal,
+                                        .causal_offset = in.past_length,
+                                        .zero_fully_masked_rows = true};
+  return kernels::scaled_dot_product_attention(in.q, in.k, in.v, bias, options, s);
+}
+
 // The composed attention, with GQA by grouping query heads instead of copying
 // K and V: Q [B, Hkv, G, L, D] against K [B, Hkv, 1, S, D].
 OpOutputs attention(NodeContext& ctx) {
   auto s = ctx.stream();
   const AttentionAttributes a = attention_attributes(ctx);
   const AttentionInputs in = attention_inputs(ctx, a);
+  if (attention_kernel_fits(ctx, a, in)) {
+    mx::array y = kernel_attention(ctx, a, in);
+    if (in.three_d) y = merge_heads(y, s);
+    return {y, in.k, in.v};
+  }
   const mx::Dtype t = in.q.dtype();
   const int batch = in.q.shape(0), q_heads = in.q.shape(1), length = in.q.shape(2);
   const int kv_heads = in.k.shape(1), total = in.k.shape(2);

@@ -1,0 +1,307 @@
+// Compiled once per SIMD target (Highway's foreach_target re-includes this
+// file); scaled_dot_product_attention picks the best target at run time.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/attention.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/mask_rows.h"
+#include "kernels/cpu/softmax_row-inl.h"
+
+#ifndef TRANSMUTER_KERNELS_CPU_ATTENTION_ARGS
+#define TRANSMUTER_KERNELS_CPU_ATTENTION_ARGS
+namespace transmuter::kernels {
+// One call's pointers and sizes (outside the per-target namespaces).
+struct AttentionArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  const float* mask;  // null: no mask
+  MaskRows mask_rows;
+  float* out;
+  int64_t batch, q_heads, kv_heads, queries, keys, head_dim, value_dim;
+  int64_t query_block;  // queries per work item
+  float scale;
+  bool causal;
+  int64_t causal_offset;
+  bool zero_empty_rows;
+};
+
+// Scratch of one thread: K^T of the current head and the scores of a block,
+// both with rows padded to whole vectors.
+struct AttentionScratch {
+  std::vector<float> key_t, scores;
+};
+}  // namespace transmuter::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace transmuter::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// kt[d * ld + j] = k[j * dim + d], padded with zeros up to ld.
+void TransposeKeys(const float* k, int64_t keys, int64_t dim, int64_t ld, float* kt) {
+  for (int64_t d = 0; d < dim; ++d) {
+    float* row = kt + d * ld;
+    for (int64_t j = 0; j < keys; ++j) row[j] = k[j * dim + d];
+    for (int64_t j = keys; j < ld; ++j) row[j] = 0.0f;
+  }
+}
+
+// scores[r, j] = sum_d q[r, d] * kt[d, j] for R query rows and the columns
+// [j0, j0 + V * lanes): R x V accumulators, one broadcast of q per row and d.
+template <int R, int V>
+HWY_INLINE void ScoreTile(const float* q, int64_t dim, const float* kt, int64_t ld, int64_t j0, float* scores) {
+  const hn::ScalableTag<float> df;
+  const size_t lanes = hn::Lanes(df);
+  using Vec = hn::Vec<decltype(df)>;
+  Vec acc[R][V];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < V; ++c) acc[r][c] = hn::Zero(df);
+  }
+  for (int64_t d = 0; d < dim; ++d) {
+    Vec key[V];
+    for (int c = 0; c < V; ++c) key[c] = hn::Load(df, kt + d * ld + j0 + c * lanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec qv = hn::Set(df, q[r * dim + d]);
+      for (int c = 0; c < V; ++c) acc[r][c] = hn::MulAdd(qv, key[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < V; ++c) hn::Store(acc[r][c], df, scores + r * ld + j0 + c * lanes);
+  }
+}
+
+template <int R>
+HWY_INLINE void ScoreRows(const float* q, int64_t dim, const float* kt, int64_t ld, float* scores) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  int64_t j = 0;
+  for (; j + 2 * lanes <= ld; j += 2 * lanes) ScoreTile<R, 2>(q, dim, kt, ld, j, scores);
+  for (; j < ld; j += lanes) ScoreTile<R, 1>(q, dim, kt, ld, j, scores);
+}
+
+// out[r, c..c + V * lanes) = sum_j p[r, j] * v[j, c..]: R x V accumulators.
+template <int R, int V>
+HWY_INLINE void ValueTile(const float* p, int64_t ld, int64_t keys, const float* v, int64_t dim, int64_t c0,
+                          float* out) {
+  const hn::ScalableTag<float> df;
+  const size_t lanes = hn::Lanes(df);
+  using Vec = hn::Vec<decltype(df)>;
+  Vec acc[R][V];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < V; ++c) acc[r][c] = hn::Zero(df);
+  }
+  for (int64_t j = 0; j < keys; ++j) {
+    Vec value[V];
+    for (int c = 0; c < V; ++c) value[c] = hn::LoadU(df, v + j * dim + c0 + c * lanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec pv = hn::Set(df, p[r * ld + j]);
+      for (int c = 0; c < V; ++c) acc[r][c] = hn::MulAdd(pv, value[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < V; ++c) hn::StoreU(acc[r][c], df, out + r * dim + c0 + c * lanes);
+  }
+}
+
+template <int R>
+HWY_INLINE void ValueRows(const float* p, int64_t ld, int64_t keys, const float* v, int64_t dim, float* out) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  int64_t c = 0;
+  for (; c + 2 * lanes <= dim; c += 2 * lanes) ValueTile<R, 2>(p, ld, keys, v, dim, c, out);
+  for (; c + lanes <= dim; c += lanes) ValueTile<R, 1>(p, ld, keys, v, dim, c, out);
+  for (; c < dim; ++c) {  // a head size that is not a whole number of vectors
+    for (int r = 0; r < R; ++r) {
+      float total = 0.0f;
+      for (int64_t j = 0; j < keys; ++j) total += p[r * ld + j] * v[j * dim + c];
+      out[r * dim + c] = total;
+    }
+  }
+}
+
+// One work item: query rows [first, first + rows) of head (b, h).
+void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, int64_t rows, AttentionScratch& scratch) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  const int64_t ld = (a.keys + lanes - 1) / lanes * lanes;
+  const int64_t kv_head = h / (a.q_heads / a.kv_heads);
+  const float* q = a.q + ((b * a.q_heads + h) * a.queries + first) * a.head_dim;
+  const float* k = a.k + (b * a.kv_heads + kv_head) * a.keys * a.head_dim;
+  const float* v = a.v + (b * a.kv_heads + kv_head) * a.keys * a.value_dim;
+  float* out = a.out + ((b * a.q_heads + h) * a.queries + first) * a.value_dim;
+
+  scratch.key_t.resize(static_cast<size_t>(a.head_dim * ld) + lanes);
+  scratch.scores.resize(static_cast<size_t>(rows * ld) + lanes);
+  // Whole vectors from aligned starts: round the buffers' starts up.
+  auto align = [&](std::vector<float>& buffer) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
+    const uintptr_t bytes = static_cast<uintptr_t>(lanes) * sizeof(float);
+    return reinterpret_cast<float*>((at + bytes - 1) / bytes * bytes);
+  };
+  float* kt = align(scratch.key_t);
+  float* scores = align(scratch.scores);
+  TransposeKeys(k, a.keys, a.head_dim, ld, kt);
+
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) ScoreRows<4>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
+  for (; r < rows; ++r) ScoreRows<1>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
+
+  const EmptyRow empty = a.zero_empty_rows ? EmptyRow::kZeros : EmptyRow::kNaN;
+  int64_t used_keys = 0;  // keys any row of the block attends (causal: fewer)
+  for (r = 0; r < rows; ++r) {
+    const int64_t i = first + r;
+    int64_t allowed = a.keys;
+    if (a.causal) allowed = std::clamp<int64_t>(i + a.causal_offset + 1, 0, a.keys);
+    used_keys = std::max(used_keys, allowed);
+    const float* mask =
+        a.mask != nullptr ? a.mask + a.mask_rows.offset((b * a.q_heads + h) * a.queries + i) : nullptr;
+    float* row = scores + r * ld;
+    SoftmaxRow(row, mask, a.scale, a.keys, allowed, empty, row);
+  }
+
+  for (r = 0; r + 4 <= rows; r += 4) {
+    ValueRows<4>(scores + r * ld, ld, used_keys, v, a.value_dim, out + r * a.value_dim);
+  }
+  for (; r < rows; ++r) ValueRows<1>(scores + r * ld, ld, used_keys, v, a.value_dim, out + r * a.value_dim);
+}
+
+void AttendItems(const AttentionArgs& a, int64_t begin, int64_t end) {
+  thread_local AttentionScratch scratch;
+  const int64_t blocks = (a.queries + a.query_block - 1) / a.query_block;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t block = item % blocks, head = item / blocks;
+    const int64_t first = block * a.query_block;
+    const int64_t rows = std::min(a.query_block, a.queries - first);
+    AttendBlock(a, head / a.q_heads, head % a.q_heads, first, rows, scratch);
+  }
+}
+
+}  // namespace transmuter::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "kernels/cpu/attention.h"
+
+#include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace transmuter::kernels {
+
+HWY_EXPORT(AttendItems);
+
+namespace {
+
+// Queries per work item: whole heads when there are enough of them to keep
+// every thread busy, else blocks of at least 16 queries.
+int64_t query_block_size(int64_t heads, int64_t queries) {
+  const int64_t wanted_items = 2 * static_cast<int64_t>(kernel_threads());
+  if (heads >= wanted_items || queries <= 16) return std::max<int64_t>(queries, 1);
+  const int64_t blocks_per_head = (wanted_items + heads - 1) / heads;
+  return std::max<int64_t>(16, (queries + blocks_per_head - 1) / blocks_per_head);
+}
+
+class AttentionKernel : public CpuKernel {
+ public:
+  AttentionKernel(mx::Stream stream, Reference reference, SoftmaxOptions options, bool has_mask)
+      : CpuKernel(stream, std::move(reference)), options_(options), has_mask_(has_mask) {}
+  const char* name() const override { return "transmuter::ScaledDotProductAttention"; }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const mx::array &q = in[0], &k = in[1], &v = in[2];
+    AttentionArgs a{};
+    a.q = q.data<float>();
+    a.k = k.data<float>();
+    a.v = v.data<float>();
+    a.out = out[0].data<float>();
+    a.batch = q.shape(0);
+    a.q_heads = q.shape(1);
+    a.kv_heads = k.shape(1);
+    a.queries = q.shape(2);
+    a.keys = k.shape(2);
+    a.head_dim = q.shape(3);
+    a.value_dim = v.shape(3);
+    a.query_block = query_block_size(a.batch * a.q_heads, a.queries);
+    if (has_mask_) {
+      a.mask = in[3].data<float>();
+      a.mask_rows = *MaskRows::of({q.shape(0), q.shape(1), q.shape(2), k.shape(2)}, in[3].shape());
+    }
+    a.scale = options_.scale;
+    a.causal = options_.causal;
+    a.causal_offset = options_.causal_offset;
+    a.zero_empty_rows = options_.zero_fully_masked_rows;
+    const int64_t blocks = a.queries == 0 ? 0 : (a.queries + a.query_block - 1) / a.query_block;
+    const int64_t items = a.keys == 0 || a.value_dim == 0 ? 0 : a.batch * a.q_heads * blocks;
+    return [a, items] {
+      if (items == 0) {
+        // No keys: a sum over nothing, as the composition's matmul gives.
+        std::fill(a.out, a.out + a.batch * a.q_heads * a.queries * a.value_dim, 0.0f);
+        return;
+      }
+      parallel_for(items, 1, [&](int64_t begin, int64_t end) { HWY_DYNAMIC_DISPATCH(AttendItems)(a, begin, end); });
+    };
+  }
+
+ private:
+  SoftmaxOptions options_;
+  bool has_mask_;
+};
+
+bool fits_kernel(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask) {
+  for (const mx::array* t : {&q, &k, &v}) {
+    if (t->dtype() != mx::float32 || t->ndim() != 4) return false;
+  }
+  if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) ||
+      k.shape(2) != v.shape(2) || k.shape(3) != q.shape(3) || k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0) {
+    return false;
+  }
+  if (!mask) return true;
+  return mask->dtype() == mx::float32 &&
+         MaskRows::of({q.shape(0), q.shape(1), q.shape(2), k.shape(2)}, mask->shape()).has_value();
+}
+
+}  // namespace
+
+mx::array scaled_dot_product_attention_reference(const mx::array& q, const mx::array& k, const mx::array& v,
+                                                 const std::optional<mx::array>& mask, const SoftmaxOptions& options,
+                                                 mx::StreamOrDevice s) {
+  // GQA by grouping query heads: Q [B, Hkv, G, Sq, D] against K [B, Hkv, 1, Sk, D].
+  const int batch = q.shape(0), q_heads = q.shape(1), queries = q.shape(2);
+  const int kv_heads = k.shape(1), keys = k.shape(2);
+  const int group = q_heads / kv_heads;
+  mx::array grouped_q = mx::reshape(q, {batch, kv_heads, group, queries, q.shape(3)}, s);
+  mx::array key_t = mx::swapaxes(mx::expand_dims(k, 2, s), -1, -2, s);
+  mx::array scores = mx::reshape(mx::matmul(grouped_q, key_t, s), {batch, q_heads, queries, keys}, s);
+  mx::array probs = softmax_last_axis_reference(scores, mask, options, s);
+  mx::array grouped_p = mx::reshape(probs, {batch, kv_heads, group, queries, keys}, s);
+  mx::array out = mx::matmul(grouped_p, mx::expand_dims(v, 2, s), s);
+  return mx::reshape(out, {batch, q_heads, queries, v.shape(3)}, s);
+}
+
+mx::array scaled_dot_product_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                                       const std::optional<mx::array>& mask, const SoftmaxOptions& options,
+                                       mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  const bool has_mask = mask.has_value();
+  Reference reference = [options, has_mask, stream](const std::vector<mx::array>& in) {
+    std::optional<mx::array> m = has_mask ? std::optional<mx::array>(in[3]) : std::nullopt;
+    return std::vector<mx::array>{scaled_dot_product_attention_reference(in[0], in[1], in[2], m, options, stream)};
+  };
+  std::vector<mx::array> inputs = {q, k, v};
+  if (mask) inputs.push_back(*mask);
+  if (!fits_kernel(q, k, v, mask)) return reference(inputs)[0];
+  const mx::Shape shape = {q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<AttentionKernel>(kernel_stream, reference, options, has_mask);
+      },
+      reference, inputs, {shape}, {mx::float32}, stream)[0];
+}
+
+}  // namespace transmuter::kernels
+#endif  // HWY_ONCE

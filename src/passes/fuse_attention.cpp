@@ -1,0 +1,282 @@
+// Fuses the scaled dot-product attention of PyTorch exports (BERT and its
+// kin) into one ai.transmuter ScaledDotProductAttention node, which runs the
+// attention kernel (src/kernels/cpu/attention.h) on CPU streams.
+//
+//   Q        Kt (= Transpose(K') or any [.., D, Sk])
+//    \      /
+//     MatMul                    c (constant scalar)
+//        \                     /
+//         Div or Mul  ---------            (optional)
+//            \
+//             Add (either side) --- mask   (optional)
+//              |
+//           Softmax(axis = -1, opset >= 13)
+//              |                              =>   Q   K   V  [mask]
+//            MatMul --- V                           \  |  /  /
+//              |                         ScaledDotProductAttention(scale)
+//              Y                                       |
+//                                                      Y
+//
+//   scale = 1 / c (Div), c (Mul), or 1 without either.
+//   K = Transpose(K', perm with its last two entries swapped) when Kt is a
+//   Transpose whose output nothing else reads (the perm is rewritten in
+//   place: for BERT, [0, 2, 3, 1] -> [0, 2, 1, 3]), else a new
+//   Transpose(Kt, [0, 1, 3, 2]) for a 4-D Kt.
+//
+// Matches only when each intermediate (scores, scaled, masked, probabilities)
+// is read by the next node alone and is not a graph output, the constant is
+// a one-element float initializer or Constant, and Kt is rank 4 when the
+// transpose has to be added (its rank known from value_info or from a
+// 4-entry perm). Softmax before opset 13 normalizes over flattened trailing
+// axes and is not matched. The fused node computes x * (1 / c) where Div
+// computed x / c: a rounding of one ulp in the scores, far below the 1e-5 the
+// pass keeps outputs to.
+#include <mlx/mlx.h>
+
+#include <algorithm>
+#include <optional>
+#include <unordered_map>
+
+#include "graph/subgraphs.h"
+#include "passes/pass_manager.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+
+namespace {
+
+namespace mx = mlx::core;
+
+constexpr const char* kDomain = "ai.transmuter";
+constexpr const char* kFusedOp = "ScaledDotProductAttention";
+
+bool is_onnx(const Node& node, std::string_view op_type) {
+  return node.op_type == op_type && (node.domain.empty() || node.domain == "ai.onnx");
+}
+
+// The graph's value-level facts a match needs.
+struct GraphIndex {
+  std::unordered_map<std::string, size_t> producer;
+  std::unordered_map<std::string, int> reads;
+
+  explicit GraphIndex(const Graph& graph) {
+    for (size_t i = 0; i < graph.nodes.size(); ++i) {
+      for (const std::string& name : graph.nodes[i].outputs) producer[name] = i;
+      for (const std::string& name : node_reads(graph.nodes[i])) reads[name]++;
+    }
+    for (const ValueInfo& output : graph.outputs) reads[output.name]++;
+  }
+
+  // The node producing `value` when it is of `op_type` and `value` is read
+  // once (by the node being matched), else nullopt.
+  std::optional<size_t> sole_producer(const Graph& graph, const std::string& value, std::string_view op_type) const {
+    auto it = producer.find(value);
+    if (it == producer.end() || !is_onnx(graph.nodes[it->second], op_type)) return std::nullopt;
+    auto r = reads.find(value);
+    if (r == reads.end() || r->second != 1) return std::nullopt;
+    return it->second;
+  }
+};
+
+// The value of a one-element float constant (initializer or Constant node).
+std::optional<float> scalar_constant(const Graph& graph, const GraphIndex& index, const std::string& name) {
+  const Value* value = nullptr;
+  if (auto it = graph.initializers.find(name); it != graph.initializers.end()) value = &it->second;
+  if (value == nullptr) {
+    auto p = index.producer.find(name);
+    if (p == index.producer.end() || !is_onnx(graph.nodes[p->second], "Constant")) return std::nullopt;
+    const Attribute* a = graph.nodes[p->second].find_attribute("value");
+    if (a != nullptr && a->type == AttrType::kTensor) value = &a->t;
+    const Attribute* f = graph.nodes[p->second].find_attribute("value_float");
+    if (f != nullptr && f->type == AttrType::kFloat) return f->f;
+  }
+  if (value == nullptr || !value->is_tensor()) return std::nullopt;
+  const mx::array& t = value->tensor();
+  if (t.size() != 1 || !mx::issubdtype(t.dtype(), mx::floating)) return std::nullopt;
+  return mx::astype(mx::reshape(t, {}, mx::Device::cpu), mx::float32, mx::Device::cpu).item<float>();
+}
+
+int64_t int_attribute(const Node& node, const std::string& name, int64_t fallback) {
+  const Attribute* a = node.find_attribute(name);
+  return a != nullptr && a->type == AttrType::kInt ? a->i : fallback;
+}
+
+// The rank of `value` when value_info or a graph input records its shape.
+std::optional<size_t> known_rank(const Graph& graph, const std::string& value) {
+  for (const auto* infos : {&graph.value_info, &graph.inputs}) {
+    for (const ValueInfo& info : *infos) {
+      if (info.name == value && info.has_shape) return info.shape.size();
+    }
+  }
+  return std::nullopt;
+}
+
+// A matched subgraph, as node indices.
+struct AttentionMatch {
+  size_t scores, softmax, output;
+  std::optional<size_t> scale_node, mask_add, key_transpose;
+  std::string query, key_t, value, mask;
+  float scale = 1.0f;
+};
+
+// Walks up from a MatMul(probabilities, V) to the scores MatMul.
+std::optional<AttentionMatch> match_at(const Graph& graph, const GraphIndex& index, size_t output) {
+  const Node& out = graph.nodes[output];
+  if (!is_onnx(out, "MatMul") || out.inputs.size() != 2 || out.outputs.size() != 1) return std::nullopt;
+  AttentionMatch m{.scores = 0, .softmax = 0, .output = output};
+  m.value = out.inputs[1];
+  auto softmax = index.sole_producer(graph, out.inputs[0], "Softmax");
+  if (!softmax) return std::nullopt;
+  const Node& sm = graph.nodes[*softmax];
+  if (sm.opset < 13 || int_attribute(sm, "axis", -1) != -1) return std::nullopt;
+  m.softmax = *softmax;
+
+  std::string below = sm.inputs[0];  // the value the next node up produces
+  if (auto add = index.sole_producer(graph, below, "Add")) {
+    const Node& a = graph.nodes[*add];
+    // Either operand may be the scaled scores: the one a Div/Mul/MatMul makes.
+    for (int side = 0; side < 2; ++side) {
+      auto p = index.producer.find(a.inputs[side]);
+      if (p == index.producer.end()) continue;
+      const Node& n = graph.nodes[p->second];
+      if (is_onnx(n, "Div") || is_onnx(n, "Mul") || is_onnx(n, "MatMul")) {
+        m.mask_add = *add;
+        m.mask = a.inputs[1 - side];
+        below = a.inputs[side];
+        break;
+      }
+    }
+    if (!m.mask_add) return std::nullopt;
+  }
+  for (std::string_view op : {"Div", "Mul"}) {
+    auto scaled = index.sole_producer(graph, below, op);
+    if (!scaled) continue;
+    const Node& n = graph.nodes[*scaled];
+    // Div(scores, c); Mul(scores, c) or Mul(c, scores).
+    for (int side = 0; side < (op == "Mul" ? 2 : 1); ++side) {
+      std::optional<float> c = scalar_constant(graph, index, n.inputs[1 - side]);
+      if (!c || index.producer.count(n.inputs[side]) == 0) continue;
+      if (!is_onnx(graph.nodes[index.producer.at(n.inputs[side])], "MatMul")) continue;
+      if (op == "Div" && *c == 0.0f) return std::nullopt;
+      m.scale = op == "Div" ? 1.0f / *c : *c;
+      m.scale_node = *scaled;
+      below = n.inputs[side];
+      break;
+    }
+    if (!m.scale_node) return std::nullopt;  // a Div/Mul by something not constant
+    break;
+  }
+  auto scores = index.sole_producer(graph, below, "MatMul");
+  if (!scores) return std::nullopt;
+  const Node& qk = graph.nodes[*scores];
+  if (qk.inputs.size() != 2) return std::nullopt;
+  m.scores = *scores;
+  m.query = qk.inputs[0];
+  m.key_t = qk.inputs[1];
+
+  // K from Kt: rewrite a Transpose read only here, or add one (4-D only).
+  if (auto t = index.sole_producer(graph, m.key_t, "Transpose")) {
+    const Attribute* perm = graph.nodes[*t].find_attribute("perm");
+    if (perm != nullptr && perm->type == AttrType::kInts && perm->ints.size() >= 2) m.key_transpose = *t;
+  }
+  if (!m.key_transpose && known_rank(graph, m.key_t) != std::optional<size_t>(4)) return std::nullopt;
+  return m;
+}
+
+// Replaces the matched nodes by the fused node (at the output MatMul's place);
+// marks the others removed. Returns the new nodes to insert before it.
+std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<bool>& removed) {
+  std::vector<Node> before;
+  std::string key;
+  if (m.key_transpose) {
+    Attribute* perm = nullptr;
+    for (Attribute& a : graph.nodes[*m.key_transpose].attributes) {
+      if (a.name == "perm") perm = &a;
+    }
+    std::swap(perm->ints[perm->ints.size() - 1], perm->ints[perm->ints.size() - 2]);
+    key = m.key_t;
+  } else {
+    Node t;
+    t.op_type = "Transpose";
+    t.name = graph.nodes[m.scores].name + "/key";
+    t.opset = graph.nodes[m.scores].opset;  // same domain as the MatMul
+    key = m.key_t + "/fuse_attention_key";
+    t.inputs = {m.key_t};
+    t.outputs = {key};
+    Attribute perm;
+    perm.name = "perm";
+    perm.type = AttrType::kInts;
+    perm.ints = {0, 1, 3, 2};
+    t.attributes.push_back(perm);
+    before.push_back(std::move(t));
+  }
+
+  Node fused;
+  fused.op_type = kFusedOp;
+  fused.domain = kDomain;
+  fused.opset = 1;
+  fused.name = graph.nodes[m.softmax].name.empty() ? graph.nodes[m.output].outputs[0] + "/attention"
+                                                    : graph.nodes[m.softmax].name + "/fused_attention";
+  fused.inputs = {m.query, key, m.value};
+  if (m.mask_add) fused.inputs.push_back(m.mask);
+  fused.outputs = graph.nodes[m.output].outputs;
+  Attribute scale;
+  scale.name = "scale";
+  scale.type = AttrType::kFloat;
+  scale.f = m.scale;
+  fused.attributes.push_back(scale);
+  graph.nodes[m.output] = std::move(fused);
+
+  removed[m.scores] = removed[m.softmax] = true;
+  if (m.scale_node) removed[*m.scale_node] = true;
+  if (m.mask_add) removed[*m.mask_add] = true;
+  return before;
+}
+
+// Constant nodes nothing reads any more (the scales of fused Divs).
+void drop_unread_constants(Graph& graph) {
+  GraphIndex index(graph);
+  std::erase_if(graph.nodes, [&](const Node& node) {
+    return is_onnx(node, "Constant") && node.outputs.size() == 1 && index.reads[node.outputs[0]] == 0;
+  });
+}
+
+}  // namespace
+
+size_t fuse_attention(Graph& graph) {
+  GraphIndex index(graph);
+  std::vector<bool> removed(graph.nodes.size(), false);
+  std::vector<bool> claimed(graph.nodes.size(), false);  // part of a match already
+  std::unordered_map<size_t, std::vector<Node>> inserts;
+  size_t fusions = 0;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (claimed[i]) continue;
+    std::optional<AttentionMatch> m = match_at(graph, index, i);
+    if (!m) continue;
+    const std::vector<std::optional<size_t>> parts = {m->scores, m->softmax, m->scale_node, m->mask_add,
+                                                      m->key_transpose};
+    if (std::any_of(parts.begin(), parts.end(), [&](auto n) { return n && claimed[*n]; })) continue;
+    for (std::optional<size_t> n : parts) {
+      if (n) claimed[*n] = true;
+    }
+    claimed[i] = true;
+    std::vector<Node> before = rewrite(graph, *m, removed);
+    if (!before.empty()) inserts[i] = std::move(before);
+    ++fusions;
+  }
+  if (fusions == 0) return 0;
+  std::vector<Node> nodes;
+  nodes.reserve(graph.nodes.size());
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (auto it = inserts.find(i); it != inserts.end()) {
+      for (Node& n : it->second) nodes.push_back(std::move(n));
+    }
+    if (!removed[i]) nodes.push_back(std::move(graph.nodes[i]));
+  }
+  graph.nodes = std::move(nodes);
+  graph.opsets[kDomain] = 1;
+  drop_unread_constants(graph);
+  return fusions;
+}
+
+}  // namespace transmuter

@@ -1,0 +1,148 @@
+// The attention kernel against an independent composition: head and value
+// sizes around the SIMD widths, broadcast masks, causal, grouped-query heads,
+// query blocks, gradients, compile, fallbacks.
+#include "kernels/cpu/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+namespace transmuter::kernels {
+namespace {
+
+// Scores are sums of D products in another order than MLX's matmul (a few
+// ulps of values ~10), then exp; outputs are convex combinations of V (|V|
+// ~1). 1e-5 leaves room for that and still catches any wrong index.
+constexpr float kTolerance = 1e-5f;
+const float kInf = std::numeric_limits<float>::infinity();
+
+mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale = 1.0f) {
+  return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
+}
+
+float max_abs_diff(const mx::array& a, const mx::array& b) {
+  return mx::max(mx::abs(mx::subtract(a, b))).item<float>();
+}
+
+// Independent of the kernel's reference: K and V repeated per query head, an
+// explicit lower triangle, zeros for rows with nothing to attend.
+mx::array expected(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask,
+                   const SoftmaxOptions& o) {
+  const int group = q.shape(1) / k.shape(1);
+  mx::array kr = mx::repeat(k, group, 1), vr = mx::repeat(v, group, 1);
+  mx::array scores = mx::matmul(q, mx::swapaxes(kr, -1, -2)) * o.scale;
+  if (mask) scores = scores + *mask;
+  if (o.causal) {
+    mx::array allowed = mx::tri(q.shape(2), k.shape(2), static_cast<int>(o.causal_offset), mx::bool_);
+    scores = mx::where(allowed, scores, mx::array(-kInf));
+  }
+  mx::array probs = mx::softmax(scores, -1, /*precise=*/true);
+  mx::array empty = mx::isneginf(mx::max(scores, -1, /*keepdims=*/true));
+  probs = mx::where(empty, mx::array(0.0f), probs);
+  return mx::matmul(probs, vr);
+}
+
+struct Case {
+  int batch, q_heads, kv_heads, queries, keys, head_dim, value_dim;
+  std::optional<mx::Shape> mask;
+  bool causal;
+  int64_t offset;
+};
+
+std::string describe(const Case& c) {
+  return "B" + std::to_string(c.batch) + " Hq" + std::to_string(c.q_heads) + " Hkv" + std::to_string(c.kv_heads) +
+         " Sq" + std::to_string(c.queries) + " Sk" + std::to_string(c.keys) + " D" + std::to_string(c.head_dim) +
+         " Dv" + std::to_string(c.value_dim) + " mask " + std::to_string(c.mask.has_value()) + " causal " +
+         std::to_string(c.causal) + " offset " + std::to_string(c.offset);
+}
+
+TEST(AttentionKernel, MatchesTheComposition) {
+  const std::vector<Case> cases = {
+      {2, 4, 4, 16, 16, 32, 32, mx::Shape{2, 1, 1, 16}, false, 0},   // BERT-like padding mask
+      {1, 12, 12, 128, 128, 32, 32, std::nullopt, false, 0},          // MiniLM shape, no mask
+      {2, 3, 3, 7, 9, 5, 3, mx::Shape{2, 1, 7, 9}, false, 0},         // sizes off the SIMD widths
+      {1, 6, 2, 10, 10, 16, 24, std::nullopt, true, 0},               // GQA, causal
+      {2, 4, 1, 3, 11, 8, 8, mx::Shape{3, 11}, true, 8},              // decoding with a cache: offset
+      {1, 1, 1, 100, 37, 64, 64, mx::Shape{1, 1, 100, 37}, false, 0}, // one head: query blocks
+      {1, 2, 2, 6, 4, 8, 8, std::nullopt, true, -2},                  // first rows attend nothing: zeros
+  };
+  uint64_t seed = 1;
+  for (const Case& c : cases) {
+    mx::array q = random_array({c.batch, c.q_heads, c.queries, c.head_dim}, seed++);
+    mx::array k = random_array({c.batch, c.kv_heads, c.keys, c.head_dim}, seed++);
+    mx::array v = random_array({c.batch, c.kv_heads, c.keys, c.value_dim}, seed++);
+    std::optional<mx::array> mask;
+    if (c.mask) mask = random_array(*c.mask, seed++, 2.0f);
+    const SoftmaxOptions o{.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                           .causal = c.causal,
+                           .causal_offset = c.offset,
+                           .zero_fully_masked_rows = true};
+    mx::array got = scaled_dot_product_attention(q, k, v, mask, o, mx::Device::cpu);
+    EXPECT_EQ(got.shape(), (mx::Shape{c.batch, c.q_heads, c.queries, c.value_dim})) << describe(c);
+    EXPECT_LT(max_abs_diff(got, expected(q, k, v, mask, o)), kTolerance) << describe(c);
+  }
+}
+
+// Gradients come from the reference composition: equal to those of the
+// independent composition above, for Q, K, V and the mask.
+TEST(AttentionKernel, GradientsEqualThoseOfTheComposition) {
+  mx::array q = random_array({2, 4, 5, 8}, 11);
+  mx::array k = random_array({2, 2, 6, 8}, 12);
+  mx::array v = random_array({2, 2, 6, 8}, 13);
+  mx::array mask = random_array({2, 1, 1, 6}, 14);
+  mx::array weights = random_array({2, 4, 5, 8}, 15);
+  const SoftmaxOptions o{.scale = 0.35f, .causal = true, .causal_offset = 1, .zero_fully_masked_rows = true};
+  auto loss_of = [&](bool kernel) {
+    return [&, kernel](const std::vector<mx::array>& p) {
+      mx::array y = kernel ? scaled_dot_product_attention(p[0], p[1], p[2], p[3], o, mx::Device::cpu)
+                           : expected(p[0], p[1], p[2], p[3], o);
+      return std::vector<mx::array>{mx::sum(y * weights)};
+    };
+  };
+  std::vector<mx::array> primals = {q, k, v, mask};
+  auto [_, got] = mx::vjp(loss_of(true), primals, {mx::array(1.0f)});
+  auto [__, want] = mx::vjp(loss_of(false), primals, {mx::array(1.0f)});
+  for (size_t i = 0; i < primals.size(); ++i) EXPECT_LT(max_abs_diff(got[i], want[i]), 1e-4f) << "input " << i;
+}
+
+TEST(AttentionKernel, RunsInsideCompile) {
+  mx::array q = random_array({1, 2, 8, 16}, 21);
+  mx::array k = random_array({1, 2, 8, 16}, 22);
+  mx::array v = random_array({1, 2, 8, 16}, 23);
+  const SoftmaxOptions o{.scale = 0.25f};
+  auto f = mx::compile([o](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{
+        scaled_dot_product_attention(mx::multiply(in[0], mx::array(2.0f)), in[1], in[2], std::nullopt, o,
+                                     mx::Device::cpu)};
+  });
+  EXPECT_LT(max_abs_diff(f({q, k, v})[0], expected(q * 2.0f, k, v, std::nullopt, o)), kTolerance);
+}
+
+// Inputs the kernel does not take run the composition: same values.
+TEST(AttentionKernel, OtherDtypesAndMasksUseTheComposition) {
+  mx::array q = random_array({1, 2, 4, 8}, 31);
+  mx::array k = random_array({1, 2, 5, 8}, 32);
+  mx::array v = random_array({1, 2, 5, 8}, 33);
+  mx::array column_mask = random_array({1, 2, 4, 1}, 34);  // last axis 1
+  const SoftmaxOptions o{.scale = 0.5f};
+  EXPECT_LT(max_abs_diff(scaled_dot_product_attention(q, k, v, column_mask, o, mx::Device::cpu),
+                         expected(q, k, v, column_mask, o)),
+            kTolerance);
+  auto half = [](const mx::array& a) { return mx::astype(a, mx::float16); };
+  mx::array yh = scaled_dot_product_attention(half(q), half(k), half(v), std::nullopt, o, mx::Device::cpu);
+  EXPECT_EQ(yh.dtype(), mx::float16);
+  EXPECT_LT(max_abs_diff(mx::astype(yh, mx::float32), expected(q, k, v, std::nullopt, o)), 1e-2f);
+}
+
+TEST(AttentionKernel, NoKeysGivesZeros) {
+  mx::array q = random_array({1, 2, 3, 4}, 41);
+  mx::array k = mx::zeros({1, 2, 0, 4});
+  mx::array v = mx::zeros({1, 2, 0, 6});
+  mx::array y = scaled_dot_product_attention(q, k, v, std::nullopt, {.zero_fully_masked_rows = true}, mx::Device::cpu);
+  EXPECT_EQ(y.shape(), (mx::Shape{1, 2, 3, 6}));
+  EXPECT_EQ(mx::max(mx::abs(y)).item<float>(), 0.0f);
+}
+
+}  // namespace
+}  // namespace transmuter::kernels

@@ -1,0 +1,139 @@
+// fuse_attention: the BERT attention subgraph becomes one
+// ai.transmuter.ScaledDotProductAttention node with the same outputs, and
+// near misses stay as they are.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <mlx/mlx.h>
+
+#include "passes/pass_manager.h"
+#include "support/graph_builder.h"
+#include "support/op_test_support.h"
+#include "transmuter/runtime.h"
+
+namespace transmuter {
+namespace {
+
+using testing::GraphBuilder;
+
+constexpr const char* kFused = "ai.transmuter.ScaledDotProductAttention";
+constexpr int kBatch = 2, kHeads = 3, kSeq = 10, kDim = 8;
+
+mx::array normal(mx::Shape shape, uint64_t seed) {
+  return mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed));
+}
+
+struct Variant {
+  int softmax_axis = -1;
+  bool scale_is_input = false;  // a Div by a graph input, not a constant
+  bool scores_are_output = false;
+  bool mul_scale = false;       // Mul(c, scores) instead of Div(scores, c)
+  bool mask_first = false;      // Add(mask, scaled)
+};
+
+// As PyTorch exports BERT self-attention: q [B, H, S, D]; k' [B, S, H, D]
+// transposed to [B, H, D, S]; Div by sqrt(D); Add of a [B, 1, 1, S] mask;
+// Softmax; MatMul with v [B, H, S, D].
+GraphBuilder attention_graph(const Variant& v) {
+  GraphBuilder b(17);
+  b.input("q", OnnxType::kFloat, {kBatch, kHeads, kSeq, kDim})
+      .input("k", OnnxType::kFloat, {kBatch, kSeq, kHeads, kDim})
+      .input("v", OnnxType::kFloat, {kBatch, kHeads, kSeq, kDim})
+      .input("mask", OnnxType::kFloat, {kBatch, 1, 1, kSeq})
+      .node("Transpose", {"k"}, {"kt"}, {testing::ints_attr("perm", {0, 2, 3, 1})})
+      .node("MatMul", {"q", "kt"}, {"scores"});
+  if (v.scale_is_input) {
+    b.input("c", OnnxType::kFloat, {});
+  } else {
+    const float c = v.mul_scale ? 1.0f / std::sqrt(float{kDim}) : std::sqrt(float{kDim});
+    b.node("Constant", {}, {"c"}, {testing::tensor_attr("value", Value(mx::array(c)))});
+  }
+  if (v.mul_scale) {
+    b.node("Mul", {"c", "scores"}, {"scaled"});
+  } else {
+    b.node("Div", {"scores", "c"}, {"scaled"});
+  }
+  b.node("Add", v.mask_first ? std::vector<std::string>{"mask", "scaled"} : std::vector<std::string>{"scaled", "mask"},
+         {"masked"})
+      .node("Softmax", {"masked"}, {"probs"}, {testing::int_attr("axis", v.softmax_axis)})
+      .node("MatMul", {"probs", "v"}, {"y"})
+      .output("y");
+  if (v.scores_are_output) b.output("scores");
+  return b;
+}
+
+Inputs inputs(bool with_scale) {
+  // A padding mask as BERT builds it: 0 for tokens, a large negative for padding.
+  mx::array keep = mx::reshape(mx::array({1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}), {2, 1, 1, 10});
+  mx::array mask = mx::multiply(mx::subtract(mx::array(1.0f), mx::astype(keep, mx::float32)), mx::array(-3.4e38f));
+  Inputs in = {{"q", Value(normal({kBatch, kHeads, kSeq, kDim}, 1))},
+                                     {"k", Value(normal({kBatch, kSeq, kHeads, kDim}, 2))},
+                                     {"v", Value(normal({kBatch, kHeads, kSeq, kDim}, 3))},
+                                     {"mask", Value(mask)}};
+  if (with_scale) in["c"] = Value(mx::array(std::sqrt(float{kDim})));
+  return in;
+}
+
+mx::array run_y(const Model& model, bool with_scale) {
+  return run(model, model.params(), inputs(with_scale), {mx::Device::cpu}).tensor("y");
+}
+
+TEST(FuseAttention, FusesTheBertPatternAndKeepsResults) {
+  for (const Variant& v : {Variant{}, Variant{.mul_scale = true}, Variant{.mask_first = true}}) {
+    Model fused = attention_graph(v).build();
+    Model plain = attention_graph(v).build({.run_passes = false});
+    EXPECT_EQ(fused.passes_applied(), std::vector<std::string>{"fuse_attention"});
+    EXPECT_EQ(fused.op_histogram().at(kFused), 1u);
+    for (const char* gone : {"MatMul", "Softmax", "Div", "Mul", "Add", "Constant"}) {
+      EXPECT_EQ(fused.op_histogram().count(gone), 0u) << gone;
+    }
+    EXPECT_EQ(fused.op_histogram().at("Transpose"), 1u);  // rewritten in place for K
+    mx::array expected = run_y(plain, false);
+    mx::array got = run_y(fused, false);
+    EXPECT_LT(mx::max(mx::abs(mx::subtract(got, expected))).item<float>(), 1e-5f);
+    EXPECT_GT(mx::max(mx::abs(expected)).item<float>(), 0.5f);  // the comparison is not vacuous
+  }
+}
+
+TEST(FuseAttention, LeavesNearMisses) {
+  const std::vector<std::pair<Variant, const char*>> misses = {
+      {Variant{.softmax_axis = 2}, "softmax over a non-last axis"},
+      {Variant{.scale_is_input = true}, "a scale that is not a constant"},
+      {Variant{.scores_are_output = true}, "scores also a graph output"},
+  };
+  for (const auto& [v, why] : misses) {
+    Model model = attention_graph(v).build();
+    EXPECT_TRUE(model.passes_applied().empty()) << why;
+    EXPECT_EQ(model.op_histogram().count(kFused), 0u) << why;
+    EXPECT_EQ(model.op_histogram().at("Softmax"), 1u) << why;
+  }
+}
+
+// A MatMul whose K^T does not come from a Transpose gets one added (4-D Kt
+// known from the graph input), with the same results.
+TEST(FuseAttention, AddsAKeyTransposeWhenKtIsAnInput) {
+  auto build = [](bool passes) {
+    GraphBuilder b(17);
+    b.input("q", OnnxType::kFloat, {1, 2, 5, 4})
+        .input("kt", OnnxType::kFloat, {1, 2, 4, 6})
+        .input("v", OnnxType::kFloat, {1, 2, 6, 3})
+        .node("MatMul", {"q", "kt"}, {"scores"})
+        .node("Softmax", {"scores"}, {"probs"})
+        .node("MatMul", {"probs", "v"}, {"y"})
+        .output("y");
+    return b.build({.run_passes = passes});
+  };
+  Model fused = build(true), plain = build(false);
+  EXPECT_EQ(fused.op_histogram().at(kFused), 1u);
+  EXPECT_EQ(fused.op_histogram().at("Transpose"), 1u);
+  Inputs in = {{"q", Value(normal({1, 2, 5, 4}, 4))},
+                                     {"kt", Value(normal({1, 2, 4, 6}, 5))},
+                                     {"v", Value(normal({1, 2, 6, 3}, 6))}};
+  mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("y");
+  mx::array got = run(fused, fused.params(), in, {mx::Device::cpu}).tensor("y");
+  EXPECT_LT(mx::max(mx::abs(mx::subtract(got, want))).item<float>(), 1e-5f);
+}
+
+}  // namespace
+}  // namespace transmuter
