@@ -39,7 +39,10 @@ def gelu_model(path: Path) -> None:
 def run_compiled(model: Path, env: dict) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "TRANSMUTER_KERNEL_CACHE")}
     full.update(env)
-    return subprocess.run([BIN, "run", str(model), "--mode", "compiled", "--output-dir", str(model.parent / "out")],
+    # --fuse on: MLX builds (and loads) run-time kernels only when it fuses, which
+    # compiled plans on the CPU do not do by default.
+    return subprocess.run([BIN, "run", str(model), "--mode", "compiled", "--fuse", "on",
+                           "--output-dir", str(model.parent / "out")],
                           capture_output=True, text=True, timeout=300, env=full)
 
 
