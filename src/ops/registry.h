@@ -114,5 +114,8 @@ void register_image(OpRegistry& registry);
 void register_loss(OpRegistry& registry);
 void register_resize(OpRegistry& registry);
 void register_grid(OpRegistry& registry);
+// com.microsoft (ONNX Runtime's contrib operators), src/ops/microsoft/<family>.cpp.
+void register_microsoft_activation(OpRegistry& registry);
+void register_microsoft_normalization(OpRegistry& registry);
 
 }  // namespace transmuter

@@ -7,6 +7,8 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/cpu_kernel.h"
 #include "ops/node_context.h"
 #include "ops/rational_erf.h"
 #include "ops/vectorized_exp.h"
@@ -180,6 +182,13 @@ mx::array gelu_tanh(const mx::array& x, mx::StreamOrDevice s) {
 
 OpOutputs gelu(NodeContext& ctx) {
   std::string approximate = ctx.attr_string("approximate", "none");
+  const mx::array& x = ctx.input(0);
+  if ((approximate == "none" || approximate == "tanh") && kernels::is_cpu_stream(ctx.stream()) &&
+      kernels::bias_activation_fits(x, std::nullopt)) {
+    // One threaded SIMD pass instead of MLX's scalar elementwise kernels.
+    const auto activation = approximate == "none" ? kernels::Activation::kGeluErf : kernels::Activation::kGeluTanh;
+    return {kernels::bias_activation(x, std::nullopt, activation, ctx.stream())};
+  }
   if (approximate == "none") return widened(ctx, gelu_exact);
   if (approximate == "tanh") return widened(ctx, gelu_tanh);
   throw ctx.error("attribute 'approximate' must be \"none\" or \"tanh\", got \"", approximate, "\"");
