@@ -93,8 +93,10 @@ bool is_last_axis_mean(const Node& node, const GraphIndex& index, const std::str
   if (!is_onnx_op(node, "ReduceMean") || node.inputs.empty() || node.inputs[0] != input) return false;
   if (attribute_int(node, "keepdims", 1) != 1) return false;
   std::vector<int64_t> axes;
-  if (const Attribute* a = node.find_attribute("axes"); a != nullptr && a->type == AttrType::kInts) axes = a->ints;
-  if (node.inputs.size() > 1 && !node.inputs[1].empty()) {
+  if (node.opset < 18) {
+    const Attribute* a = node.find_attribute("axes");
+    if (a != nullptr && a->type == AttrType::kInts) axes = a->ints;
+  } else if (node.inputs.size() > 1 && !node.inputs[1].empty()) {
     std::optional<mx::array> c = index.constant(node.inputs[1]);
     if (!c || c->size() != 1 || !mx::issubdtype(c->dtype(), mx::integer)) return false;
     axes = {mx::astype(*c, mx::int64, mx::Device::cpu).item<int64_t>()};

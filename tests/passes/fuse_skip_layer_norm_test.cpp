@@ -46,8 +46,9 @@ GraphBuilder post_ln(bool pre_ln, bool rms = false) {
     // Llama: Pow 2 -> ReduceMean -> Add eps -> Sqrt -> Reciprocal -> Mul -> Mul gamma
     constant(b, "two", 2.0f);
     constant(b, "eps", 1e-6f);
-    b.node("Pow", {"s", "two"}, {"sq"})
-        .node("ReduceMean", {"sq"}, {"ms"}, {ints_attr("axes", {-1})})
+    b.initializer("last_axis", testing::i64({-1}))
+        .node("Pow", {"s", "two"}, {"sq"})
+        .node("ReduceMean", {"sq", "last_axis"}, {"ms"})  // opset 18: axes as an input
         .node("Add", {"ms", "eps"}, {"mse"})
         .node("Sqrt", {"mse"}, {"root"})
         .node("Reciprocal", {"root"}, {"inv"})
