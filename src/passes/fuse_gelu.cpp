@@ -37,6 +37,7 @@
 
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
+#include "transmuter/error.h"
 
 namespace transmuter {
 
@@ -235,7 +236,7 @@ std::optional<BiasAdd> bias_add_before(const Graph& graph, const GraphIndex& ind
 
 Node fused_node(const Node& last, std::string op_type, std::vector<std::string> inputs) {
   Node fused;
-  fused.name = last.name.empty() ? last.outputs[0] + "/" + op_type : last.name + "/" + op_type;
+  fused.name = str(last.name.empty() ? last.outputs[0] : last.name, "/", op_type);
   fused.op_type = std::move(op_type);
   fused.domain = "com.microsoft";
   fused.opset = 1;

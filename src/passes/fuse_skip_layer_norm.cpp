@@ -45,6 +45,7 @@
 
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
+#include "transmuter/error.h"
 
 namespace transmuter {
 
@@ -184,7 +185,7 @@ std::optional<std::pair<std::string, std::string>> match_affine(const Graph& gra
 Node new_node(const Node& last, const std::string& op_type, const std::string& domain, int opset,
               std::vector<std::string> inputs, std::vector<std::string> outputs) {
   Node n;
-  n.name = (last.name.empty() ? last.outputs[0] : last.name) + "/" + op_type;
+  n.name = str(last.name.empty() ? last.outputs[0] : last.name, "/", op_type);
   n.op_type = op_type;
   n.domain = domain;
   n.opset = opset;
