@@ -37,7 +37,14 @@ OpOutputs relu(NodeContext& ctx) {
   return {mx::maximum(x, scalar_like(x, 0), ctx.stream())};
 }
 
-OpOutputs sigmoid(NodeContext& ctx) { return {mx::sigmoid(ctx.input(0), ctx.stream())}; }
+OpOutputs sigmoid(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  if (kernels::is_cpu_stream(ctx.stream()) && kernels::bias_activation_fits(x, std::nullopt)) {
+    // MLX's CPU sigmoid evaluates exp one element at a time; the kernel is SIMD across threads.
+    return {kernels::bias_activation(x, std::nullopt, kernels::Activation::kSigmoid, ctx.stream())};
+  }
+  return {mx::sigmoid(x, ctx.stream())};
+}
 
 OpOutputs leaky_relu(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
