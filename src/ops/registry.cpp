@@ -80,6 +80,8 @@ OpRegistry make_builtin_registry() {
   register_resize(registry);
   register_grid(registry);
   register_transmuter_attention(registry);
+  register_microsoft_activation(registry);
+  register_microsoft_normalization(registry);
   return registry;
 }
 }  // namespace

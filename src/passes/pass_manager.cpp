@@ -25,6 +25,8 @@ const std::vector<Pass>& default_passes() {
   static const std::vector<Pass> passes = {
       {"fold_batch_norm_into_conv", fold_batch_norm_into_conv},
       {"fuse_attention", fuse_attention},
+      {"fuse_gelu", fuse_gelu},
+      {"fuse_skip_layer_norm", fuse_skip_layer_norm},
   };
   return passes;
 }

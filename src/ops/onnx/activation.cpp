@@ -8,6 +8,8 @@
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/softmax.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/cpu_kernel.h"
 #include "ops/node_context.h"
 #include "ops/rational_erf.h"
 #include "ops/vectorized_exp.h"
@@ -36,7 +38,14 @@ OpOutputs relu(NodeContext& ctx) {
   return {mx::maximum(x, scalar_like(x, 0), ctx.stream())};
 }
 
-OpOutputs sigmoid(NodeContext& ctx) { return {mx::sigmoid(ctx.input(0), ctx.stream())}; }
+OpOutputs sigmoid(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  if (kernels::is_cpu_stream(ctx.stream()) && kernels::bias_activation_fits(x, std::nullopt)) {
+    // MLX's CPU sigmoid evaluates exp one element at a time; the kernel is SIMD across threads.
+    return {kernels::bias_activation(x, std::nullopt, kernels::Activation::kSigmoid, ctx.stream())};
+  }
+  return {mx::sigmoid(x, ctx.stream())};
+}
 
 OpOutputs leaky_relu(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
@@ -181,6 +190,13 @@ mx::array gelu_tanh(const mx::array& x, mx::StreamOrDevice s) {
 
 OpOutputs gelu(NodeContext& ctx) {
   std::string approximate = ctx.attr_string("approximate", "none");
+  const mx::array& x = ctx.input(0);
+  if ((approximate == "none" || approximate == "tanh") && kernels::is_cpu_stream(ctx.stream()) &&
+      kernels::bias_activation_fits(x, std::nullopt)) {
+    // One threaded SIMD pass instead of MLX's scalar elementwise kernels.
+    const auto activation = approximate == "none" ? kernels::Activation::kGeluErf : kernels::Activation::kGeluTanh;
+    return {kernels::bias_activation(x, std::nullopt, activation, ctx.stream())};
+  }
   if (approximate == "none") return widened(ctx, gelu_exact);
   if (approximate == "tanh") return widened(ctx, gelu_tanh);
   throw ctx.error("attribute 'approximate' must be \"none\" or \"tanh\", got \"", approximate, "\"");

@@ -7,6 +7,8 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/cpu_kernel.h"
 #include "ops/node_context.h"
 #include "ops/rational_erf.h"
 #include "ops/registry.h"
@@ -222,6 +224,16 @@ OpOutputs mean_op(NodeContext& ctx) {
 // and optionals.
 OpOutputs identity_op(NodeContext& ctx) { return {ctx.value(0)}; }
 
+// float32 on a CPU stream: the threaded SIMD kernel (same rational erf as
+// rational_erf); otherwise rational_erf's composition.
+OpOutputs erf(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  if (kernels::is_cpu_stream(ctx.stream()) && kernels::bias_activation_fits(x, std::nullopt)) {
+    return {kernels::bias_activation(x, std::nullopt, kernels::Activation::kErf, ctx.stream())};
+  }
+  return {rational_erf(x, ctx.stream())};
+}
+
 }  // namespace
 
 void register_elementwise(OpRegistry& r) {
@@ -289,7 +301,7 @@ void register_elementwise(OpRegistry& r) {
       {"Asinh", kOnnx, 9, kOpen, unary<mx::arcsinh>},
       {"Acosh", kOnnx, 9, kOpen, unary<mx::arccosh>},
       {"Atanh", kOnnx, 9, kOpen, unary<mx::arctanh>},
-      {"Erf", kOnnx, 9, kOpen, unary<rational_erf>},
+      {"Erf", kOnnx, 9, kOpen, erf},
       {"Sign", kOnnx, 9, kOpen, unary<mx::sign>},
       {"Floor", kOnnx, 1, kOpen, unary<mx::floor>},
       {"Ceil", kOnnx, 1, kOpen, unary<mx::ceil>},

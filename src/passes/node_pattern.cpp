@@ -1,0 +1,98 @@
+#include "passes/node_pattern.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "graph/subgraphs.h"
+
+namespace transmuter {
+
+GraphIndex::GraphIndex(const Graph& graph) : graph_(graph) {
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    for (const std::string& name : graph.nodes[i].outputs) {
+      if (!name.empty()) producer_[name] = i;
+    }
+    for (const std::string& name : node_reads(graph.nodes[i])) {
+      std::vector<size_t>& readers = consumers_[name];
+      if (readers.empty() || readers.back() != i) readers.push_back(i);
+    }
+  }
+  for (const ValueInfo& output : graph.outputs) graph_outputs_.insert(output.name);
+}
+
+std::optional<size_t> GraphIndex::producer(const std::string& value) const {
+  auto it = producer_.find(value);
+  if (it == producer_.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::vector<size_t>& GraphIndex::consumers(const std::string& value) const {
+  static const std::vector<size_t> none;
+  auto it = consumers_.find(value);
+  return it == consumers_.end() ? none : it->second;
+}
+
+bool GraphIndex::read_only_by(const std::string& value, size_t reader) const {
+  const std::vector<size_t>& readers = consumers(value);
+  return readers.size() == 1 && readers[0] == reader && !is_graph_output(value);
+}
+
+std::optional<mx::array> GraphIndex::constant(const std::string& value) const {
+  auto init = graph_.initializers.find(value);
+  if (init != graph_.initializers.end()) {
+    if (!init->second.is_tensor()) return std::nullopt;
+    return init->second.tensor();
+  }
+  std::optional<size_t> p = producer(value);
+  if (!p) return std::nullopt;
+  const Node& node = graph_.nodes[*p];
+  if (!is_onnx_op(node, "Constant")) return std::nullopt;
+  for (const Attribute& a : node.attributes) {
+    if (a.name == "value" && a.type == AttrType::kTensor && a.t.is_tensor()) return a.t.tensor();
+    if (a.name == "value_float" && a.type == AttrType::kFloat) return mx::array(a.f);
+    if (a.name == "value_floats" && a.type == AttrType::kFloats) {
+      return mx::array(a.floats.data(), {static_cast<int>(a.floats.size())});
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<float> GraphIndex::scalar(const std::string& value) const {
+  std::optional<mx::array> c = constant(value);
+  if (!c || c->size() != 1 || !mx::issubdtype(c->dtype(), mx::floating)) return std::nullopt;
+  return mx::astype(*c, mx::float32, mx::Device::cpu).item<float>();
+}
+
+bool is_onnx_op(const Node& node, std::string_view op_type) {
+  return node.op_type == op_type && (node.domain.empty() || node.domain == "ai.onnx");
+}
+
+std::optional<std::string> other_input(const Node& node, const std::string& one) {
+  if (node.inputs.size() != 2) return std::nullopt;
+  if (node.inputs[0] == one) return node.inputs[1];
+  if (node.inputs[1] == one) return node.inputs[0];
+  return std::nullopt;
+}
+
+bool near(std::optional<float> value, float expected, float tolerance) {
+  return value && std::fabs(*value - expected) <= tolerance * std::fabs(expected);
+}
+
+void erase_nodes(Graph& graph, const std::vector<bool>& removed) {
+  size_t index = 0;
+  std::erase_if(graph.nodes, [&](const Node&) { return removed[index++]; });
+  std::unordered_set<std::string> read;
+  for (const Node& node : graph.nodes) {
+    for (const std::string& name : node_reads(node)) read.insert(name);
+  }
+  for (const ValueInfo& output : graph.outputs) read.insert(output.name);
+  std::erase_if(graph.nodes, [&](const Node& node) {
+    return is_onnx_op(node, "Constant") && node.outputs.size() == 1 && !read.contains(node.outputs[0]);
+  });
+}
+
+void import_domain(Graph& graph, const std::string& domain, int64_t version) {
+  graph.opsets.try_emplace(domain, version);
+}
+
+}  // namespace transmuter

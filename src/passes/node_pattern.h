@@ -1,0 +1,65 @@
+// What the fusion passes ask of a graph while they match a subgraph: who
+// produces and who reads a value, and the value of a constant (an initializer
+// or a Constant node). Built once per match sweep; a pass that rewrites
+// nodes rebuilds it before matching again.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "graph/graph.h"
+
+namespace transmuter {
+
+namespace mx = mlx::core;
+
+class GraphIndex {
+ public:
+  explicit GraphIndex(const Graph& graph);
+
+  /** Index of the node producing `value`, or nullopt (graph input, initializer). */
+  std::optional<size_t> producer(const std::string& value) const;
+  /** Indices of the nodes reading `value` (each once, also through subgraphs). */
+  const std::vector<size_t>& consumers(const std::string& value) const;
+  /** True when `value` is read by the node `reader` alone and is not a graph
+   * output: a fusion that swallows `reader` may drop it. */
+  bool read_only_by(const std::string& value, size_t reader) const;
+  bool is_graph_output(const std::string& value) const { return graph_outputs_.contains(value); }
+
+  /** The value of an initializer or of a Constant node's value/value_float(s). */
+  std::optional<mx::array> constant(const std::string& value) const;
+  /** A floating-point constant holding one element, as float. */
+  std::optional<float> scalar(const std::string& value) const;
+
+ private:
+  const Graph& graph_;
+  std::unordered_map<std::string, size_t> producer_;
+  std::unordered_map<std::string, std::vector<size_t>> consumers_;
+  std::unordered_set<std::string> graph_outputs_;
+};
+
+/** True for `op_type` of the default ONNX domain. */
+bool is_onnx_op(const Node& node, std::string_view op_type);
+
+/** For a node with two inputs one of which is `one`: the other (nullopt when
+ * `one` is not among them or the node has another arity). */
+std::optional<std::string> other_input(const Node& node, const std::string& one);
+
+/** |value - expected| <= tolerance * |expected|. */
+bool near(std::optional<float> value, float expected, float tolerance = 1e-5f);
+
+/** Removes the nodes marked in `removed`, then the Constant nodes whose
+ * outputs nothing reads any more (those a fusion swallowed). */
+void erase_nodes(Graph& graph, const std::vector<bool>& removed);
+
+/** Declares `domain` at `version` in graph.opsets unless it is imported. */
+void import_domain(Graph& graph, const std::string& domain, int64_t version);
+
+}  // namespace transmuter

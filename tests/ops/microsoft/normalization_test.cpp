@@ -1,0 +1,83 @@
+// com.microsoft SkipLayerNormalization, SkipSimplifiedLayerNormalization,
+// SimplifiedLayerNormalization against the composition written out with MLX.
+#include <gtest/gtest.h>
+
+#include "support/expect_error.h"
+#include "support/op_test_support.h"
+
+namespace transmuter {
+namespace {
+
+using testing::error_of;
+using testing::float_attr;
+using testing::out0;
+using testing::run_domain_op;
+
+mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale = 1.0f) {
+  return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
+}
+
+float max_abs_diff(const mx::array& a, const mx::array& b) {
+  return mx::max(mx::abs(mx::subtract(mx::astype(a, mx::float32), mx::astype(b, mx::float32)))).item<float>();
+}
+
+mx::array layer_norm(const mx::array& s, const mx::array& gamma, const std::optional<mx::array>& beta, float eps) {
+  mx::array mean = mx::mean(s, -1, true);
+  mx::array y = (s - mean) / mx::sqrt(mx::var(s, -1, true) + eps) * gamma;
+  return beta ? y + *beta : y;
+}
+
+mx::array rms_norm(const mx::array& s, const mx::array& gamma, float eps) {
+  return s / mx::sqrt(mx::mean(s * s, -1, true) + eps) * gamma;
+}
+
+std::vector<Value> run_ms(const std::string& op, const std::vector<Value>& inputs, int outputs = 1) {
+  return run_domain_op("com.microsoft", op, 1, inputs, {float_attr("epsilon", 1e-6f)}, outputs);
+}
+
+// Summation order differs from MLX's reductions: a few ulps of unit-scale outputs.
+constexpr float kTolerance = 1e-5f;
+
+TEST(MicrosoftNormalization, SkipLayerNormalizationWithBiasAndSum) {
+  mx::array x = random_array({2, 6, 32}, 1, 2.0f), skip = random_array({2, 6, 32}, 2);
+  mx::array gamma = random_array({32}, 3), beta = random_array({32}, 4), bias = random_array({32}, 5);
+  std::vector<Value> out = run_ms("SkipLayerNormalization", {x, skip, gamma, beta, bias}, 4);
+  ASSERT_EQ(out.size(), 4u);
+  mx::array sum = x + skip + bias;
+  EXPECT_LT(max_abs_diff(out[0].tensor(), layer_norm(sum, gamma, beta, 1e-6f)), kTolerance);
+  EXPECT_LT(max_abs_diff(out[1].tensor(), mx::mean(sum, -1, true)), kTolerance);
+  EXPECT_LT(max_abs_diff(out[2].tensor(), mx::rsqrt(mx::var(sum, -1, true) + 1e-6f)), 1e-4f);
+  EXPECT_LT(max_abs_diff(out[3].tensor(), sum), kTolerance);
+  // Without beta and bias; a skip that broadcasts ([S, D]).
+  mx::array skip2d = random_array({6, 32}, 6);
+  mx::array y = out0(run_ms("SkipLayerNormalization", {x, skip2d, gamma}));
+  EXPECT_LT(max_abs_diff(y, layer_norm(x + skip2d, gamma, std::nullopt, 1e-6f)), kTolerance);
+}
+
+TEST(MicrosoftNormalization, SkipSimplifiedAndSimplifiedLayerNormalization) {
+  mx::array x = random_array({3, 40}, 7, 2.0f), skip = random_array({3, 40}, 8);
+  mx::array gamma = random_array({40}, 9), bias = random_array({40}, 10);
+  std::vector<Value> out = run_ms("SkipSimplifiedLayerNormalization", {x, skip, gamma, bias}, 4);
+  EXPECT_LT(max_abs_diff(out[0].tensor(), rms_norm(x + skip + bias, gamma, 1e-6f)), kTolerance);
+  EXPECT_LT(max_abs_diff(out[3].tensor(), x + skip + bias), kTolerance);
+  EXPECT_LT(max_abs_diff(out0(run_ms("SimplifiedLayerNormalization", {x, gamma})), rms_norm(x, gamma, 1e-6f)),
+            kTolerance);
+  mx::array half = out0(run_ms("SimplifiedLayerNormalization", {mx::astype(x, mx::float16), mx::astype(gamma, mx::float16)}));
+  EXPECT_EQ(half.dtype(), mx::float16);
+  EXPECT_LT(max_abs_diff(half, rms_norm(x, gamma, 1e-6f)), 3e-2f);
+}
+
+TEST(MicrosoftNormalization, WrongGammaShapeNamesTheNode) {
+  mx::array x = random_array({2, 16}, 11);
+  std::string message =
+      error_of<OpError>([&] { run_ms("SkipLayerNormalization", {x, x, random_array({8}, 12)}); });
+  EXPECT_NE(message.find("test_SkipLayerNormalization"), std::string::npos) << message;
+  EXPECT_NE(message.find("gamma must be 1-D of the hidden size 16"), std::string::npos) << message;
+  message = error_of<OpError>([&] { run_ms("SkipLayerNormalization", {x, random_array({3, 16}, 13), mx::ones({16})}); });
+  EXPECT_NE(message.find("skip"), std::string::npos) << message;
+  message = error_of<OpError>([&] { run_ms("SimplifiedLayerNormalization", {x, random_array({5}, 14)}); });
+  EXPECT_NE(message.find("test_SimplifiedLayerNormalization"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace transmuter
