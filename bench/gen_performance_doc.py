@@ -93,8 +93,11 @@ def header(data: dict, source: str) -> list[str]:
         "",
         f"- **CPU**: {m['cpu']} (`/proc/cpuinfo` family {m['cpu_family']}, model {m['cpu_model']}; {simd}), "
         f"{m['cores']} cores seen; {m['threads_used']} threads for each engine.",
-        f"- **Run**: {m['date']}, commit {m['commit']}, `{' '.join(s['command'])}`, {s['duration_s'] / 60:.1f} min; "
-        f"load average {m['loadavg_start'][0]:.2f} at the start, {m['loadavg_end'][0]:.2f} at the end.",
+        f"- **Run**: {m['date']}, commit {m['commit']}, `{' '.join(s['command'])}`, "
+        + (f"{s['duration_s'] / 60:.1f} min; load average {m['loadavg_start'][0]:.2f} at the start, "
+           f"{m['loadavg_end'][0]:.2f} at the end." if "duration_s" in s else
+           f"load average {m['loadavg_start'][0]:.2f} at the start; **interrupted**: only the cases below were "
+           "measured."),
         f"- **Software**: ONNX Runtime {m['onnxruntime']}, Python {m['python']}.",
         "- **Load column**: every table row carries the 1-minute load average before→after that case and "
         "the share of the cores *other* processes used while it ran (`/proc/stat` minus our own CPU time). "
@@ -281,6 +284,17 @@ def method_section() -> list[str]:
             "their other-CPU share is low.", ""]
 
 
+def profile_section() -> list[str]:
+    return ["## Where the time goes", "",
+            "Not measured by this suite: `bench/profile_model.sh BUILD_DIR eager|compiled` records a perf profile of "
+            "`transmuter bench` on MiniLM-L3 with a breakdown per thread (outputs of an older build in "
+            "`bench/results/minilm_profile_{eager,compiled}.txt`). Issue 8 summarizes what they showed: the MLX "
+            "stream thread sets the latency and runs every non-BLAS op on one core (JIT-compiled fused elementwise "
+            "kernels, scalar), OpenBLAS's second thread spends most of its time spinning in `sched_yield` between "
+            "calls, M=1 matmuls go to sgemm, and MLX's `slow_conv_2D` dominates the depthwise CNNs. Profile before "
+            "optimizing, then rerun this suite.", ""]
+
+
 def reproduce_section() -> list[str]:
     return ["## Reproduce", "", "```sh",
             "./scripts/setup                      # venv, OpenBLAS, build/",
@@ -303,7 +317,8 @@ def render(data: dict, source: Path | str) -> str:
     except ValueError:
         source = str(source)
     sections = [header(data, source), targets_section(data), latency_section(data), agreement_section(data),
-                first_call_section(data), load_section(data), rss_section(data), method_section(), blas_section(),
+                first_call_section(data), load_section(data), rss_section(data), method_section(), profile_section(),
+                blas_section(),
                 reproduce_section()]
     return "\n".join(line for section in sections for line in section)
 

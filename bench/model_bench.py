@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Transmuter vs ONNX Runtime on one real model, in one run (docs/performance.md).
+"""Transmuter vs ONNX Runtime on one real model, in one run; also the measuring functions
+that bench/suite.py (`bench/run`, the issue-8 suite) uses for every case.
 
 Measures, on the same machine and in the same run:
   * load: wall time and peak RSS of a fresh process that loads the model

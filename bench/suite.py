@@ -86,8 +86,8 @@ CASES = [
     *image_cases("mobilenetv2", "cnn", [1, 8], quick_batches=[1]),
     *image_cases("pplcnet_cls", "cnn", [8], quick_batches=[8]),
     *image_cases("pplcnet_rec", "cnn", [1]),
-    *image_cases("vit_base", "vit", [1, 8]),
     *image_cases("convnext_atto", "cnn", [1], first_compile=True),
+    *image_cases("vit_base", "vit", [1, 8]),  # b8 last: the longest, the first cut by --max-minutes
 ]
 SMOKE_ONLY = {"tiny_encoder_b1_s16"}
 HEAVY_MS = 300.0  # ORT latency above which a case gets 2 rounds, 1 warm-up and 2 runs per process
@@ -106,6 +106,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--passes", choices=["none", "default"], help="passed to Transmuter as --passes (when the CLI "
                    "has it); unset: the CLI's default")
     p.add_argument("--no-first-compile", action="store_true", help="skip the empty-kernel-cache measurements")
+    p.add_argument("--max-minutes", type=float, help="start no case after this many minutes; the cases left are "
+                   "recorded as skipped")
     p.add_argument("--load-repeats", type=int, help="fresh processes per load measurement (default 3, quick 1)")
     p.add_argument("--out", type=Path, help="raw JSON (default bench/results/suite/<UTC time>[-quick].json)")
     p.add_argument("--doc", type=Path, help="generated markdown (default: docs/performance.md for a full run "
@@ -351,16 +353,25 @@ def main() -> int:
     log(f"{len(cases)} case(s): {', '.join(c.name for c in cases)}")
     suite["empty_processes"] = empty_processes(args, plan["load_repeats"])
     results, load_cache = [], {}
+    out.parent.mkdir(parents=True, exist_ok=True)
     for case in cases:
+        minutes = (time.perf_counter() - started) / 60
+        if args.max_minutes is not None and minutes > args.max_minutes:
+            log(f"{case.name}: skipped, {minutes:.0f} min > --max-minutes {args.max_minutes:g}")
+            results.append({"case": case.name, "model": case.model, "group": case.group,
+                             "error": f"skipped: the run had used {minutes:.0f} of --max-minutes {args.max_minutes:g}"})
+            continue
         try:
             results.append(run_case(args, case, plan, load_cache))
         except Exception as error:  # one broken case must not hide the others' figures
             log(f"{case.name}: FAILED: {error}")
             results.append({"case": case.name, "model": case.model, "group": case.group, "error": str(error)[-3000:]})
+        # Written after every case, so an interrupted run keeps what it measured.
+        out.write_text(json.dumps(strip_child_script({"suite": {**suite, "partial": True}, "cases": results}),
+                                  indent=1) + "\n")
     suite["machine"]["loadavg_end"] = os.getloadavg()
     suite["duration_s"] = time.perf_counter() - started
     data = strip_child_script({"suite": suite, "cases": results})
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(gen_performance_doc.render(data, out))
