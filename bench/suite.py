@@ -200,15 +200,19 @@ def agreement(args, model: Path, input_args: list[str], reference: dict[str, np.
     return diffs, first_runs
 
 
-def load_measurements(args, model: Path, repeats: int, feeds: list[str]) -> dict:
+def load_measurements(args, model: Path, repeats: int) -> dict:
     env = mb.child_env(args.threads)
     return {
         "transmuter_info": mb.repeat_fresh([args.transmuter, "info", str(model)], env, repeats),
         "ort_session_default": mb.repeat_fresh(mb.ort_child_cmd(str(model), "default", args.threads, "load"), env,
                                                repeats),
-        "ort_first_run_default": mb.repeat_fresh(mb.ort_child_cmd(str(model), "default", args.threads, "run", feeds),
-                                                 env, 1),
     }
+
+
+def ort_first_run(args, model: Path, feeds: list[str]) -> dict:
+    """A fresh Python process: ORT session (default optimizations) + one inference; its peak RSS."""
+    return mb.repeat_fresh(mb.ort_child_cmd(str(model), "default", args.threads, "run", feeds),
+                           mb.child_env(args.threads), 1)
 
 
 def latency_rounds(args, model: Path, input_args: list[str], inputs, sessions: dict, rounds: int, runs: int,
@@ -293,9 +297,9 @@ def run_case(args, case: Case, plan: dict, load_cache: dict) -> dict:
         result["agreement"], result["first_run"] = agreement(args, model, input_args, reference, tmp, extra)
         key = str(model)
         if key not in load_cache:  # load time does not depend on the input shape
-            feeds = [a for a in input_args if a != "--input"]
-            load_cache[key] = load_measurements(args, model, plan["load_repeats"], feeds)
+            load_cache[key] = load_measurements(args, model, plan["load_repeats"])
         result["load"] = load_cache[key]
+        result["ort_first_run"] = ort_first_run(args, model, [a for a in input_args if a != "--input"])
         result["latency"] = latency_rounds(args, model, input_args, inputs, sessions, rounds, runs, warmup, extra)
         if case.first_compile and not args.no_first_compile:
             log(f"{case.name}: first call with an empty kernel cache")
