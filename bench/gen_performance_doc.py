@@ -4,8 +4,9 @@
     .venv/bin/python bench/gen_performance_doc.py bench/results/suite/<run>.json [MORE.json ...] \
         [--out docs/performance.md]
 
-Several JSON files merge into one document (a later run's case replaces an earlier one of the same
-name unless it failed or was skipped), e.g. a full run plus a rerun of the cases it had to skip.
+Several JSON files merge into one document: of several measurements of a case, the quietest (least
+CPU used by other processes) is shown, e.g. a full run plus a rerun of the cases it had to skip or
+that ran while others were building.
 
 Every figure in the output comes from that JSON, except the BLAS section, which quotes
 bench/results/summary.md (bench/run_all.sh) with its own date and machine.
@@ -363,13 +364,17 @@ def relative(path: Path | str) -> str:
 
 
 def merge(runs: list[tuple[dict, Path | str]]) -> dict:
-    """Several bench/run outputs as one: a later run's case replaces an earlier one of the same
-    name unless the later one failed or was skipped. Each case keeps the name of its run."""
+    """Several bench/run outputs as one: of the measurements of one case, the one taken while other
+    processes used the smallest share of the cores wins (a failed or skipped one never replaces a
+    measured one). Each case keeps the name of its run."""
+    def other_share(case: dict) -> float:
+        return case["machine_after"]["other_cpu_share"] if "error" not in case else float("inf")
+
     cases: dict[str, dict] = {}
     for data, source in runs:
         for case in data["cases"]:
             earlier = cases.get(case["case"])
-            if earlier is None or "error" not in case or "error" in earlier:
+            if earlier is None or other_share(case) < other_share(earlier):
                 cases[case["case"]] = {**case, "run": relative(source)}
     first = runs[0][0]
     return {"suite": first["suite"], "runs": [{"suite": d["suite"], "source": relative(src)} for d, src in runs],
@@ -388,8 +393,8 @@ def render(data: dict, source: Path | str | None = None) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("json", type=Path, nargs="+", help="one run, or several merged (a later run's case "
-                   "replaces an earlier one of the same name)")
+    p.add_argument("json", type=Path, nargs="+", help="one run, or several merged (per case, the "
+                   "quietest measurement is shown)")
     p.add_argument("--out", type=Path, help="default: stdout")
     args = p.parse_args()
     text = render(merge([(json.loads(path.read_text()), path) for path in args.json]))
