@@ -152,7 +152,7 @@ def targets_section(data: dict) -> list[str]:
     quiet = [c for c in ok_cases(data) if not noisy(c)]
     lines += ["", f"*(noisy)*: other processes used more than {NOISY_SHARE:.0%} of the cores during that case; "
               "ORT's two threads lose more to them than Transmuter's mostly single-threaded work, so such a ratio "
-              f"flatters Transmuter by an unknown amount. Quiet cases in this run: {len(quiet)} of {len(ok_cases(data))}."]
+              f"flatters Transmuter by an unknown amount. Quiet cases here: {len(quiet)} of {len(ok_cases(data))}."]
     return lines + [""]
 
 
@@ -222,7 +222,8 @@ def first_call_section(data: dict) -> list[str]:
                          f"| {fmt(f['eager']['first_call_ms'], '.0f')} | {fmt(ratio, '.1f')} "
                          f"| {verdict(None if ratio is None else ratio <= FIRST_COMPILE_OVER_EAGER, c)} "
                          f"| {f['compiled']['kernels_compiled']} | {fmt(warm[0], '.0f')} | {fmt(warm[1], '.0f')} "
-                         f"| {load_note(c)} |")
+                         f"| {load_note(c)}" + (f"; empty-cache columns: {f['load_note']} (another run)" if
+                                                 "load_note" in f else "") + " |")
         else:
             lines.append(f"| {c['case']} | – | – | – | – | – | {fmt(warm[0], '.0f')} | {fmt(warm[1], '.0f')} "
                          f"| {load_note(c)} |")
@@ -347,7 +348,8 @@ def reproduce_section() -> list[str]:
             "bench/run --quick                    # small cases, few runs (~2 min); doc next to the JSON",
             "bench/run --cases minilm_l3_b1_s128,resnet50_b1 [--passes none|default]",
             "bench/run --list                     # the case names",
-            ".venv/bin/python bench/gen_performance_doc.py bench/results/suite/<run>.json --out docs/performance.md",
+            ".venv/bin/python bench/gen_performance_doc.py bench/results/suite/<run>.json [<rerun>.json ...] \\",
+            "    --out docs/performance.md      # several runs: per case the quietest measurement",
             "bench/run_all.sh                     # the BLAS GFLOPS benchmark and the single-model load/latency one",
             "```", "",
             "`bench/run` builds `build/transmuter` when missing (`ninja -C build transmuter_cli`), builds the "
@@ -375,7 +377,11 @@ def merge(runs: list[tuple[dict, Path | str]]) -> dict:
         for case in data["cases"]:
             earlier = cases.get(case["case"])
             if earlier is None or other_share(case) < other_share(earlier):
-                cases[case["case"]] = {**case, "run": relative(source)}
+                chosen = {**case, "run": relative(source)}
+                if earlier is not None and "first_compile" in earlier and "first_compile" not in case:
+                    # A rerun without the empty-cache measurement keeps the earlier one, with its load.
+                    chosen["first_compile"] = {**earlier["first_compile"], "load_note": load_note(earlier)}
+                cases[case["case"]] = chosen
     first = runs[0][0]
     return {"suite": first["suite"], "runs": [{"suite": d["suite"], "source": relative(src)} for d, src in runs],
             "cases": list(cases.values())}
