@@ -344,7 +344,7 @@ def profile_section() -> list[str]:
 def reproduce_section() -> list[str]:
     return ["## Reproduce", "", "```sh",
             "./scripts/setup                      # venv, OpenBLAS, build/",
-            "bench/run                            # every case (~25 min on 2 cores): JSON + this file",
+            "bench/run [--max-minutes 40]        # every case: JSON + this file (33 min at load 8-12 on 2 cores)",
             "bench/run --quick                    # small cases, few runs (~2 min); doc next to the JSON",
             "bench/run --cases minilm_l3_b1_s128,resnet50_b1 [--passes none|default]",
             "bench/run --list                     # the case names",
