@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Transmuter vs ONNX Runtime on one real model, in one run (docs/performance.md).
+"""Transmuter vs ONNX Runtime on one real model, in one run; also the measuring functions
+that bench/suite.py (`bench/run`, the issue-8 suite) uses for every case.
 
 Measures, on the same machine and in the same run:
   * load: wall time and peak RSS of a fresh process that loads the model
@@ -153,7 +154,7 @@ def run_fresh_rusage(cmd: list[str], env: dict[str, str]) -> dict:
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
         peak_kib = int(rss.read().split()[-1])
-    return {"wall_s": wall, "peak_rss_mib": peak_kib / 1024.0, "stdout": proc.stdout}
+    return {"wall_s": wall, "peak_rss_mib": peak_kib / 1024.0, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
 def repeat_fresh(cmd: list[str], env: dict[str, str], repeats: int) -> dict:
@@ -217,20 +218,32 @@ def measure_load(args, input_args: list[str], out_dir: Path) -> dict:
 LATENCY_LINE = re.compile(r"latency_ms: mean ([0-9.eE+-]+)\s+median ([0-9.eE+-]+)\s+min ([0-9.eE+-]+)\s+max ([0-9.eE+-]+)")
 
 
-def transmuter_latency(args, input_args: list[str], mode: str) -> dict:
-    cmd = [args.transmuter, "bench", args.model, *input_args, "--mode", mode,
-           "--warmup", str(args.warmup), "--runs", str(args.runs)]
-    proc = run_fresh(cmd, child_env(args.threads))
+def transmuter_bench(transmuter: str, model: str, input_args: list[str], mode: str, warmup: int, runs: int,
+                     threads: int, extra_args: list[str] = (), env_extra: dict[str, str] | None = None) -> dict:
+    """One `transmuter bench` in a fresh process, under GNU time: latency, first call, peak RSS."""
+    cmd = [transmuter, "bench", model, *input_args, "--mode", mode, "--warmup", str(max(1, warmup)),
+           "--runs", str(runs), *extra_args]
+    env = child_env(threads)
+    env.update(env_extra or {})
+    proc = run_fresh_rusage(cmd, env)
     m = LATENCY_LINE.search(proc["stdout"])
     if not m:
         raise RuntimeError(f"unexpected `transmuter bench` output:\n{proc['stdout']}")
     mean, median, low, high = map(float, m.groups())
-    result = {"mean_ms": mean, "median_ms": median, "min_ms": low, "max_ms": high}
+    result = {"mean_ms": mean, "median_ms": median, "min_ms": low, "max_ms": high,
+              "process_wall_s": proc["wall_s"], "peak_rss_mib": proc["peak_rss_mib"]}
+    first = re.search(r"first_call_ms: ([0-9.eE+-]+)", proc["stdout"])
+    if first:  # printed by builds from issue 8 on
+        result["first_call_ms"] = float(first.group(1))
     # --mode compiled reports its segments and graph breaks on stderr.
     stats = re.search(r"compiled: .*", proc["stderr"])
     if stats:
         result["compile_stats"] = stats.group(0)
     return result
+
+
+def transmuter_latency(args, input_args: list[str], mode: str) -> dict:
+    return transmuter_bench(args.transmuter, args.model, input_args, mode, args.warmup, args.runs, args.threads)
 
 
 def ort_session(model: str, level: str, threads: int) -> ort.InferenceSession:
@@ -292,11 +305,32 @@ def output_agreement(args, inputs: dict[str, np.ndarray], out_dir: Path) -> dict
 
 # --- report ------------------------------------------------------------------
 
+def cpu_info() -> dict:
+    """CPU model, family/model numbers and the SIMD flags that decide which kernels run."""
+    fields: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "cpu family", "model", "flags") and key not in fields:
+            fields[key] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    return {"cpu": fields.get("model name", platform.processor()), "cpu_family": fields.get("cpu family"),
+            "cpu_model": fields.get("model"), "avx2": "avx2" in flags, "fma": "fma" in flags,
+            "avx512f": "avx512f" in flags}
+
+
+def git_commit() -> str:
+    """HEAD of the repository, with `+dirty` when tracked files differ from it."""
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *cmd], capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def machine_info(threads: int) -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads_used": threads, "onnxruntime": ort.__version__,
-            "python": platform.python_version(), "loadavg_start": os.getloadavg()}
+    return {**cpu_info(), "cores": os.cpu_count(), "threads_used": threads, "onnxruntime": ort.__version__,
+            "python": platform.python_version(), "loadavg_start": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit()}
 
 
 def markdown(results: dict) -> str:
