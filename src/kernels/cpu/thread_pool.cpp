@@ -31,14 +31,6 @@ int threads_from_environment() {
   return online_cores();
 }
 
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
 // One parallel_for call: its chunks are claimed by index from an atomic counter.
 struct Job {
   const std::function<void(int64_t, int64_t)>* body;
@@ -89,7 +81,9 @@ class ThreadPool {
  private:
   // How long an idle worker polls for the next job before it sleeps: kernels
   // of one model follow each other within microseconds, while a futex wake-up
-  // costs about as much as a small kernel.
+  // costs about as much as a small kernel. It polls with sched_yield, not a
+  // busy pause loop: a matmul often follows a kernel at once, and OpenBLAS's
+  // worker then needs this core.
   static constexpr std::chrono::microseconds kSpin{50};
 
   void work() {
@@ -111,7 +105,7 @@ class ThreadPool {
   void spin_for_new_generation(uint64_t seen) const {
     const auto until = std::chrono::steady_clock::now() + kSpin;
     while (generation_.load(std::memory_order_acquire) == seen) {
-      for (int i = 0; i < 64; ++i) cpu_relax();
+      std::this_thread::yield();
       if (std::chrono::steady_clock::now() > until) return;
     }
   }

@@ -3,7 +3,8 @@
 // MLX runs every CPU op of a stream on that stream's single thread, so a kernel
 // that wants more cores brings its own threads. One process-wide pool serves
 // all kernels: the calling thread (an MLX stream thread) works too, and the
-// pool's workers sleep on a condition variable between jobs after a short spin,
+// pool's workers sleep on a condition variable between jobs after polling
+// briefly (yielding the core to any other runnable thread),
 // so they do not take a core away from the stream thread or from the BLAS
 // between kernels. A job is taken by one caller at a time; a second caller
 // (another stream, or a kernel nested in a job) finds the pool busy and runs
