@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+BLAS_THREADING_DIR = REPO_ROOT / "bench/results/blas_threading"
 BLAS_SUMMARY = REPO_ROOT / "bench/results/summary.md"
 # Issue 8's targets ("How it is checked").
 TARGETS = {"encoder": 0.9, "vit": 0.9, "cnn": 1.0}
@@ -306,6 +307,32 @@ def blas_section() -> list[str]:
     return lines + [""]
 
 
+def blas_threading_section() -> list[str]:
+    """The newest bench/blas_threading.py run: which BLAS set-up the build keeps, and why."""
+    runs = sorted(BLAS_THREADING_DIR.glob("*.json"))
+    lines = ["## BLAS threading (bench/blas_threading.py)", "",
+             "The same `build/transmuter` under several BLAS set-ups chosen by environment variables "
+             "(Debian's OpenBLAS pthread build with all cores or one thread, its OpenMP build with passive or "
+             "active waiting, Intel MKL from the `mkl` wheel with GNU OpenMP or sequential threading), alternating "
+             "round by round; ratios are per-round medians against the default (OpenBLAS pthread, all cores)."]
+    if not runs:
+        return lines + ["", "No run recorded yet.", ""]
+    data = json.loads(runs[-1].read_text())
+    lines += ["", f"Run `{relative(runs[-1])}`: {data['cpu']}; {data['mode']} mode; load average "
+              f"{data['load_before'][0]:.2f} before, {data['load_after'][0]:.2f} after.", ""]
+    variants = list(next(iter(data["cases"].values())).keys())
+    lines += ["| case | " + " | ".join(variants) + " |", "|---|" + "---:|" * len(variants)]
+    for name, rows in data["cases"].items():
+        cells = [f"{rows[v]['median_ms']:.2f} ms ({rows[v]['ratio']:.2f})" for v in variants]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Decision: the build keeps OpenBLAS's pthread build with all cores. No other set-up was faster "
+              "on a quiet machine: one thread and MKL (on this AMD CPU) were slower, the OpenMP build about even. "
+              "Profiles still show OpenBLAS's two threads waiting for each other in `sched_yield` inside a call; "
+              "none of these set-ups removed that, so it is left to own GEMM work (docs/roadmap.md). Rerun this "
+              "on a new CPU before changing the BLAS.", ""]
+    return lines
+
+
 def method_section() -> list[str]:
     return ["## Method and models", "",
             "- **Threads**: ORT `intra_op_num_threads = 2`, `inter_op_num_threads = 1`; Transmuter "
@@ -334,11 +361,14 @@ def profile_section() -> list[str]:
     return ["## Where the time goes", "",
             "Not measured by this suite: `bench/profile_model.sh BUILD_DIR eager|compiled` records a perf profile of "
             "`transmuter bench` on MiniLM-L3 with a breakdown per thread (outputs of an older build in "
-            "`bench/results/minilm_profile_{eager,compiled}.txt`). Issue 8 summarizes what they showed: the MLX "
-            "stream thread sets the latency and runs every non-BLAS op on one core (JIT-compiled fused elementwise "
-            "kernels, scalar), OpenBLAS's second thread spends most of its time spinning in `sched_yield` between "
-            "calls, M=1 matmuls go to sgemm, and MLX's `slow_conv_2D` dominates the depthwise CNNs. Profile before "
-            "optimizing, then rerun this suite.", ""]
+            "`bench/results/minilm_profile_{eager,compiled}.txt`). Before issue 8's kernels, the MLX stream thread "
+            "ran every non-BLAS op on one core (JIT-compiled fused elementwise kernels, scalar), M=1 matmuls went to "
+            "sgemm and MLX's `slow_conv_2D` dominated the depthwise CNNs. Since then LayerNorm (+ residual + bias), "
+            "GELU/bias epilogues, softmax and attention, depthwise conv and one-row products run on Transmuter's own "
+            "kernels (docs/architecture.md \"CPU kernels\"), compiled plans no longer fuse on the CPU, and on "
+            "MiniLM-L3 b1 s128 compiled the profile is mostly OpenBLAS (`sgemm_kernel` ~30 % of samples, packing "
+            "~8 %) and the threads waiting for each other inside it. Profile before optimizing, then rerun this "
+            "suite.", ""]
 
 
 def reproduce_section() -> list[str]:
@@ -393,7 +423,7 @@ def render(data: dict, source: Path | str | None = None) -> str:
         data = merge([(data, source or "(unsaved)")])
     sections = [header(data), targets_section(data), latency_section(data), agreement_section(data),
                 first_call_section(data), load_section(data), rss_section(data), method_section(), profile_section(),
-                blas_section(), reproduce_section()]
+                blas_section(), blas_threading_section(), reproduce_section()]
     return "\n".join(line for section in sections for line in section)
 
 
