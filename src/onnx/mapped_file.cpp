@@ -81,4 +81,11 @@ std::shared_ptr<MappedFile> MappedFile::open(std::filesystem::path path) {
   return std::make_shared<MappedFile>(std::move(path));
 }
 
+void release_mapped_pages(std::span<const uint8_t> bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(bytes.data()) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size()) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 }  // namespace transmuter

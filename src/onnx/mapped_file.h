@@ -36,4 +36,13 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+/** Drops the pages that lie wholly inside `bytes`, a range of a MappedFile
+ * whose contents were copied elsewhere and will not be read again, from the
+ * process's resident memory (madvise MADV_DONTNEED). The mapping stays valid:
+ * a later read faults the unchanged bytes back in from the file. Only for
+ * pages never written (and never for memory that is not such a mapping:
+ * anonymous pages would read back as zeros). Errors are ignored: this only
+ * saves memory. */
+void release_mapped_pages(std::span<const uint8_t> bytes);
+
 }  // namespace transmuter

@@ -1,5 +1,7 @@
 #include "onnx/tensor.h"
 
+#include "onnx/mapped_file.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -343,6 +345,16 @@ std::optional<mx::array> alias_bytes(std::span<const uint8_t> bytes, const mx::S
   return alias_memory(bytes, memory.region, memory.owner, shape, dtype);
 }
 
+// A copy of bytes that could not be aliased (misaligned in the file, most
+// often). The file pages they came from would otherwise stay resident beside
+// the copy, doubling the weights' share of the peak RSS.
+mx::array copy_out_of(std::span<const uint8_t> bytes, const mx::Shape& shape, mx::Dtype dtype,
+                      const OwnedMemory& memory) {
+  mx::array copy = copy_bytes(bytes.data(), bytes.size(), shape, dtype);
+  if (memory.file_mapping) release_mapped_pages(bytes);
+  return copy;
+}
+
 // Decodes raw little-endian element bytes (raw_data or external data).
 mx::array decode_raw(std::span<const uint8_t> bytes, const char* origin, OnnxType type,
                      const TypeInfo& info, uint64_t count, const std::vector<int64_t>& dims,
@@ -356,7 +368,7 @@ mx::array decode_raw(std::span<const uint8_t> bytes, const char* origin, OnnxTyp
   switch (info.storage) {
     case Storage::kDirect:
       if (auto aliased = alias_bytes(bytes, shape, info.dtype, memory)) return *aliased;
-      return copy_bytes(bytes.data(), bytes.size(), shape, info.dtype);
+      return copy_out_of(bytes, shape, info.dtype, memory);
     case Storage::kBool: {
       bool canonical = true;
       for (uint8_t b : bytes) canonical &= b <= 1;
@@ -495,7 +507,7 @@ mx::array decode_external(const TensorFields& t, OnnxType type, const TypeInfo& 
     path.fail(str("external data '", location, "' is not available when reading from memory"));
   }
   const ExternalDataStore::Bytes data = source.external->read(location, offset, length, path);
-  const OwnedMemory memory{data.owner, data.owner->bytes()};
+  const OwnedMemory memory{data.owner, data.owner->bytes(), /*file_mapping=*/true};
   return decode_raw(data.bytes, "external data", type, info, count, t.dims, memory, path);
 }
 

@@ -52,6 +52,9 @@ class ExternalDataStore {
 struct OwnedMemory {
   std::shared_ptr<const void> owner;  // null: nothing may be aliased
   std::span<const uint8_t> region;
+  // `region` is a MappedFile: pages of bytes copied out of it may be released
+  // (release_mapped_pages), which would zero anonymous memory.
+  bool file_mapping = false;
 };
 
 /** Where a TensorProto's bytes live. */
