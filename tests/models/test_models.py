@@ -9,7 +9,7 @@ builds seeded, valid inputs (tests/models/model_inputs.py), runs ONNX Runtime
 with graph optimizations off as the reference, then runs
 
     $TRANSMUTER_BIN run MODEL --input NAME=FILE.npy ... [--static NAME=FILE.npy ...]
-                    --output-dir DIR --mode {eager,compiled}
+                    --output-dir DIR --mode {eager,compiled} --passes {default,none}
 
 and requires every output to match: same shape, same dtype, max abs diff
 <= 1e-4. The worst diff per model/mode/output is printed at the end of the run
@@ -117,7 +117,7 @@ def references(tmp_path_factory):
     return get
 
 
-def run_transmuter(reference: Reference, mode: str, out_dir: Path) -> None:
+def run_transmuter(reference: Reference, mode: str, out_dir: Path, passes: str = "default") -> None:
     binary = transmuter_bin()
     if not binary.is_file():
         pytest.fail(f"transmuter binary not found at {binary} (set TRANSMUTER_BIN)")
@@ -125,7 +125,7 @@ def run_transmuter(reference: Reference, mode: str, out_dir: Path) -> None:
     for input_name, path in reference.input_files.items():
         option = "--static" if input_name in reference.static_inputs else "--input"
         command += [option, f"{input_name}={path}"]
-    command += ["--output-dir", str(out_dir), "--mode", mode]
+    command += ["--output-dir", str(out_dir), "--mode", mode, "--passes", passes]
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
     )
@@ -150,12 +150,17 @@ def max_abs_diff(got: np.ndarray, expected: np.ndarray) -> float:
     return float(diff.max())
 
 
+# Load-time passes (fusions onto own kernels) on and off: both must match ORT.
+PASSES = ("default", "none")
+
+
+@pytest.mark.parametrize("passes", PASSES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", model_names())
-def test_matches_onnxruntime(name, mode, references, tmp_path, record_property):
+def test_matches_onnxruntime(name, mode, passes, references, tmp_path, record_property):
     reference = references(name)
     out_dir = tmp_path / "outputs"
-    run_transmuter(reference, mode, out_dir)
+    run_transmuter(reference, mode, out_dir, passes)
 
     failures = []
     for output_name, expected in reference.outputs.items():
@@ -174,4 +179,4 @@ def test_matches_onnxruntime(name, mode, references, tmp_path, record_property):
         record_property("max_abs_diff", (output_name, diff))
         if not diff <= TOLERANCE:
             failures.append(f"{output_name}: max abs diff {diff:.3e} > {TOLERANCE:.0e}")
-    assert not failures, f"{name} ({mode}):\n" + "\n".join(failures)
+    assert not failures, f"{name} ({mode}, passes {passes}):\n" + "\n".join(failures)
