@@ -8,9 +8,13 @@
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
 #include "transmuter/runtime.h"
+#include "support/random_arrays.h"
 
 namespace transmuter {
 namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
 
 using testing::GraphBuilder;
 using testing::tensor_attr;
@@ -76,8 +80,6 @@ GraphBuilder gelu_graph(Form form, float add_one = 1.0f) {
 mx::array run_y(const Model& model, const mx::array& x) {
   return run(model, model.params(), {{"x", x}}, {mx::Device::cpu}).tensor("y");
 }
-
-float max_abs_diff(const mx::array& a, const mx::array& b) { return mx::max(mx::abs(a - b)).item<float>(); }
 
 void expect_fused(const GraphBuilder& b, const std::string& fused_op) {
   Model fused = b.build();

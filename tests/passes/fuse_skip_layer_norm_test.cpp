@@ -9,9 +9,13 @@
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
 #include "transmuter/runtime.h"
+#include "support/random_arrays.h"
 
 namespace transmuter {
 namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
 
 using testing::float_attr;
 using testing::GraphBuilder;
@@ -69,8 +73,6 @@ std::map<std::string, mx::array> run_all(const Model& model, uint64_t seed, cons
   for (const std::string& n : names) values.emplace(n, out.tensor(n));
   return values;
 }
-
-float max_abs_diff(const mx::array& a, const mx::array& b) { return mx::max(mx::abs(a - b)).item<float>(); }
 
 // One-pass statistics vs MLX's reductions: a few ulps of unit-scale outputs.
 constexpr float kTolerance = 1e-5f;

@@ -8,17 +8,13 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include "support/random_arrays.h"
 
 namespace transmuter::kernels {
 namespace {
 
-mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale = 1.0f) {
-  return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
-}
-
-float max_abs_diff(const mx::array& a, const mx::array& b) {
-  return mx::max(mx::abs(mx::subtract(a, b))).item<float>();
-}
+using testing::max_abs_diff;
+using testing::random_array;
 
 // Written out independently of the kernel's reference, with MLX's precise ops.
 mx::array expected(const mx::array& x, const std::optional<mx::array>& bias, Activation a) {

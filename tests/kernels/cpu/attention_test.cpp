@@ -7,23 +7,19 @@
 
 #include <limits>
 #include <string>
+#include "support/random_arrays.h"
 
 namespace transmuter::kernels {
 namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
 
 // Scores are sums of D products in another order than MLX's matmul (a few
 // ulps of values ~10), then exp; outputs are convex combinations of V (|V|
 // ~1). 1e-5 leaves room for that and still catches any wrong index.
 constexpr float kTolerance = 1e-5f;
 const float kInf = std::numeric_limits<float>::infinity();
-
-mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale = 1.0f) {
-  return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
-}
-
-float max_abs_diff(const mx::array& a, const mx::array& b) {
-  return mx::max(mx::abs(mx::subtract(a, b))).item<float>();
-}
 
 // Independent of the kernel's reference: K and V repeated per query head, an
 // explicit lower triangle, zeros for rows with nothing to attend.

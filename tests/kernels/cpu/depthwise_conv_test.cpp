@@ -8,9 +8,13 @@
 #include <mlx/primitives.h>
 
 #include <string>
+#include "support/random_arrays.h"
 
 namespace transmuter::kernels {
 namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
 
 // The kernel sums the kH * kW taps of each output in another order than MLX's
 // convolution (bias first, rows then columns, fused multiply-adds). With unit
@@ -19,20 +23,12 @@ namespace {
 // result by ~0.1).
 constexpr float kTolerance = 1e-5f;
 
-mx::array random_array(const mx::Shape& shape, uint64_t seed) {
-  return mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed));
-}
-
 // Whether y (not yet evaluated: evaluation detaches the graph) is the
 // kernel's output, directly or through the reshape of a 1-D problem.
 bool from_kernel(const mx::array& y) {
   if (!y.has_primitive()) return false;
   if (std::string(y.primitive().name()) == "transmuter::DepthwiseConv") return true;
   return y.inputs().size() == 1 && from_kernel(y.inputs()[0]);
-}
-
-float max_abs_diff(const mx::array& a, const mx::array& b) {
-  return mx::max(mx::abs(mx::subtract(a, b))).item<float>();
 }
 
 // The expected result written out independently of the kernel's reference:

@@ -6,22 +6,18 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include "support/random_arrays.h"
 
 namespace transmuter::kernels {
 namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
 
 // The kernel sums in a different order (SIMD lanes, two passes) than MLX's
 // reductions; for rows of up to ~1000 values near unit scale float32 rounding
 // keeps results within a few ulps of 1, far inside 1e-5.
 constexpr float kTolerance = 1e-5f;
-
-mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale = 1.0f) {
-  return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
-}
-
-float max_abs_diff(const mx::array& a, const mx::array& b) {
-  return mx::max(mx::abs(mx::subtract(a, b))).item<float>();
-}
 
 struct Case {
   mx::Shape shape;

@@ -2,17 +2,13 @@
 #include "kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
+#include "support/random_arrays.h"
 
 namespace transmuter::kernels {
 namespace {
 
-mx::array random_array(const mx::Shape& shape, uint64_t seed) {
-  return mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed));
-}
-
-float max_abs_diff(const mx::array& a, const mx::array& b) {
-  return mx::max(mx::abs(mx::subtract(a, b))).item<float>();
-}
+using testing::max_abs_diff;
+using testing::random_array;
 
 // Both sum K products in float32 in different orders: with K <= 1000 and unit
 // normal values the sums stay below ~100, so 1e-4 absolute is a few ulps.

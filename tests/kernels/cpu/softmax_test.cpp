@@ -7,22 +7,18 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include "support/random_arrays.h"
 
 namespace transmuter::kernels {
 namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
 
 // Highway's Exp is within 1 ulp and the kernel multiplies by 1/sum where the
 // composition divides: probabilities (<= 1) agree to a few float32 ulps.
 constexpr float kTolerance = 1e-6f;
 const float kInf = std::numeric_limits<float>::infinity();
-
-mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale = 1.0f) {
-  return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
-}
-
-float max_abs_diff(const mx::array& a, const mx::array& b) {
-  return mx::max(mx::abs(mx::subtract(a, b))).item<float>();
-}
 
 // Written out independently of the kernel's reference: an explicit lower
 // triangle for the causal limit, MLX's softmax.

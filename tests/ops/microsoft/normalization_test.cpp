@@ -4,22 +4,18 @@
 
 #include "support/expect_error.h"
 #include "support/op_test_support.h"
+#include "support/random_arrays.h"
 
 namespace transmuter {
 namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
 
 using testing::error_of;
 using testing::float_attr;
 using testing::out0;
 using testing::run_domain_op;
-
-mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale = 1.0f) {
-  return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
-}
-
-float max_abs_diff(const mx::array& a, const mx::array& b) {
-  return mx::max(mx::abs(mx::subtract(mx::astype(a, mx::float32), mx::astype(b, mx::float32)))).item<float>();
-}
 
 mx::array layer_norm(const mx::array& s, const mx::array& gamma, const std::optional<mx::array>& beta, float eps) {
   mx::array mean = mx::mean(s, -1, true);
