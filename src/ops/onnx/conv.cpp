@@ -5,6 +5,9 @@
 // ONNX is channels-first (x: [N, C, D1, ...], Conv weight: [M, C/group, k1, ...]);
 // MLX is channels-last (x: [N, D1, ..., C], weight: [M, k1, ..., C/group]), so
 // each op transposes in and out; MLX fuses or elides the copies where it can.
+// On CPU streams float32 2-D Conv avoids that: group 1 runs the kernel of
+// src/kernels/cpu/conv2d.h and depthwise that of src/kernels/cpu/depthwise_conv.h,
+// both in ONNX's layout.
 #include <algorithm>
 #include <numeric>
 #include <optional>
@@ -213,7 +216,7 @@ mx::array convolution(NodeContext& ctx, const ConvEpilogue& epilogue) {
     if (auto y = planar(ctx, x, w, attrs, g, epilogue, s)) return *y;
   }
   if (group == 1 && is_pointwise(attrs, g)) return apply_conv_activation(pointwise(ctx, x, w, s), epilogue, s);
-  // group 1 (a single input channel) stays on MLX's unfold + GEMM path below, which is fast.
+  // Other group-1 convolutions (3-D, other dtypes, other devices) run MLX's unfold + GEMM below.
   if (group > 1 && group == x.shape(1) && w.shape(1) == 1 && x.ndim() <= 4) {
     return depthwise(ctx, x, w, attrs, g, epilogue, s);
   }
