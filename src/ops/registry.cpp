@@ -82,6 +82,7 @@ OpRegistry make_builtin_registry() {
   register_transmuter_attention(registry);
   register_microsoft_activation(registry);
   register_microsoft_normalization(registry);
+  register_microsoft_conv(registry);
   return registry;
 }
 }  // namespace

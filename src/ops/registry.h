@@ -120,5 +120,6 @@ void register_transmuter_attention(OpRegistry& registry);
 // com.microsoft (ONNX Runtime's contrib operators), src/ops/microsoft/<family>.cpp.
 void register_microsoft_activation(OpRegistry& registry);
 void register_microsoft_normalization(OpRegistry& registry);
+void register_microsoft_conv(OpRegistry& registry);
 
 }  // namespace transmuter

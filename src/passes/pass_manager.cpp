@@ -24,6 +24,7 @@ void drop_unread_initializers(Graph& graph) {
 const std::vector<Pass>& default_passes() {
   static const std::vector<Pass> passes = {
       {"fold_batch_norm_into_conv", fold_batch_norm_into_conv},
+      {"fuse_conv_activation", fuse_conv_activation},  // after BatchNorm folding: Conv -> BN -> Relu
       {"fuse_attention", fuse_attention},
       {"fuse_gelu", fuse_gelu},
       {"fuse_skip_layer_norm", fuse_skip_layer_norm},

@@ -30,6 +30,7 @@ std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passe
 
 // The passes (one file each).
 size_t fold_batch_norm_into_conv(Graph& graph);
+size_t fuse_conv_activation(Graph& graph);
 size_t fuse_attention(Graph& graph);
 size_t fuse_gelu(Graph& graph);
 size_t fuse_skip_layer_norm(Graph& graph);

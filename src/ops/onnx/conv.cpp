@@ -5,17 +5,23 @@
 // ONNX is channels-first (x: [N, C, D1, ...], Conv weight: [M, C/group, k1, ...]);
 // MLX is channels-last (x: [N, D1, ..., C], weight: [M, k1, ..., C/group]), so
 // each op transposes in and out; MLX fuses or elides the copies where it can.
+// On CPU streams float32 2-D Conv avoids that: group 1 runs the kernel of
+// src/kernels/cpu/conv2d.h and depthwise that of src/kernels/cpu/depthwise_conv.h,
+// both in ONNX's layout.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
 #include <mlx/mlx.h>
 
 #include "core/memory.h"
+#include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/depthwise_conv.h"
 #include "ops/node_context.h"
+#include "ops/onnx/conv.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/registry.h"
 
@@ -98,7 +104,8 @@ void check_unfold_size(const NodeContext& ctx, const mx::array& x, const mx::arr
 // the same pass; elsewhere the same composition as below, under the same
 // unfold size check (the kernel itself unfolds nothing).
 mx::array depthwise(const NodeContext& ctx, const mx::array& x, const mx::array& w,
-                    const ConvPoolAttributes& attrs, const WindowGeometry& g, mx::StreamOrDevice s) {
+                    const ConvPoolAttributes& attrs, const WindowGeometry& g, const ConvEpilogue& epilogue,
+                    mx::StreamOrDevice s) {
   auto bias = ctx.optional_input(2);
   if (bias && (bias->ndim() != 1 || bias->shape(0) != w.shape(0))) {
     throw ctx.error("bias must have shape [", w.shape(0), "], got ", bias->ndim(), "-D");
@@ -107,7 +114,10 @@ mx::array depthwise(const NodeContext& ctx, const mx::array& x, const mx::array&
                                         .pads_begin = to_ints(ctx, g.pad_begin, "pad"),
                                         .pads_end = to_ints(ctx, g.pad_end, "pad"),
                                         .dilations = to_ints(ctx, attrs.dilations, "dilation"),
-                                        .groups = static_cast<int>(x.shape(1))};
+                                        .groups = static_cast<int>(x.shape(1)),
+                                        .activation = epilogue.activation,
+                                        .clip_min = epilogue.clip_min,
+                                        .clip_max = epilogue.clip_max};
   mx::array y = [&] {
     try {
       return kernels::depthwise_conv(x, w, bias, options, s);
@@ -145,9 +155,53 @@ mx::array pointwise(const NodeContext& ctx, const mx::array& x, const mx::array&
   return add_bias(ctx, mx::reshape(y, shape, s), s);
 }
 
+// Group-1 2-D float32 Conv on a CPU stream: the kernel of
+// src/kernels/cpu/conv2d.h, in ONNX's layout (unfold + one GEMM per image,
+// bias in the same pass), when its arguments fit; nullopt otherwise. Its
+// unfold buffer holds one image, checked against the memory limit like MLX's.
+std::optional<mx::array> planar(const NodeContext& ctx, const mx::array& x, const mx::array& w,
+                                const ConvPoolAttributes& attrs, const WindowGeometry& g,
+                                const ConvEpilogue& epilogue, mx::StreamOrDevice s) {
+  auto bias = ctx.optional_input(2);
+  kernels::Conv2dOptions options{.strides = to_ints(ctx, attrs.strides, "stride"),
+                                 .pads_begin = to_ints(ctx, g.pad_begin, "pad"),
+                                 .pads_end = to_ints(ctx, g.pad_end, "pad"),
+                                 .dilations = to_ints(ctx, attrs.dilations, "dilation"),
+                                 .activation = epilogue.activation,
+                                 .clip_min = epilogue.clip_min,
+                                 .clip_max = epilogue.clip_max};
+  if (!kernels::conv2d_fits(x, w, bias, options)) return std::nullopt;
+  const size_t unfold_bytes = kernels::conv2d_unfold_bytes(x, w, options);
+  if (unfold_bytes > ctx.memory_limit()) {
+    throw ctx.error("the unfolded input of this convolution would need ", unfold_bytes,
+                    " bytes, over the memory limit of ", ctx.memory_limit(), " bytes");
+  }
+  return kernels::conv2d(x, w, bias, options, s);
+}
+
+}  // namespace
+
+mx::array apply_conv_activation(const mx::array& v, const ConvEpilogue& e, mx::StreamOrDevice s) {
+  const mx::Dtype t = v.dtype();
+  switch (e.activation) {
+    case kernels::ConvActivation::kRelu:
+      return mx::maximum(v, mx::array(0.0f, t), s);
+    case kernels::ConvActivation::kClip:
+      return mx::minimum(mx::maximum(v, mx::array(e.clip_min, t), s), mx::array(e.clip_max, t), s);
+    case kernels::ConvActivation::kHardSwish: {
+      mx::array gate = mx::add(mx::multiply(v, mx::array(1.0f / 6.0f, t), s), mx::array(0.5f, t), s);
+      return mx::multiply(v, mx::clip(gate, mx::array(0.0f, t), mx::array(1.0f, t), s), s);
+    }
+    case kernels::ConvActivation::kNone:
+      break;
+  }
+  return v;
+}
+
 // Conv: v11 allows kernel_shape to be omitted and inferred from W; v22 adds
 // bfloat16. Asymmetric pads go straight to conv_general (padding_lo/hi).
-OpOutputs conv(NodeContext& ctx) {
+// The epilogue runs inside the CPU kernels and as MLX ops elsewhere.
+mx::array convolution(NodeContext& ctx, const ConvEpilogue& epilogue) {
   auto s = ctx.stream();
   const mx::array& x = ctx.input(0);
   const mx::array& w = ctx.input(1);
@@ -158,10 +212,13 @@ OpOutputs conv(NodeContext& ctx) {
                     ", group ", group);
   }
   WindowGeometry g = resolve_window(ctx, attrs, spatial_dims(x));
-  if (group == 1 && is_pointwise(attrs, g)) return {pointwise(ctx, x, w, s)};
-  // group 1 (a single input channel) stays on MLX's unfold + GEMM path below, which is fast.
+  if (group == 1 && x.ndim() == 4 && kernels::is_cpu_stream(s)) {
+    if (auto y = planar(ctx, x, w, attrs, g, epilogue, s)) return *y;
+  }
+  if (group == 1 && is_pointwise(attrs, g)) return apply_conv_activation(pointwise(ctx, x, w, s), epilogue, s);
+  // Other group-1 convolutions (3-D, other dtypes, other devices) run MLX's unfold + GEMM below.
   if (group > 1 && group == x.shape(1) && w.shape(1) == 1 && x.ndim() <= 4) {
-    return {depthwise(ctx, x, w, attrs, g, s)};
+    return depthwise(ctx, x, w, attrs, g, epilogue, s);
   }
   mx::array y = [&] {
     try {
@@ -174,8 +231,12 @@ OpOutputs conv(NodeContext& ctx) {
     }
   }();
   check_unfold_size(ctx, x, w, y.shape());  // y is channels-last: [N, D1..., C_out]
-  return {add_bias(ctx, channels_first(y, s), s)};
+  return apply_conv_activation(add_bias(ctx, channels_first(y, s), s), epilogue, s);
 }
+
+namespace {
+
+OpOutputs conv(NodeContext& ctx) { return {convolution(ctx, {})}; }
 
 // Per-axis pads of a transposed convolution: cropped off the begin and end of
 // the full output (stride * (in - 1) + extent + output_padding). Negative
