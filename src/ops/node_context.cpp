@@ -1,5 +1,6 @@
 #include "ops/node_context.h"
 
+#include <atomic>
 #include <limits>
 
 #include "core/memory.h"
@@ -41,6 +42,10 @@ std::optional<mx::array> NodeContext::optional_input(size_t i) const {
 }
 
 namespace {
+// Relaxed: a statistic for tests; one increment per evaluation costs nothing
+// beside the evaluation itself.
+std::atomic<uint64_t> g_host_read_evaluations{0};
+
 // Reads a host array of any numeric dtype as T. Evaluating here is what makes
 // an op a graph break when the array is computed from traced data.
 template <typename T>
@@ -53,13 +58,36 @@ std::vector<T> read_host(const NodeContext& ctx, size_t i) {
   if (a.dtype() != target) a = mx::astype(a, target, mx::Device::cpu);
   a = mx::flatten(a, mx::Device::cpu);
   mx::eval(a);
+  g_host_read_evaluations.fetch_add(1, std::memory_order_relaxed);
   const T* data = a.data<T>();
   return std::vector<T>(data, data + a.size());
 }
 }  // namespace
 
-std::vector<int64_t> NodeContext::host_ints(size_t i) const { return read_host<int64_t>(*this, i); }
-std::vector<double> NodeContext::host_doubles(size_t i) const { return read_host<double>(*this, i); }
+uint64_t host_read_evaluations() { return g_host_read_evaluations.load(std::memory_order_relaxed); }
+
+template <typename T>
+std::vector<T> NodeContext::host_values(size_t i) const {
+  const HostReadUse& use = host_reads_;
+  if (use.replay != nullptr) {
+    const std::vector<T>* known = nullptr;
+    if constexpr (std::is_integral_v<T>) {
+      known = use.replay->ints(use.node, i);
+    } else {
+      known = use.replay->doubles(use.node, i);
+    }
+    if (known != nullptr) return *known;
+  }
+  std::vector<T> values = read_host<T>(*this, i);
+  if (use.record != nullptr && use.rememberable != nullptr && i < use.rememberable->size() &&
+      (*use.rememberable)[i]) {
+    use.record->remember(use.node, i, values);
+  }
+  return values;
+}
+
+std::vector<int64_t> NodeContext::host_ints(size_t i) const { return host_values<int64_t>(i); }
+std::vector<double> NodeContext::host_doubles(size_t i) const { return host_values<double>(i); }
 
 int64_t NodeContext::host_int(size_t i) const {
   auto values = host_ints(i);

@@ -5,7 +5,9 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <map>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -22,6 +24,45 @@ struct OpRow;
  * declared inputs; names from enclosing scopes stay visible. */
 using SubgraphRunner =
     std::function<std::vector<Value>(const Graph& body, const std::vector<Value>& inputs)>;
+
+/** Host values (NodeContext::host_ints / host_doubles) read by the nodes of
+ * one graph, by (node index, input index). The eager runtime keeps one per
+ * input signature, holding the reads whose inputs depend only on that
+ * signature (shapes, initializers: src/runtime/host_reads.h), so that later
+ * runs get them without evaluating the lazy Shape -> Gather -> Concat chains
+ * again. One call fills it; afterwards it is only read (by any thread). */
+class HostReadMemo {
+ public:
+  /** The remembered values of (node, input), or nullptr. */
+  const std::vector<int64_t>* ints(size_t node, size_t input) const { return find(ints_, node, input); }
+  const std::vector<double>* doubles(size_t node, size_t input) const { return find(doubles_, node, input); }
+  void remember(size_t node, size_t input, const std::vector<int64_t>& values) { ints_[{node, input}] = values; }
+  void remember(size_t node, size_t input, const std::vector<double>& values) { doubles_[{node, input}] = values; }
+  size_t size() const { return ints_.size() + doubles_.size(); }
+
+ private:
+  using Key = std::pair<size_t, size_t>;  // node index, input index
+  template <typename T>
+  static const std::vector<T>* find(const std::map<Key, std::vector<T>>& map, size_t node, size_t input) {
+    auto it = map.find(Key{node, input});
+    return it == map.end() ? nullptr : &it->second;
+  }
+  std::map<Key, std::vector<int64_t>> ints_;
+  std::map<Key, std::vector<double>> doubles_;
+};
+
+/** Where the host reads of one node come from and go to (all null: every
+ * read evaluates its input). A read found in `replay` is not evaluated; an
+ * evaluated read of an input marked in `rememberable` is stored in `record`. */
+struct HostReadUse {
+  const HostReadMemo* replay = nullptr;
+  HostReadMemo* record = nullptr;
+  const std::vector<bool>* rememberable = nullptr;  // by input index of this node
+  size_t node = 0;                                  // index of the node in its graph
+};
+
+/** Host reads that evaluated an input, since the process started (tests). */
+uint64_t host_read_evaluations();
 
 class NodeContext {
  public:
@@ -84,6 +125,10 @@ class NodeContext {
   uint64_t memory_limit() const;
   void set_memory_limit(uint64_t bytes) { memory_limit_ = bytes; }
 
+  /** Lets host reads use remembered values (HostReadUse); set by the eager
+   * interpreter for the nodes of a top-level graph. */
+  void set_host_reads(const HostReadUse& use) { host_reads_ = use; }
+
   /** An OpError whose message starts with `[Op vN] node 'name': `. */
   template <typename... Args>
   OpError error(Args&&... args) const {
@@ -98,6 +143,8 @@ class NodeContext {
 
  private:
   const Attribute* find_attr(std::string_view name, AttrType type) const;
+  template <typename T>
+  std::vector<T> host_values(size_t i) const;
 
   const Node& node_;
   std::vector<const Value*> inputs_;
@@ -105,6 +152,7 @@ class NodeContext {
   const SubgraphRunner* run_subgraph_;
   const OpRow* row_;
   uint64_t memory_limit_ = 0;  // 0: the machine's physical memory
+  HostReadUse host_reads_;
 };
 
 /** Most dims a shape built from values may have. MLX's CPU backend has no

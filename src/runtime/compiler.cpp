@@ -126,6 +126,8 @@ struct Executor {
   std::list<std::pair<std::string, std::unique_ptr<Plan>>> plans;  // most recently used first
 };
 
+}  // namespace
+
 std::string signature_of(const Inputs& inputs, const std::set<std::string>& static_inputs) {
   std::map<std::string, const Value*> sorted;
   for (const auto& [name, value] : inputs) sorted[name] = &value;
@@ -151,8 +153,6 @@ std::string signature_of(const Inputs& inputs, const std::set<std::string>& stat
   }
   return key.str();
 }
-
-}  // namespace
 
 struct CompiledModel::State {
   State(Model m, CompileOptions o) : model(std::move(m)), options(std::move(o)) {}

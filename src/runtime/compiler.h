@@ -15,6 +15,7 @@
 
 #include "graph/graph.h"
 #include "runtime/bound_graph.h"
+#include "transmuter/runtime.h"
 
 namespace transmuter {
 
@@ -43,6 +44,17 @@ struct SegmentLayout {
  * reads_only_shapes, makes_non_tensor): it knows no op names. */
 SegmentLayout plan_segments(const BoundGraph& graph, const std::set<std::string>& static_inputs,
                             const std::set<std::string>& traced_params = {});
+
+/** For each node of `graph` (top level, not subgraph bodies), which inputs
+ * hold values that depend only on the input signature (shapes, dtypes, which
+ * optional inputs are given), initializers and constants: not traced when
+ * every graph input is data. Eager runs remember their host reads per
+ * signature (runtime/host_reads.h). */
+std::vector<std::vector<bool>> signature_determined_inputs(const BoundGraph& graph);
+
+/** Key of an input signature: names, dtypes, shapes (kinds and sizes of
+ * non-tensors), and the values of `static_inputs`. */
+std::string signature_of(const Inputs& inputs, const std::set<std::string>& static_inputs);
 
 /** Float initializers that no op reads on the host: with
  * CompileOptions::params_as_arguments they are arguments of the compiled

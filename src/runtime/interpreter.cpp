@@ -114,6 +114,9 @@ void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& e
     std::vector<const Value*> inputs = gather_inputs(node, *row, env);
     NodeContext ctx(node, inputs, exec.device, &subgraphs, row);
     ctx.set_memory_limit(limit);
+    if (exec.rememberable != nullptr) {
+      ctx.set_host_reads({exec.replay_reads, exec.record_reads, &(*exec.rememberable)[n], n});
+    }
     OpOutputs outputs = call_op(*row, ctx);
     if (!row->sets_element_types) carry_element_types(inputs, outputs);
     if (outputs.size() > node.outputs.size()) outputs.resize(node.outputs.size());
@@ -137,7 +140,10 @@ std::vector<Value> run_subgraph(const BoundGraph& bound, const std::vector<Value
     throw Error(str("subgraph '", body.name, "' takes ", body.inputs.size(), " inputs, got ", inputs.size()));
   }
   for (size_t i = 0; i < inputs.size(); ++i) scope.set(body.inputs[i].name, inputs[i]);
-  run_nodes(bound, 0, bound.size(), scope, exec);
+  // A body's values change between iterations and its node indices are its
+  // own: its host reads are never remembered.
+  Execution body_exec{exec.device, exec.memory_limit};
+  run_nodes(bound, 0, bound.size(), scope, body_exec);
   std::vector<Value> outputs;
   outputs.reserve(body.outputs.size());
   for (const ValueInfo& out : body.outputs) {

@@ -11,6 +11,7 @@
 #include <mlx/device.h>
 
 #include "graph/graph.h"
+#include "ops/node_context.h"
 #include "runtime/bound_graph.h"
 #include "transmuter/model.h"
 #include "transmuter/runtime.h"
@@ -47,6 +48,13 @@ struct Execution {
   // No op output tensor may need more bytes than this (checked before MLX
   // allocates it; MLX's CPU allocator does not report failures).
   uint64_t memory_limit = 0;
+  // Host reads of the top-level graph's nodes: replayed from `replay_reads`
+  // when it holds them, else evaluated and, for the inputs `rememberable`
+  // marks (by node, then input), stored in `record_reads`
+  // (runtime/host_reads.h). Subgraph bodies run without them.
+  const HostReadMemo* replay_reads = nullptr;
+  HostReadMemo* record_reads = nullptr;
+  const std::vector<std::vector<bool>>* rememberable = nullptr;
 };
 
 /** Runs nodes [begin, end) of `graph`, reading and writing `env`. */

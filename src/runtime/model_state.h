@@ -6,6 +6,7 @@
 
 #include "graph/graph.h"
 #include "runtime/bound_graph.h"
+#include "runtime/host_reads.h"
 #include "transmuter/model.h"
 
 namespace transmuter {
@@ -18,6 +19,9 @@ struct Model::State {
   std::string producer;
   std::string source;
   std::vector<std::string> passes_applied;
+  // The one part written after load: host reads remembered by eager runs, per
+  // input signature. Internally synchronized (runtime/host_reads.h).
+  std::unique_ptr<HostReadCache> host_reads;
 };
 
 /** A Model over an already built graph: runs the load-time passes (when

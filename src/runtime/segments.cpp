@@ -243,4 +243,19 @@ SegmentLayout plan_segments(const BoundGraph& bound, const std::set<std::string>
   return layout;
 }
 
+std::vector<std::vector<bool>> signature_determined_inputs(const BoundGraph& bound) {
+  const Graph& graph = *bound.graph;
+  FlagScope scope;
+  for (const ValueInfo& in : graph.inputs) scope.set(in.name, {true, false, !is_plain_tensor(in)});
+  classify_nodes(bound, scope);
+  std::vector<std::vector<bool>> determined(graph.nodes.size());
+  for (size_t n = 0; n < graph.nodes.size(); ++n) {
+    for (const std::string& name : graph.nodes[n].inputs) {
+      ValueFlags f = name.empty() ? ValueFlags{} : scope.get(name);
+      determined[n].push_back(!name.empty() && !f.traced && !f.non_tensor);
+    }
+  }
+  return determined;
+}
+
 }  // namespace transmuter

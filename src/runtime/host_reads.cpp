@@ -1,0 +1,29 @@
+#include "runtime/host_reads.h"
+
+namespace transmuter {
+
+std::shared_ptr<const HostReadMemo> HostReadCache::find(const std::string& signature) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->first != signature) continue;
+    entries_.splice(entries_.begin(), entries_, it);
+    return entries_.front().second;
+  }
+  return nullptr;
+}
+
+void HostReadCache::insert(const std::string& signature, std::shared_ptr<const HostReadMemo> memo) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& entry : entries_) {
+    if (entry.first == signature) return;  // another thread published it first
+  }
+  entries_.emplace_front(signature, std::move(memo));
+  if (entries_.size() > kCapacity) entries_.pop_back();
+}
+
+size_t HostReadCache::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_.size();
+}
+
+}  // namespace transmuter

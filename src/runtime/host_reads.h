@@ -1,0 +1,48 @@
+// Host values that eager runs read again and again with the same inputs'
+// shapes. PyTorch exports compute Reshape/Expand/Slice arguments from
+// Shape -> Gather -> Unsqueeze -> Concat chains; each host read of such a
+// value evaluates a small lazy array, a round trip to MLX's stream thread
+// (MiniLM-L3: 62 per run). Those values depend only on the input signature
+// (shapes and dtypes), the initializers and the model, so one run per
+// signature reads them and later runs replay them (docs/architecture.md,
+// "Threads" and "Eager runs").
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/node_context.h"
+#include "runtime/bound_graph.h"
+#include "runtime/compiler.h"
+
+namespace transmuter {
+
+/** The model's remembered host reads, by input signature, least recently
+ * used dropped first. Safe to use from many threads: a mutex guards the list,
+ * and a published memo is never written again. */
+class HostReadCache {
+ public:
+  static constexpr size_t kCapacity = 16;
+
+  explicit HostReadCache(const BoundGraph& graph) : rememberable_(signature_determined_inputs(graph)) {}
+
+  /** The memo of `signature`, or null when none is kept. */
+  std::shared_ptr<const HostReadMemo> find(const std::string& signature);
+  /** Keeps `memo` for `signature` (a memo already there stays). */
+  void insert(const std::string& signature, std::shared_ptr<const HostReadMemo> memo);
+  /** Which inputs of each node may be remembered. */
+  const std::vector<std::vector<bool>>& rememberable() const { return rememberable_; }
+  size_t size() const;
+
+ private:
+  const std::vector<std::vector<bool>> rememberable_;
+  mutable std::mutex mutex_;
+  std::list<std::pair<std::string, std::shared_ptr<const HostReadMemo>>> entries_;  // most recent first
+};
+
+}  // namespace transmuter

@@ -1,0 +1,101 @@
+// Eager runs remember host reads that depend only on the input signature
+// (runtime/host_reads.h) and read data-dependent ones afresh every run.
+#include <gtest/gtest.h>
+
+#include <mlx/mlx.h>
+
+#include "ops/node_context.h"
+#include "runtime/model_state.h"
+#include "support/graph_builder.h"
+#include "support/op_test_support.h"
+#include "transmuter/transmuter.h"
+
+namespace transmuter {
+namespace {
+
+using testing::GraphBuilder;
+using testing::int_attr;
+
+// y = Reshape(x, [Shape(x)[i], -1]), the PyTorch export pattern; z =
+// Reshape(x, t) with t an input (data).
+Model shape_chain_model() {
+  return GraphBuilder()
+      .input("x", OnnxType::kFloat, {-1, -1, -1})
+      .input("t", OnnxType::kInt64, {2})
+      .initializer("i", mx::array(int64_t{0}))
+      .initializer("axes", mx::array({int64_t{0}}))
+      .initializer("minus_one", mx::array({int64_t{-1}}))
+      .node("Shape", {"x"}, {"s"})
+      .node("Gather", {"s", "i"}, {"d"}, {int_attr("axis", 0)})
+      .node("Unsqueeze", {"d", "axes"}, {"d1"})
+      .node("Concat", {"d1", "minus_one"}, {"shape"}, {int_attr("axis", 0)})
+      .node("Reshape", {"x", "shape"}, {"y"})
+      .node("Reshape", {"x", "t"}, {"z"})
+      .output("y")
+      .output("z")
+      .build();
+}
+
+struct Result {
+  mx::Shape y, z;
+  uint64_t evaluations;  // host reads that evaluated an input
+};
+
+Result run_counted(const Model& model, const Params& params, mx::Shape x_shape, std::vector<int64_t> t) {
+  Inputs inputs{{"x", mx::zeros(x_shape)}, {"t", mx::array(t.data(), {2}, mx::int64)}};
+  uint64_t before = host_read_evaluations();
+  Outputs out = run(model, params, inputs, {mx::Device::cpu});
+  return {out.tensor("y").shape(), out.tensor("z").shape(), host_read_evaluations() - before};
+}
+
+TEST(HostReads, SecondRunWithTheSameShapesEvaluatesOnlyDataDependentReads) {
+  Model model = shape_chain_model();
+  Result first = run_counted(model, model.params(), {2, 3, 4}, {4, 6});
+  EXPECT_EQ(first.y, (mx::Shape{2, 12}));
+  EXPECT_EQ(first.z, (mx::Shape{4, 6}));
+  EXPECT_EQ(first.evaluations, 3u);  // Unsqueeze axes, the shape chain, t
+
+  // Same signature, other data: the chain is replayed, t is read again.
+  Result second = run_counted(model, model.params(), {2, 3, 4}, {6, 4});
+  EXPECT_EQ(second.y, (mx::Shape{2, 12}));
+  EXPECT_EQ(second.z, (mx::Shape{6, 4}));
+  EXPECT_EQ(second.evaluations, 1u);
+  EXPECT_EQ(model.internal_state().host_reads->size(), 1u);
+}
+
+TEST(HostReads, NewShapesAreReadAgain) {
+  Model model = shape_chain_model();
+  run_counted(model, model.params(), {2, 3, 4}, {4, 6});
+  Result other = run_counted(model, model.params(), {3, 2, 2}, {2, 6});
+  EXPECT_EQ(other.y, (mx::Shape{3, 4}));
+  EXPECT_EQ(other.z, (mx::Shape{2, 6}));
+  EXPECT_EQ(other.evaluations, 3u);
+  EXPECT_EQ(model.internal_state().host_reads->size(), 2u);
+  // Both signatures are kept.
+  EXPECT_EQ(run_counted(model, model.params(), {2, 3, 4}, {4, 6}).evaluations, 1u);
+  EXPECT_EQ(run_counted(model, model.params(), {3, 2, 2}, {4, 3}).evaluations, 1u);
+}
+
+TEST(HostReads, ParamsReplacingAnInitializerAreReadAfresh) {
+  Model model = shape_chain_model();
+  run_counted(model, model.params(), {2, 3, 4}, {4, 6});
+  Params params = model.params();
+  params.insert_or_assign("i", mx::array(int64_t{1}));  // now Shape(x)[1]
+  Result replaced = run_counted(model, params, {2, 3, 4}, {4, 6});
+  EXPECT_EQ(replaced.y, (mx::Shape{3, 8}));
+  EXPECT_EQ(replaced.evaluations, 3u);
+  // A copy of the model's own params still replays.
+  EXPECT_EQ(run_counted(model, Params(model.params()), {2, 3, 4}, {4, 6}).evaluations, 1u);
+}
+
+TEST(HostReads, OldSignaturesAreDropped) {
+  Model model = shape_chain_model();
+  for (int n = 1; n <= static_cast<int>(HostReadCache::kCapacity) + 2; ++n) {
+    run_counted(model, model.params(), {n, 2, 2}, {n, 4});
+  }
+  EXPECT_EQ(model.internal_state().host_reads->size(), HostReadCache::kCapacity);
+  EXPECT_EQ(run_counted(model, model.params(), {1, 2, 2}, {1, 4}).evaluations, 3u);  // dropped, read again
+}
+
+}  // namespace
+}  // namespace transmuter
