@@ -71,7 +71,7 @@ struct CompileOptions {
    * seconds per kernel when MLX's kernel cache is empty (34 s for a 3-layer
    * BERT), so unset means: fuse on GPU devices, not on the CPU (where
    * Transmuter's own kernels cover the hot elementwise work). */
-  std::optional<bool> fuse_elementwise;
+  std::optional<bool> fuse_elementwise = std::nullopt;
 };
 
 /** Counters of a CompiledModel's plan cache. */
