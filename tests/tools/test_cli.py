@@ -24,7 +24,21 @@ def test_info_lists_inputs_outputs_and_ops():
     assert result.returncode == 0, result.stderr
     assert "pixel_values: float32 [batch, 3, 32, 32]" in result.stdout
     assert "pooler_output: float32 [batch, 48, 1, 1]" in result.stdout
-    assert "Conv 12" in result.stdout
+    # The histogram is of the graph after load-time passes: 7 of the 12 Convs
+    # are followed by a Relu that fuse_conv_activation folds in.
+    assert "Conv 5," in result.stdout and "com.microsoft.FusedConv 7" in result.stdout
+
+
+def test_info_with_passes_off_shows_the_file_as_stored():
+    result = cli("info", str(RESNET), "--passes", "none")
+    assert result.returncode == 0, result.stderr
+    assert "Conv 12" in result.stdout and "FusedConv" not in result.stdout
+
+
+def test_an_unknown_passes_value_is_refused():
+    result = cli("info", str(RESNET), "--passes", "some")
+    assert result.returncode != 0
+    assert "--passes expects default or none, got 'some'" in result.stderr
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
