@@ -138,49 +138,18 @@ void run_conv2d(const Conv2dArgs& a) {
   if (unfold_buffer.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(unfold_buffer);
 }
 
-// [N, C, D...] -> [N, D..., C]
-mx::array channels_last(const mx::array& x, mx::Stream s) {
-  std::vector<int> perm = {0};
-  for (int i = 2; i < static_cast<int>(x.ndim()); ++i) perm.push_back(i);
-  perm.push_back(1);
-  return mx::transpose(x, perm, s);
-}
-
-// [N, D..., C] -> [N, C, D...]
-mx::array channels_first(const mx::array& y, mx::Stream s) {
-  std::vector<int> perm = {0, static_cast<int>(y.ndim()) - 1};
-  for (int i = 1; i < static_cast<int>(y.ndim()) - 1; ++i) perm.push_back(i);
-  return mx::transpose(y, perm, s);
-}
-
-mx::array activate(const mx::array& v, const Conv2dOptions& o, mx::Stream s) {
-  const mx::Dtype t = v.dtype();
-  switch (o.activation) {
-    case ConvActivation::kRelu:
-      return mx::maximum(v, mx::array(0.0f, t), s);
-    case ConvActivation::kClip:
-      return mx::minimum(mx::maximum(v, mx::array(o.clip_min, t), s), mx::array(o.clip_max, t), s);
-    case ConvActivation::kHardSwish: {
-      mx::array gate = mx::add(mx::multiply(v, mx::array(1.0f / 6.0f, t), s), mx::array(0.5f, t), s);
-      return mx::multiply(v, mx::clip(gate, mx::array(0.0f, t), mx::array(1.0f, t), s), s);
-    }
-    case ConvActivation::kNone:
-      break;
-  }
-  return v;
-}
-
-// The composition the kernel replaces; inputs {x, w[, bias]} in ONNX layout.
+// The composition the kernel replaces (the grouped-conv reference with one
+// group); inputs {x, w[, bias]} in ONNX layout.
 mx::array conv2d_reference(const std::vector<mx::array>& in, const Conv2dOptions& o, mx::Stream s) {
-  mx::array y = mx::conv_general(channels_last(in[0], s), channels_last(in[1], s), o.strides, o.pads_begin,
-                                 o.pads_end, o.dilations, {}, 1, false, s);
-  y = channels_first(y, s);
-  if (in.size() > 2) {
-    mx::Shape per_channel(y.ndim() - 1, 1);
-    per_channel[0] = y.shape(1);
-    y = mx::add(y, mx::reshape(in[2], per_channel, s), s);
-  }
-  return activate(y, o, s);
+  const DepthwiseConvOptions one_group{.strides = o.strides,
+                                       .pads_begin = o.pads_begin,
+                                       .pads_end = o.pads_end,
+                                       .dilations = o.dilations,
+                                       .groups = 1,
+                                       .activation = o.activation,
+                                       .clip_min = o.clip_min,
+                                       .clip_max = o.clip_max};
+  return grouped_conv_reference(in, one_group, s);
 }
 
 class Conv2dKernel : public CpuKernel {

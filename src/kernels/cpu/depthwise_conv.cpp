@@ -319,8 +319,9 @@ mx::array activate(const mx::array& v, const DepthwiseConvOptions& o, mx::Stream
   return v;
 }
 
-// The composition the kernel replaces; inputs {x, w[, bias]} in ONNX layout.
-mx::array depthwise_reference(const std::vector<mx::array>& in, const DepthwiseConvOptions& o, mx::Stream s) {
+}  // namespace
+
+mx::array grouped_conv_reference(const std::vector<mx::array>& in, const DepthwiseConvOptions& o, mx::Stream s) {
   mx::array y = mx::conv_general(channels_last(in[0], s), channels_last(in[1], s), o.strides, o.pads_begin,
                                  o.pads_end, o.dilations, {}, o.groups, false, s);
   y = channels_first(y, s);
@@ -331,6 +332,8 @@ mx::array depthwise_reference(const std::vector<mx::array>& in, const DepthwiseC
   }
   return activate(y, o, s);
 }
+
+namespace {
 
 class DepthwiseConvKernel : public CpuKernel {
  public:
@@ -444,7 +447,7 @@ mx::array depthwise_conv(const mx::array& x, const mx::array& w, const std::opti
   const mx::Stream stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {x, w};
   if (bias) inputs.push_back(*bias);
-  if (!kernel_takes(x, w, bias, options)) return depthwise_reference(inputs, options, stream);
+  if (!kernel_takes(x, w, bias, options)) return grouped_conv_reference(inputs, options, stream);
 
   const bool one_d = x.ndim() == 3;
   const DepthwiseConvOptions o = one_d ? with_unit_height(options) : options;
@@ -460,7 +463,7 @@ mx::array depthwise_conv(const mx::array& x, const mx::array& w, const std::opti
                                                        o.pads_begin[i], o.pads_end[i], o.dilations[i])));
   }
   Reference reference = [o, stream](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{depthwise_reference(in, o, stream)};
+    return std::vector<mx::array>{grouped_conv_reference(in, o, stream)};
   };
   mx::array y = make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {

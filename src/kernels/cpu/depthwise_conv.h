@@ -51,4 +51,10 @@ struct DepthwiseConvOptions {
 mx::array depthwise_conv(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                          const DepthwiseConvOptions& options, mx::StreamOrDevice s = {});
 
+/** The MLX composition the conv kernels replace and differentiate (their
+ * reference): mx::conv_general on channels-last transposes of x [N, C, D...]
+ * and w [M, C / groups, k...], + bias [M] when in[2] is given, then the
+ * activation. Runs on `s`. */
+mx::array grouped_conv_reference(const std::vector<mx::array>& in, const DepthwiseConvOptions& options, mx::Stream s);
+
 }  // namespace transmuter::kernels
