@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <sstream>
 
 #include <mlx/mlx.h>
 
@@ -93,12 +94,18 @@ std::string kind_text(const ValueInfo& info) {
   return "?";
 }
 
-// --passes default|none: the load-time rewrites on (default) or off, to compare.
+// --passes default|none|NAME[,NAME...]: the load-time rewrites on (default),
+// off, or only the named ones, to compare.
 LoadOptions parse_load_options(const Args& args) {
   const std::string passes = args.get("passes", "default");
-  if (passes != "default" && passes != "none") throw Error(str("--passes expects default or none, got '", passes, "'"));
   LoadOptions options;
-  options.run_passes = passes == "default";
+  options.run_passes = passes != "none";
+  if (passes == "default" || passes == "none") return options;
+  std::stringstream names(passes);
+  for (std::string name; std::getline(names, name, ',');) {
+    if (!name.empty()) options.only_passes.push_back(name);
+  }
+  if (options.only_passes.empty()) throw Error("--passes expects default, none or pass names, got '" + passes + "'");
   return options;
 }
 
@@ -358,10 +365,10 @@ int operators_main() {
 
 void usage() {
   std::cerr << "usage:\n"
-               "  transmuter info MODEL [--passes default|none]\n"
+               "  transmuter info MODEL [--passes default|none|NAME,...]\n"
                "  transmuter run MODEL [--input NAME=FILE.npy]... [--static NAME=FILE.npy]...\n"
                "                 [--output-dir DIR] [--mode eager|compiled] [--device cpu|gpu] [--dim NAME=VALUE]... [--seed N]\n"
-               "                 [--passes default|none] [--fuse auto|on|off]\n"
+               "                 [--passes default|none|NAME,...] [--fuse auto|on|off]\n"
                "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
                "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
                "                 [--expected FILE]\n";

@@ -26,6 +26,10 @@ struct LoadOptions {
    * into the Conv before it). They can change params(): turn them off to
    * fine-tune exactly the weights stored in the file. */
   bool run_passes = true;
+  /** With run_passes: run only these passes (by name, in the default order;
+   * docs/architecture.md lists them). Empty runs every pass. An unknown name
+   * throws std::invalid_argument from load(). */
+  std::vector<std::string> only_passes = {};
 };
 
 /** A loaded model. Immutable after load: a copy is a cheap handle to the same

@@ -1,5 +1,7 @@
 #include "passes/pass_manager.h"
 
+#include <algorithm>
+#include <stdexcept>
 #include <unordered_set>
 
 #include "graph/subgraphs.h"
@@ -28,8 +30,26 @@ const std::vector<Pass>& default_passes() {
       {"fuse_attention", fuse_attention},
       {"fuse_gelu", fuse_gelu},
       {"fuse_skip_layer_norm", fuse_skip_layer_norm},
+      {"pack_matmul_weights", pack_matmul_weights},  // last: takes the bias Adds and GELUs the others left
   };
   return passes;
+}
+
+std::vector<Pass> select_passes(const std::vector<std::string>& names) {
+  if (names.empty()) return default_passes();
+  std::vector<Pass> selected;
+  for (const Pass& pass : default_passes()) {
+    if (std::find(names.begin(), names.end(), pass.name) != names.end()) selected.push_back(pass);
+  }
+  for (const std::string& name : names) {
+    auto known = [&](const Pass& pass) { return pass.name == name; };
+    if (std::none_of(default_passes().begin(), default_passes().end(), known)) {
+      std::string list;
+      for (const Pass& pass : default_passes()) list += (list.empty() ? "" : ", ") + std::string(pass.name);
+      throw std::invalid_argument("unknown load-time pass '" + name + "' (passes: " + list + ")");
+    }
+  }
+  return selected;
 }
 
 std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passes) {

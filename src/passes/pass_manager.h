@@ -24,6 +24,10 @@ struct Pass {
 /** The passes load() runs, in order. */
 const std::vector<Pass>& default_passes();
 
+/** The default passes named in `names`, in the default order (all of them
+ * when `names` is empty). Throws std::invalid_argument naming an unknown pass. */
+std::vector<Pass> select_passes(const std::vector<std::string>& names);
+
 /** Runs `passes` in order over `graph`, then drops initializers nothing reads
  * any more. Returns the names of the passes that rewrote something. */
 std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passes);
@@ -34,5 +38,6 @@ size_t fuse_conv_activation(Graph& graph);
 size_t fuse_attention(Graph& graph);
 size_t fuse_gelu(Graph& graph);
 size_t fuse_skip_layer_norm(Graph& graph);
+size_t pack_matmul_weights(Graph& graph);
 
 }  // namespace transmuter

@@ -25,7 +25,7 @@ Params collect_params(const Graph& graph) {
 Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const LoadOptions& options,
                  int64_t ir_version, std::string producer) {
   auto state = std::make_shared<Model::State>();
-  if (options.run_passes) state->passes_applied = run_passes(*graph, default_passes());
+  if (options.run_passes) state->passes_applied = run_passes(*graph, select_passes(options.only_passes));
   state->bound = bind_graph(*graph, builtin_registry(), source);
   state->host_reads = std::make_unique<HostReadCache>(*state->bound);
   state->ir_version = ir_version;

@@ -38,7 +38,19 @@ def test_info_with_passes_off_shows_the_file_as_stored():
 def test_an_unknown_passes_value_is_refused():
     result = cli("info", str(RESNET), "--passes", "some")
     assert result.returncode != 0
-    assert "--passes expects default or none, got 'some'" in result.stderr
+    assert "unknown load-time pass 'some' (passes: fold_batch_norm_into_conv," in result.stderr
+    result = cli("info", str(RESNET), "--passes", ",")
+    assert result.returncode != 0
+    assert "--passes expects default, none or pass names, got ','" in result.stderr
+
+
+def test_passes_by_name_run_only_those():
+    result = cli("info", str(RESNET), "--passes", "fold_batch_norm_into_conv")
+    assert result.returncode == 0, result.stderr
+    assert "Conv 12" in result.stdout and "FusedConv" not in result.stdout
+    result = cli("info", str(RESNET), "--passes", "fuse_conv_activation,fold_batch_norm_into_conv")
+    assert result.returncode == 0, result.stderr
+    assert "com.microsoft.FusedConv 7" in result.stdout
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])

@@ -141,6 +141,22 @@ void ActivateRange(const ActivationArgs& a, int64_t begin, int64_t end) {
   }
 }
 
+template <Activation A>
+void ActivateRows(float* y, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) Segment<A>(y + r * ld, nullptr, y + r * ld, cols);
+}
+
+void ActivateBlock(float* y, int64_t rows, int64_t cols, int64_t ld, Activation activation) {
+  switch (activation) {
+    case Activation::kIdentity: return;
+    case Activation::kGeluErf: return ActivateRows<Activation::kGeluErf>(y, rows, cols, ld);
+    case Activation::kGeluTanh: return ActivateRows<Activation::kGeluTanh>(y, rows, cols, ld);
+    case Activation::kSigmoid: return ActivateRows<Activation::kSigmoid>(y, rows, cols, ld);
+    case Activation::kSilu: return ActivateRows<Activation::kSilu>(y, rows, cols, ld);
+    case Activation::kErf: return ActivateRows<Activation::kErf>(y, rows, cols, ld);
+  }
+}
+
 }  // namespace transmuter::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -151,6 +167,11 @@ HWY_AFTER_NAMESPACE();
 namespace transmuter::kernels {
 
 HWY_EXPORT(ActivateRange);
+HWY_EXPORT(ActivateBlock);
+
+void activate_block(float* y, int64_t rows, int64_t cols, int64_t ld, Activation activation) {
+  HWY_DYNAMIC_DISPATCH(ActivateBlock)(y, rows, cols, ld, activation);
+}
 
 namespace {
 

@@ -19,6 +19,7 @@
 // mx::sigmoid), which is also what runs off CPU streams.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include <mlx/mlx.h>
@@ -40,5 +41,10 @@ bool bias_activation_fits(const mx::array& x, const std::optional<mx::array>& bi
  * the MLX composition. */
 mx::array bias_activation(const mx::array& x, const std::optional<mx::array>& bias, Activation activation,
                           mx::StreamOrDevice s = {});
+
+/** For kernels with an activation epilogue (gemm.cpp): y[r * ld + c] =
+ * f(y[r * ld + c]) for r < rows, c < cols, in place, on the calling thread,
+ * with the math above. */
+void activate_block(float* y, int64_t rows, int64_t cols, int64_t ld, Activation activation);
 
 }  // namespace transmuter::kernels

@@ -1,0 +1,315 @@
+// Compiled once per SIMD target (Highway's foreach_target re-includes this
+// file); the kernel and the panel width come from the best target of the CPU,
+// picked at run time.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/gemm.h"
+
+#ifndef TRANSMUTER_KERNELS_CPU_GEMM_ARGS
+#define TRANSMUTER_KERNELS_CPU_GEMM_ARGS
+namespace transmuter::kernels {
+// One product (outside the per-target namespaces: every target takes it).
+struct GemmArgs {
+  const float* a;       // [m, k], row-major
+  const float* packed;  // [ceil(n / panel width), k, panel width]
+  const float* bias;    // [n] or null
+  float* y;             // [m, n], row-major
+  int64_t m, k, n;
+  Activation activation;
+};
+
+// Rows of one register tile: 6 rows x 2 vectors = 12 accumulators, leaving
+// registers for the two panel vectors and the broadcast row value (16 on AVX2).
+inline constexpr int64_t kTileRows = 6;
+// Depth of one pass over K: a panel's slice (256 x 16 floats = 16 KiB with
+// AVX2) stays in L1 while every row tile of the block reads it.
+inline constexpr int64_t kDepthBlock = 256;
+}  // namespace transmuter::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace transmuter::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// How far ahead (in panel rows) the tile asks for the panel's next cache lines.
+constexpr int64_t kPrefetchRows = 8;
+
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+int64_t PanelWidth() { return 2 * static_cast<int64_t>(hn::Lanes(D())); }
+
+// The `cols` (<= panel width) first columns of a row segment, as two vectors.
+struct RowSegment {
+  int64_t cols;
+  bool full;
+  hn::Mask<D> low, high;
+
+  explicit RowSegment(int64_t columns) : cols(columns) {
+    const D d;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    full = cols == 2 * lanes;
+    low = hn::FirstN(d, static_cast<size_t>(std::min(cols, lanes)));
+    high = hn::FirstN(d, static_cast<size_t>(cols > lanes ? cols - lanes : 0));
+  }
+  // Masked lanes are neither read nor written (no fault past the row's end).
+  void load(const float* p, V& lo, V& hi) const {
+    const D d;
+    if (full) {
+      lo = hn::LoadU(d, p);
+      hi = hn::LoadU(d, p + hn::Lanes(d));
+    } else {
+      lo = hn::MaskedLoad(low, d, p);
+      hi = hn::MaskedLoad(high, d, p + hn::Lanes(d));
+    }
+  }
+  void store(V lo, V hi, float* p) const {
+    const D d;
+    if (full) {
+      hn::StoreU(lo, d, p);
+      hn::StoreU(hi, d, p + hn::Lanes(d));
+    } else {
+      hn::BlendedStore(lo, low, d, p);
+      hn::BlendedStore(hi, high, d, p + hn::Lanes(d));
+    }
+  }
+};
+
+// y[R rows, segment] = start + a[R rows, 0..depth) @ panel[0..depth), where
+// start is y itself (accumulate), the bias, or zero.
+template <int R>
+HWY_INLINE void Tile(const float* a, int64_t lda, const float* panel, int64_t depth, float* y, int64_t ldy,
+                     const RowSegment& segment, const float* bias, bool accumulate) {
+  const D d;
+  const size_t lanes = hn::Lanes(d);
+  V lo[R], hi[R];
+  if (accumulate) {
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) segment.load(y + r * ldy, lo[r], hi[r]);
+  } else {
+    V start_lo = hn::Zero(d), start_hi = hn::Zero(d);
+    if (bias != nullptr) segment.load(bias, start_lo, start_hi);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      lo[r] = start_lo;
+      hi[r] = start_hi;
+    }
+  }
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < depth; ++k) {
+    const V b_lo = hn::LoadU(d, panel + k * 2 * lanes);
+    const V b_hi = hn::LoadU(d, panel + k * 2 * lanes + lanes);
+    hwy::Prefetch(panel + (k + kPrefetchRows) * 2 * lanes);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const V x = hn::Set(d, a[r * lda + k]);
+      lo[r] = hn::MulAdd(x, b_lo, lo[r]);
+      hi[r] = hn::MulAdd(x, b_hi, hi[r]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) segment.store(lo[r], hi[r], y + r * ldy);
+}
+
+void TileRows(int64_t rows, const float* a, int64_t lda, const float* panel, int64_t depth, float* y, int64_t ldy,
+              const RowSegment& segment, const float* bias, bool accumulate) {
+  switch (rows) {
+    case 6: return Tile<6>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
+    case 5: return Tile<5>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
+    case 4: return Tile<4>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
+    case 3: return Tile<3>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
+    case 2: return Tile<2>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
+    default: return Tile<1>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
+  }
+}
+
+// Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels): the
+// work of one task. K in slices of kDepthBlock, each slice of a panel read by
+// every row tile of the block before the next panel.
+void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
+  const int64_t width = PanelWidth();
+  for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
+    const int64_t depth = std::min(kDepthBlock, g.k - k0);
+    for (int64_t r = row0; r < row0 + rows; r += kTileRows) {
+      const int64_t tile_rows = std::min(kTileRows, row0 + rows - r);
+      for (int64_t p = panel0; p < panel0 + panels; ++p) {
+        const int64_t col0 = p * width;
+        const RowSegment segment(std::min(width, g.n - col0));
+        const float* panel = g.packed + (p * g.k + k0) * width;
+        const float* bias = g.bias != nullptr ? g.bias + col0 : nullptr;
+        TileRows(tile_rows, g.a + r * g.k + k0, g.k, panel, depth, g.y + r * g.n + col0, g.n, segment, bias, k0 > 0);
+      }
+    }
+  }
+  if (g.activation != Activation::kIdentity) {
+    const int64_t col0 = panel0 * width;
+    const int64_t cols = std::min(g.n, (panel0 + panels) * width) - col0;
+    activate_block(g.y + row0 * g.n + col0, rows, cols, g.n, g.activation);
+  }
+}
+
+}  // namespace transmuter::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace transmuter::kernels {
+
+HWY_EXPORT(PanelWidth);
+HWY_EXPORT(Block);
+
+namespace {
+
+// Rows of A one task covers: 96 rows x 256 deep = 96 KiB, held in L2 while
+// the task's panels pass over it.
+constexpr int64_t kBlockRows = 16 * kTileRows;
+// Panels one task covers (64 columns with AVX2).
+constexpr int64_t kBlockPanels = 4;
+// Below this many multiply-adds a product runs on the calling thread: waking
+// another thread costs more than it saves.
+constexpr int64_t kParallelWork = 1 << 16;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Splits g's output into blocks and runs them across the kernel threads.
+void run_gemm(const GemmArgs& g) {
+  const int64_t panels = ceil_div(g.n, gemm_panel_width());
+  const int64_t row_blocks = ceil_div(g.m, kBlockRows);
+  const int64_t panel_blocks = ceil_div(panels, kBlockPanels);
+  const int64_t tasks = row_blocks * panel_blocks;
+  const int64_t grain = g.m * g.n * g.k < kParallelWork ? tasks : 1;
+  parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t row0 = (t / panel_blocks) * kBlockRows;
+      const int64_t panel0 = (t % panel_blocks) * kBlockPanels;
+      HWY_DYNAMIC_DISPATCH(Block)(g, row0, std::min(kBlockRows, g.m - row0), panel0,
+                                  std::min(kBlockPanels, panels - panel0));
+    }
+  });
+}
+
+class PackedMatmulKernel : public CpuKernel {
+ public:
+  PackedMatmulKernel(mx::Stream stream, Reference reference, int64_t n, bool has_bias, Activation activation)
+      : CpuKernel(stream, std::move(reference)), n_(n), has_bias_(has_bias), activation_(activation) {}
+  const char* name() const override { return "transmuter::PackedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const PackedMatmulKernel*>(&other);
+    return o != nullptr && o->n_ == n_ && o->has_bias_ == has_bias_ && o->activation_ == activation_;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    GemmArgs g{};
+    g.a = in[0].data<float>();
+    g.packed = in[1].data<float>();
+    g.bias = has_bias_ ? in[2].data<float>() : nullptr;
+    g.y = out[0].data<float>();
+    g.k = in[1].shape(1);
+    g.n = n_;
+    g.m = static_cast<int64_t>(in[0].size()) / g.k;
+    g.activation = activation_;
+    return [g] { run_gemm(g); };
+  }
+
+ private:
+  int64_t n_;
+  bool has_bias_;
+  Activation activation_;
+};
+
+// Fills packed [panels, k, width] from b ([k, n] row-major, or [n, k] when
+// transposed), zero past column n.
+void pack_panels(const float* b, bool transposed, int64_t k, int64_t n, int64_t width, float* packed) {
+  const int64_t panels = ceil_div(n, width);
+  std::memset(packed, 0, static_cast<size_t>(panels * k * width) * sizeof(float));
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = std::min(width, n - p * width);
+    float* panel = packed + p * k * width;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t col = p * width + j;
+      for (int64_t kk = 0; kk < k; ++kk) panel[kk * width + j] = transposed ? b[col * k + kk] : b[kk * n + col];
+    }
+  }
+}
+
+}  // namespace
+
+int64_t gemm_panel_width() {
+  static const int64_t width = HWY_DYNAMIC_DISPATCH(PanelWidth)();
+  return width;
+}
+
+mx::array pack_gemm_rhs(const mx::array& b, bool transposed) {
+  if (b.ndim() != 2 || b.size() == 0 || !mx::issubdtype(b.dtype(), mx::floating)) {
+    throw std::invalid_argument("pack_gemm_rhs: B must be a non-empty 2-D float array");
+  }
+  mx::array source = mx::contiguous(mx::astype(b, mx::float32, mx::Device::cpu), false, mx::Device::cpu);
+  source.eval();
+  const int64_t k = transposed ? b.shape(1) : b.shape(0);
+  const int64_t n = transposed ? b.shape(0) : b.shape(1);
+  const int64_t width = gemm_panel_width();
+  const int64_t panels = ceil_div(n, width);
+  // Panels start on cache lines (the kernel's loads are unaligned-safe anyway).
+  const size_t bytes = static_cast<size_t>(panels * k * width) * sizeof(float);
+  void* memory = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (memory == nullptr) throw std::bad_alloc();
+  pack_panels(source.data<float>(), transposed, k, n, width, static_cast<float*>(memory));
+  return mx::array(memory, {static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)}, mx::float32,
+                   [](void* p) { std::free(p); });
+}
+
+mx::array unpack_gemm_rhs(const mx::array& packed, int64_t n, mx::StreamOrDevice s) {
+  const int panels = packed.shape(0), k = packed.shape(1), width = packed.shape(2);
+  mx::array rows = mx::reshape(mx::transpose(packed, {1, 0, 2}, s), {k, panels * width}, s);
+  return mx::slice(rows, {0, 0}, {k, static_cast<int>(n)}, s);
+}
+
+bool packed_rhs_fits(const mx::array& packed, int64_t n) {
+  return packed.dtype() == mx::float32 && packed.ndim() == 3 && packed.shape(2) == gemm_panel_width() && n > 0 &&
+         packed.shape(1) > 0 && packed.shape(0) == ceil_div(n, gemm_panel_width());
+}
+
+mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::optional<mx::array>& bias, int64_t n,
+                        Activation activation, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  const bool has_bias = bias.has_value();
+  Reference reference = [n, has_bias, activation, stream](const std::vector<mx::array>& in) {
+    mx::array product = mx::matmul(in[0], unpack_gemm_rhs(in[1], n, stream), stream);
+    std::optional<mx::array> b;
+    if (has_bias) b = in[2];
+    if (!b && activation == Activation::kIdentity) return std::vector<mx::array>{product};
+    return std::vector<mx::array>{bias_activation(product, b, activation, stream)};
+  };
+  std::vector<mx::array> inputs = {a, packed};
+  if (bias) inputs.push_back(*bias);
+  const bool fits = is_cpu_stream(stream) && a.dtype() == mx::float32 && a.ndim() >= 1 && a.size() > 0 &&
+                    packed_rhs_fits(packed, n) && a.shape(-1) == packed.shape(1) &&
+                    (!bias || (bias->dtype() == mx::float32 && bias->ndim() == 1 && bias->shape(0) == n));
+  if (!fits) return reference(inputs)[0];
+  mx::Shape shape = a.shape();
+  shape.back() = static_cast<int>(n);
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<PackedMatmulKernel>(kernel_stream, reference, n, has_bias, activation);
+      },
+      reference, inputs, {shape}, {mx::float32}, stream)[0];
+}
+
+}  // namespace transmuter::kernels
+#endif  // HWY_ONCE

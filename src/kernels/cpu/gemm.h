@@ -1,0 +1,64 @@
+// Matrix products with a constant right-hand side packed once, at load.
+//
+//   y[..., N] = act(a[..., K] @ B[K, N] + bias[N])
+//
+// MLX sends every float32 product to OpenBLAS's sgemm, which copies ("packs")
+// both operands into its blocked layout on every call, zeroes or scales the
+// output first, and keeps a second thread spinning between calls. For a
+// model's weights the packing of B can be done once: pack_gemm_rhs() stores B
+// as column panels, each panel `panel_width` columns wide and K rows deep,
+// contiguous, so the kernel streams through it without strides:
+//
+//   packed[p, k, j] = B[k, p * panel_width + j]     (0 past column N)
+//
+// The kernel computes register tiles of 6 rows x one panel (two SIMD vectors
+// per row) with Highway, blocks K so that a panel's slice stays in L1, starts
+// the accumulators at the bias, applies the activation to each finished block
+// while it is still in cache, and splits the output blocks across the kernel
+// threads (parallel_for). One row (a decoder step) is the same loop with a
+// one-row tile: a streaming GEMV over the packed panels.
+//
+// The packed layout depends on the CPU's SIMD width (gemm_panel_width()), so it
+// is made at load on the machine that runs it and never stored in a file.
+// Gradients and non-CPU streams use the reference composition:
+// act(a @ unpack_gemm_rhs(packed) + bias).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <mlx/mlx.h>
+
+#include "kernels/cpu/activation.h"
+
+namespace transmuter::kernels {
+
+namespace mx = mlx::core;
+
+/** Columns per packed panel on this CPU: two vectors of the SIMD target
+ * Highway picks at run time (16 with AVX2). */
+int64_t gemm_panel_width();
+
+/** B packed as above: float32 [ceil(N / P), K, P] with P = gemm_panel_width().
+ * `b` is float (any float dtype, converted to float32) [K, N], or [N, K] when
+ * `transposed` (Gemm's transB, nn.Linear's layout). Evaluates `b`. Throws
+ * std::invalid_argument when b is not a non-empty 2-D float array. */
+mx::array pack_gemm_rhs(const mx::array& b, bool transposed);
+
+/** The inverse of pack_gemm_rhs as an MLX composition (differentiable):
+ * packed [panels, K, P] -> B [K, n]. */
+mx::array unpack_gemm_rhs(const mx::array& packed, int64_t n, mx::StreamOrDevice s = {});
+
+/** True when `packed` is a packed right-hand side this CPU's kernel reads
+ * (float32, 3-D, panel width gemm_panel_width(), enough panels for n). */
+bool packed_rhs_fits(const mx::array& packed, int64_t n);
+
+/** act(a @ B + bias) with B given packed. a: float32 [..., K] (rank >= 1);
+ * bias: float32 [n] or none. Returns a's leading axes + [n]. On a CPU stream
+ * with arguments that fit, the kernel above; otherwise (and for gradients) the
+ * reference composition. Throws std::invalid_argument (from MLX) when K does
+ * not match. */
+mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::optional<mx::array>& bias,
+                        int64_t n, Activation activation = Activation::kIdentity, mx::StreamOrDevice s = {});
+
+}  // namespace transmuter::kernels

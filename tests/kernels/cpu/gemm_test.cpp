@@ -1,0 +1,166 @@
+// The packed-weight GEMM against mx::matmul + bias + the activation written
+// out in MLX ops, over shapes that hit every edge of the tiling: rows not a
+// multiple of the 6-row tile, columns not a multiple of the panel, depths
+// around the 256-deep K block, one row, one column.
+#include "kernels/cpu/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <tuple>
+
+#include "support/random_arrays.h"
+
+namespace transmuter::kernels {
+namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
+
+// Both sides sum K float32 products of unit normals in different orders: at
+// K <= 600 the sums stay below ~100 in magnitude, a few ulps are < 1e-4; the
+// GELU epilogue adds the erf fit's 4e-7 relative.
+constexpr float kTolerance = 1e-4f;
+
+mx::array gelu_erf(const mx::array& z) {
+  return mx::multiply(mx::multiply(z, mx::array(0.5f)),
+                      mx::add(mx::array(1.0f), mx::erf(mx::divide(z, mx::array(std::sqrt(2.0f))))));
+}
+
+mx::array gelu_tanh(const mx::array& z) {
+  mx::array inner = mx::multiply(mx::array(0.7978845608f),
+                                 mx::add(z, mx::multiply(mx::array(0.044715f), mx::power(z, mx::array(3.0f)))));
+  return mx::multiply(mx::multiply(z, mx::array(0.5f)), mx::add(mx::array(1.0f), mx::tanh(inner)));
+}
+
+mx::array expected(const mx::array& a, const mx::array& b, const std::optional<mx::array>& bias,
+                   Activation activation) {
+  mx::array z = mx::matmul(a, b);
+  if (bias) z = mx::add(z, *bias);
+  if (activation == Activation::kGeluErf) return gelu_erf(z);
+  if (activation == Activation::kGeluTanh) return gelu_tanh(z);
+  return z;
+}
+
+TEST(PackedGemm, PackingIsExactAndUnpackingInvertsIt) {
+  const int64_t width = gemm_panel_width();
+  EXPECT_GE(width, 2);
+  mx::array b = random_array({5, 2 * static_cast<int>(width) + 3}, 1);
+  mx::array packed = pack_gemm_rhs(b, false);
+  EXPECT_EQ(packed.shape(), (mx::Shape{3, 5, static_cast<int>(width)}));
+  EXPECT_EQ(max_abs_diff(unpack_gemm_rhs(packed, b.shape(1)), b), 0.0f);
+  // packed[p, k, j] = B[k, p * width + j]; zero past N.
+  EXPECT_EQ(packed.data<float>()[1 * 5 * width + 2 * width + 3],
+            mx::slice(b, {2, static_cast<int>(width) + 3}, {3, static_cast<int>(width) + 4}).item<float>());
+  EXPECT_EQ(mx::slice(packed, {2, 0, 3}, {3, 5, static_cast<int>(width)}).size(), 5u * (width - 3));
+  EXPECT_EQ(mx::max(mx::abs(mx::slice(packed, {2, 0, 3}, {3, 5, static_cast<int>(width)}))).item<float>(), 0.0f);
+  // [N, K] storage (Gemm transB) packs to the same panels.
+  mx::array from_transposed = pack_gemm_rhs(mx::contiguous(mx::transpose(b)), true);
+  EXPECT_EQ(max_abs_diff(from_transposed, packed), 0.0f);
+}
+
+TEST(PackedGemm, MatchesMatmulOnEveryTilingEdge) {
+  for (int m : {1, 5, 6, 7, 13, 100}) {
+    for (auto [k, n] : {std::pair{1, 1}, {3, 15}, {255, 16}, {256, 17}, {257, 33}, {600, 100}}) {
+      mx::array a = random_array({m, k}, static_cast<uint64_t>(m * 1000 + k));
+      mx::array b = random_array({k, n}, static_cast<uint64_t>(n));
+      mx::array got = packed_matmul(a, pack_gemm_rhs(b, false), std::nullopt, n, Activation::kIdentity,
+                                    mx::Device::cpu);
+      ASSERT_EQ(got.shape(), (mx::Shape{m, n}));
+      EXPECT_LT(max_abs_diff(got, mx::matmul(a, b)), kTolerance) << m << "x" << k << "x" << n;
+    }
+  }
+}
+
+TEST(PackedGemm, BiasAndActivationEpilogues) {
+  mx::array a = random_array({2, 9, 40}, 3);  // leading axes fold into rows
+  mx::array b = random_array({40, 50}, 4, 0.3f);
+  mx::array bias = random_array({50}, 5);
+  mx::array packed = pack_gemm_rhs(b, false);
+  for (Activation act : {Activation::kIdentity, Activation::kGeluErf, Activation::kGeluTanh}) {
+    for (bool with_bias : {false, true}) {
+      std::optional<mx::array> maybe_bias;
+      if (with_bias) maybe_bias = bias;
+      mx::array got = packed_matmul(a, packed, maybe_bias, 50, act, mx::Device::cpu);
+      mx::array want = expected(a, b, maybe_bias, act);
+      ASSERT_EQ(got.shape(), (mx::Shape{2, 9, 50}));
+      EXPECT_LT(max_abs_diff(got, want), kTolerance) << static_cast<int>(act) << " bias " << with_bias;
+      EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 1.0f);  // not vacuous
+    }
+  }
+  // A 1-D left side gives a 1-D result, as MatMul does.
+  mx::array v = random_array({40}, 6);
+  EXPECT_EQ(packed_matmul(v, packed, bias, 50, Activation::kIdentity, mx::Device::cpu).shape(), (mx::Shape{50}));
+  EXPECT_LT(max_abs_diff(packed_matmul(v, packed, bias, 50, Activation::kIdentity, mx::Device::cpu),
+                         mx::add(mx::matmul(v, b), bias)),
+            kTolerance);
+}
+
+TEST(PackedGemm, ThreadedBlocksCoverLargeProducts) {
+  // Several row blocks (96 rows) and panel blocks (4 panels): every task's
+  // share of the output must be written once.
+  mx::array a = random_array({300, 128}, 7);
+  mx::array b = random_array({128, 300}, 8);
+  mx::array bias = random_array({300}, 9);
+  mx::array got = packed_matmul(a, pack_gemm_rhs(b, false), bias, 300, Activation::kGeluErf, mx::Device::cpu);
+  EXPECT_LT(max_abs_diff(got, expected(a, b, bias, Activation::kGeluErf)), kTolerance);
+}
+
+TEST(PackedGemm, GradientsAndCompileFollowTheReference) {
+  mx::array a = random_array({7, 20}, 10);
+  mx::array b = random_array({20, 18}, 11, 0.5f);
+  mx::array bias = random_array({18}, 12);
+  mx::array packed = pack_gemm_rhs(b, false);
+  auto through_kernel = [](const std::vector<mx::array>& p) {
+    mx::array y = packed_matmul(p[0], p[1], p[2], 18, Activation::kGeluErf, mx::Device::cpu);
+    return std::vector<mx::array>{mx::sum(mx::square(y))};
+  };
+  auto written_out = [](const std::vector<mx::array>& p) {
+    return std::vector<mx::array>{mx::sum(mx::square(expected(p[0], p[1], p[2], Activation::kGeluErf)))};
+  };
+  auto [_, got] = mx::vjp(through_kernel, {a, packed, bias}, {mx::array(1.0f)});
+  auto [__, want] = mx::vjp(written_out, {a, b, bias}, {mx::array(1.0f)});
+  EXPECT_LT(max_abs_diff(got[0], want[0]), 1e-3f);
+  // The packed weight's gradient is B's, in the packed layout (zero in the padding).
+  EXPECT_LT(max_abs_diff(unpack_gemm_rhs(got[1], 18), want[1]), 1e-3f);
+  const int panels = got[1].shape(0), width = got[1].shape(2), last_cols = 18 - (panels - 1) * width;
+  if (last_cols < width) {
+    mx::array padding = mx::slice(got[1], {panels - 1, 0, last_cols}, {panels, 20, width});
+    EXPECT_EQ(mx::max(mx::abs(padding)).item<float>(), 0.0f);
+  }
+  EXPECT_LT(max_abs_diff(got[2], want[2]), 1e-3f);
+  auto compiled = mx::compile([](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{
+        packed_matmul(mx::add(in[0], mx::array(1.0f)), in[1], std::nullopt, 18, Activation::kIdentity,
+                      mx::Device::cpu)};
+  });
+  EXPECT_LT(max_abs_diff(compiled({a, packed})[0], mx::matmul(mx::add(a, mx::array(1.0f)), b)), kTolerance);
+}
+
+TEST(PackedGemm, ArgumentsOutsideTheKernelRunTheReference) {
+  mx::array b = random_array({8, 5}, 13);
+  mx::array packed = pack_gemm_rhs(b, false);
+  // float16 rows: the reference promotes as mx::matmul does.
+  mx::array a16 = mx::astype(random_array({3, 8}, 14), mx::float16);
+  mx::array got = packed_matmul(a16, packed, std::nullopt, 5, Activation::kIdentity, mx::Device::cpu);
+  EXPECT_LT(max_abs_diff(got, mx::matmul(mx::astype(a16, mx::float32), b)), 1e-2f);
+  // A panel width this CPU does not use (a layout from elsewhere) still computes.
+  mx::array narrow = mx::reshape(mx::transpose(mx::reshape(mx::pad(b, {{0, 0}, {0, 1}}), {8, 3, 2}), {1, 0, 2}),
+                                 {3, 8, 2});
+  EXPECT_FALSE(packed_rhs_fits(narrow, 5));
+  mx::array a = random_array({3, 8}, 15);
+  EXPECT_LT(max_abs_diff(packed_matmul(a, narrow, std::nullopt, 5, Activation::kIdentity, mx::Device::cpu),
+                         mx::matmul(a, b)),
+            kTolerance);
+  // A depth that does not match is MLX's error.
+  EXPECT_THROW(packed_matmul(random_array({3, 7}, 16), packed, std::nullopt, 5, Activation::kIdentity,
+                             mx::Device::cpu),
+               std::invalid_argument);
+  EXPECT_THROW(pack_gemm_rhs(random_array({2, 3, 4}, 17), false), std::invalid_argument);
+  EXPECT_THROW(pack_gemm_rhs(mx::zeros({0, 4}), false), std::invalid_argument);
+  EXPECT_THROW(pack_gemm_rhs(mx::zeros({2, 4}, mx::int32), false), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace transmuter::kernels
