@@ -5,8 +5,8 @@
 #include <limits>
 #include <memory>
 
-#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace transmuter::kernels {
@@ -43,43 +43,54 @@ void valid_columns(const Conv2dArgs& a, int64_t reach, int64_t& first, int64_t& 
   first = std::min(first, last);
 }
 
-// Rows [begin, end) of cols for one image: row (c * kH + ky) * kW + kx holds,
-// for every output position, the input value under kernel tap (ky, kx) of
-// channel c, zero where the tap falls in the padding.
-void unfold_rows(const Conv2dArgs& a, const float* image, float* cols, int64_t begin, int64_t end) {
-  const int64_t positions = a.positions();
-  for (int64_t row = begin; row < end; ++row) {
-    const int64_t kx = row % a.kernel_w, ky = (row / a.kernel_w) % a.kernel_h, c = row / (a.kernel_w * a.kernel_h);
-    const float* plane = image + c * a.in_h * a.in_w;
-    float* dst = cols + row * positions;
-    int64_t first, last;
-    valid_columns(a, kx * a.dilation_w, first, last);
-    const int64_t shift = kx * a.dilation_w - a.pad_left;
-    for (int64_t oy = 0; oy < a.out_h; ++oy, dst += a.out_w) {
-      const int64_t iy = oy * a.stride_h - a.pad_top + ky * a.dilation_h;
-      if (iy < 0 || iy >= a.in_h || first >= last) {
-        std::memset(dst, 0, static_cast<size_t>(a.out_w) * sizeof(float));
-        continue;
-      }
-      std::fill(dst, dst + first, 0.0f);
-      std::fill(dst + last, dst + a.out_w, 0.0f);
-      const float* src = plane + iy * a.in_w + shift;
-      if (a.stride_w == 1) {
-        std::memcpy(dst + first, src + first, static_cast<size_t>(last - first) * sizeof(float));
-      } else {
-        for (int64_t ox = first; ox < last; ++ox) dst[ox] = src[ox * a.stride_w];
-      }
+// Row `row` = (c * kH + ky) * kW + kx of one image's unfolded input: for
+// every output position, the input value under kernel tap (ky, kx) of channel
+// c, zero where the tap falls in the padding.
+void unfold_row(const Conv2dArgs& a, const float* image, float* dst, int64_t row) {
+  const int64_t kx = row % a.kernel_w, ky = (row / a.kernel_w) % a.kernel_h, c = row / (a.kernel_w * a.kernel_h);
+  const float* plane = image + c * a.in_h * a.in_w;
+  int64_t first, last;
+  valid_columns(a, kx * a.dilation_w, first, last);
+  const int64_t shift = kx * a.dilation_w - a.pad_left;
+  for (int64_t oy = 0; oy < a.out_h; ++oy, dst += a.out_w) {
+    const int64_t iy = oy * a.stride_h - a.pad_top + ky * a.dilation_h;
+    if (iy < 0 || iy >= a.in_h || first >= last) {
+      std::memset(dst, 0, static_cast<size_t>(a.out_w) * sizeof(float));
+      continue;
+    }
+    std::fill(dst, dst + first, 0.0f);
+    std::fill(dst + last, dst + a.out_w, 0.0f);
+    const float* src = plane + iy * a.in_w + shift;
+    if (a.stride_w == 1) {
+      std::memcpy(dst + first, src + first, static_cast<size_t>(last - first) * sizeof(float));
+    } else {
+      for (int64_t ox = first; ox < last; ++ox) dst[ox] = src[ox * a.stride_w];
     }
   }
 }
 
-// Rows [begin, end) of one image's output [M, P] set to the bias, which the
-// GEMM then accumulates onto (beta 1). With beta 0 OpenBLAS clears the output
-// in a pass of its own (sgemm_beta, 9% of MobileNetV2's profile), so the bias
-// costs nothing extra this way.
-void fill_bias_rows(const Conv2dArgs& a, float* out, int64_t begin, int64_t end) {
-  const int64_t positions = a.positions();
-  for (int64_t m = begin; m < end; ++m) std::fill(out + m * positions, out + (m + 1) * positions, a.bias[m]);
+// Rows [begin, end) of the GEMM's right-hand side [depth, positions] (the
+// image itself for a pointwise conv, else its unfolded rows) copied into the
+// GEMM's panels: packed[p, row, j] = B[row, p * width + j], zero past the
+// last position. Read in place, B's rows lie `positions` floats apart, which
+// maps a panel's 256-row slice onto a few L1 sets; the panels are contiguous.
+void pack_rows(const Conv2dArgs& a, const float* image, bool unfold, float* packed, int64_t begin, int64_t end) {
+  thread_local std::vector<float> row_buffer;
+  const int64_t positions = a.positions(), depth = a.depth(), width = gemm_panel_width();
+  if (unfold) row_buffer.resize(static_cast<size_t>(positions));
+  for (int64_t row = begin; row < end; ++row) {
+    const float* src = image + row * positions;
+    if (unfold) {
+      unfold_row(a, image, row_buffer.data(), row);
+      src = row_buffer.data();
+    }
+    for (int64_t p = 0, col = 0; col < positions; ++p, col += width) {
+      float* dst = packed + (p * depth + row) * width;
+      const int64_t cols = std::min(width, positions - col);
+      std::memcpy(dst, src + col, static_cast<size_t>(cols) * sizeof(float));
+      std::fill(dst + cols, dst + width, 0.0f);
+    }
+  }
 }
 
 // The activation over rows [begin, end) of one image's output [M, P] (which
@@ -103,39 +114,41 @@ void activate_rows(const Conv2dArgs& a, float* out, int64_t begin, int64_t end) 
   }
 }
 
-// The unfold buffer of the evaluating (stream) thread, kept between calls so
+// The panel buffer of the evaluating (stream) thread, kept between calls so
 // that steady-state inference allocates (and page-faults) nothing; one larger
 // than kKeepBytes is released after the call.
 constexpr size_t kKeepBytes = size_t{64} << 20;
 
 void run_conv2d(const Conv2dArgs& a) {
-  thread_local std::vector<float> unfold_buffer;
-  const int64_t positions = a.positions(), depth = a.depth();
+  thread_local std::vector<float> panel_buffer;
+  const int64_t positions = a.positions(), depth = a.depth(), width = gemm_panel_width();
   const bool unfold = a.needs_unfold();
-  if (unfold) unfold_buffer.resize(static_cast<size_t>(depth * positions));
+  panel_buffer.resize(static_cast<size_t>(depth * ((positions + width - 1) / width) * width));
   const int64_t plane_in = a.channels * a.in_h * a.in_w, plane_out = a.out_channels * positions;
   // About 32K values a chunk: enough work to pay for waking a thread.
-  const int64_t unfold_grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, positions));
+  const int64_t pack_grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, positions));
   // The activation is cheap per element: bigger chunks.
   const int64_t row_grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, positions));
   for (int64_t n = 0; n < a.batch; ++n) {
     const float* image = a.x + n * plane_in;
     float* out = a.y + n * plane_out;
-    const float* cols = image;
-    if (unfold) {
-      float* buffer = unfold_buffer.data();
-      parallel_for(depth, unfold_grain, [&](int64_t begin, int64_t end) { unfold_rows(a, image, buffer, begin, end); });
-      cols = buffer;
-    }
-    if (a.bias != nullptr) fill_bias_rows(a, out, 0, a.out_channels);
-    cblas_sgemm(kCblasRowMajor, kCblasNoTrans, kCblasNoTrans, static_cast<int>(a.out_channels),
-                static_cast<int>(positions), static_cast<int>(depth), 1.0f, a.w, static_cast<int>(depth), cols,
-                static_cast<int>(positions), a.bias != nullptr ? 1.0f : 0.0f, out, static_cast<int>(positions));
+    float* packed = panel_buffer.data();
+    parallel_for(depth, pack_grain,
+                 [&](int64_t begin, int64_t end) { pack_rows(a, image, unfold, packed, begin, end); });
+    GemmArgs product;
+    product.a = a.w;
+    product.lda = product.k = depth;
+    product.packed = packed;
+    product.n = product.ldy = positions;
+    product.row_bias = a.bias;
+    product.y = out;
+    product.m = a.out_channels;
+    run_gemm(product);
     if (a.activation != ConvActivation::kNone) {
       parallel_for(a.out_channels, row_grain, [&](int64_t begin, int64_t end) { activate_rows(a, out, begin, end); });
     }
   }
-  if (unfold_buffer.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(unfold_buffer);
+  if (panel_buffer.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(panel_buffer);
 }
 
 // The composition the kernel replaces (the grouped-conv reference with one
@@ -239,11 +252,10 @@ bool conv2d_fits(const mx::array& x, const mx::array& w, const std::optional<mx:
 
 size_t conv2d_unfold_bytes(const mx::array& x, const mx::array& w, const Conv2dOptions& o) {
   const mx::Shape y = output_shape(x, w, o);
-  const bool pointwise = w.shape(2) == 1 && w.shape(3) == 1 && o.strides[0] == 1 && o.strides[1] == 1 &&
-                         o.pads_begin[0] == 0 && o.pads_begin[1] == 0 && y[2] == x.shape(2) && y[3] == x.shape(3);
-  if (pointwise) return 0;
-  return static_cast<size_t>(w.shape(1)) * w.shape(2) * w.shape(3) * static_cast<size_t>(y[2]) * y[3] *
-         sizeof(float);
+  const size_t width = static_cast<size_t>(gemm_panel_width());
+  const size_t positions = static_cast<size_t>(y[2]) * y[3];
+  const size_t padded_positions = (positions + width - 1) / width * width;
+  return static_cast<size_t>(w.shape(1)) * w.shape(2) * w.shape(3) * padded_positions * sizeof(float);
 }
 
 mx::array conv2d(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,

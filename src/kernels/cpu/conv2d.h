@@ -8,9 +8,10 @@
 // transpose of the input, of the weight and of the output around MLX's own
 // unfold + GEMM, and the bias and the activation are further passes over the
 // output. This kernel unfolds in place of the transposes (one buffer of one
-// image, reused by the stream thread), runs one OpenBLAS sgemm per image that
-// accumulates onto the bias (written first, beta 1), and applies the
-// activation to the output rows right after.
+// image, reused by the stream thread), runs the GEMM of src/kernels/cpu/gemm.h
+// per image reading the weight and the unfolded rows where they are (no
+// packing copy, unlike OpenBLAS's sgemm) with the bias as the accumulators'
+// start, and applies the activation to the output rows right after.
 #pragma once
 
 #include <optional>
@@ -39,9 +40,10 @@ struct Conv2dOptions {
 bool conv2d_fits(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                  const Conv2dOptions& options);
 
-/** Bytes of the unfold buffer the kernel allocates for one image (0 when it
- * needs none: 1x1, unit strides, no pads). Callers hold it to their memory
- * limit. Requires conv2d_fits. */
+/** Bytes of the buffer the kernel allocates for one image: its unfolded input
+ * (the input itself for a 1x1 conv) in the GEMM's panels, positions rounded
+ * up to the panel width. Callers hold it to their memory limit. Requires
+ * conv2d_fits. */
 size_t conv2d_unfold_bytes(const mx::array& x, const mx::array& w, const Conv2dOptions& options);
 
 /** The convolution as above. Arguments that do not fit (conv2d_fits), and

@@ -5,7 +5,6 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
 #include <hwy/foreach_target.h>  // must come before highway.h
 
-#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -16,16 +15,6 @@
 #ifndef TRANSMUTER_KERNELS_CPU_GEMM_ARGS
 #define TRANSMUTER_KERNELS_CPU_GEMM_ARGS
 namespace transmuter::kernels {
-// One product (outside the per-target namespaces: every target takes it).
-struct GemmArgs {
-  const float* a;       // [m, k], row-major
-  const float* packed;  // [ceil(n / panel width), k, panel width]
-  const float* bias;    // [n] or null
-  float* y;             // [m, n], row-major
-  int64_t m, k, n;
-  Activation activation;
-};
-
 // Rows of one register tile: 6 rows x 2 vectors = 12 accumulators, leaving
 // registers for the two panel vectors and the broadcast row value (16 on AVX2).
 inline constexpr int64_t kTileRows = 6;
@@ -38,9 +27,6 @@ inline constexpr int64_t kDepthBlock = 256;
 HWY_BEFORE_NAMESPACE();
 namespace transmuter::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// How far ahead (in panel rows) the tile asks for the panel's next cache lines.
-constexpr int64_t kPrefetchRows = 8;
 
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
@@ -83,11 +69,13 @@ struct RowSegment {
   }
 };
 
-// y[R rows, segment] = start + a[R rows, 0..depth) @ panel[0..depth), where
-// start is y itself (accumulate), the bias, or zero.
-template <int R>
-HWY_INLINE void Tile(const float* a, int64_t lda, const float* panel, int64_t depth, float* y, int64_t ldy,
-                     const RowSegment& segment, const float* bias, bool accumulate) {
+// y[R rows, segment] = start + a[R rows, 0..depth) @ b[0..depth, segment),
+// with b's rows `ldb` apart; start is y itself (accumulate), or the column
+// bias plus the row bias (each zero when null). kMaskedB: b holds only the
+// segment's columns (an unpacked matrix's last columns), read masked.
+template <int R, bool kMaskedB>
+HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y, int64_t ldy,
+                     const RowSegment& segment, const float* col_bias, const float* row_bias, bool accumulate) {
   const D d;
   const size_t lanes = hn::Lanes(d);
   V lo[R], hi[R];
@@ -96,18 +84,23 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* panel, int64_t de
     for (int r = 0; r < R; ++r) segment.load(y + r * ldy, lo[r], hi[r]);
   } else {
     V start_lo = hn::Zero(d), start_hi = hn::Zero(d);
-    if (bias != nullptr) segment.load(bias, start_lo, start_hi);
+    if (col_bias != nullptr) segment.load(col_bias, start_lo, start_hi);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      lo[r] = start_lo;
-      hi[r] = start_hi;
+      const V row = hn::Set(d, row_bias != nullptr ? row_bias[r] : 0.0f);
+      lo[r] = hn::Add(start_lo, row);
+      hi[r] = hn::Add(start_hi, row);
     }
   }
 #pragma GCC unroll 4
   for (int64_t k = 0; k < depth; ++k) {
-    const V b_lo = hn::LoadU(d, panel + k * 2 * lanes);
-    const V b_hi = hn::LoadU(d, panel + k * 2 * lanes + lanes);
-    hwy::Prefetch(panel + (k + kPrefetchRows) * 2 * lanes);
+    V b_lo, b_hi;
+    if constexpr (kMaskedB) {
+      segment.load(b + k * ldb, b_lo, b_hi);
+    } else {
+      b_lo = hn::LoadU(d, b + k * ldb);
+      b_hi = hn::LoadU(d, b + k * ldb + lanes);
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const V x = hn::Set(d, a[r * lda + k]);
@@ -119,40 +112,53 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* panel, int64_t de
   for (int r = 0; r < R; ++r) segment.store(lo[r], hi[r], y + r * ldy);
 }
 
-void TileRows(int64_t rows, const float* a, int64_t lda, const float* panel, int64_t depth, float* y, int64_t ldy,
-              const RowSegment& segment, const float* bias, bool accumulate) {
+template <bool kMaskedB>
+void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
+              int64_t ldy, const RowSegment& segment, const float* col_bias, const float* row_bias, bool accumulate) {
   switch (rows) {
-    case 6: return Tile<6>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
-    case 5: return Tile<5>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
-    case 4: return Tile<4>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
-    case 3: return Tile<3>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
-    case 2: return Tile<2>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
-    default: return Tile<1>(a, lda, panel, depth, y, ldy, segment, bias, accumulate);
+    case 6: return Tile<6, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
+    case 5: return Tile<5, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
+    case 4: return Tile<4, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
+    case 3: return Tile<3, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
+    case 2: return Tile<2, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
+    default: return Tile<1, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
   }
 }
 
-// Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels): the
-// work of one task. K in slices of kDepthBlock, each slice of a panel read by
-// every row tile of the block before the next panel.
+// Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels) (a
+// panel: two vectors of columns): the work of one task. K in slices of
+// kDepthBlock; each row tile's slice of A (6 x 256 floats) stays in L1 while
+// it passes over the block's panels.
 void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
   const int64_t width = PanelWidth();
   for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
     const int64_t depth = std::min(kDepthBlock, g.k - k0);
     for (int64_t r = row0; r < row0 + rows; r += kTileRows) {
       const int64_t tile_rows = std::min(kTileRows, row0 + rows - r);
+      const float* a = g.a + r * g.lda + k0;
+      float* y = g.y + r * g.ldy;
+      const float* row_bias = g.row_bias != nullptr ? g.row_bias + r : nullptr;
       for (int64_t p = panel0; p < panel0 + panels; ++p) {
         const int64_t col0 = p * width;
         const RowSegment segment(std::min(width, g.n - col0));
-        const float* panel = g.packed + (p * g.k + k0) * width;
-        const float* bias = g.bias != nullptr ? g.bias + col0 : nullptr;
-        TileRows(tile_rows, g.a + r * g.k + k0, g.k, panel, depth, g.y + r * g.n + col0, g.n, segment, bias, k0 > 0);
+        const float* col_bias = g.col_bias != nullptr ? g.col_bias + col0 : nullptr;
+        if (g.packed != nullptr) {  // zero-padded panels: full loads
+          TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0, g.ldy,
+                          segment, col_bias, row_bias, k0 > 0);
+        } else if (segment.full) {
+          TileRows<false>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy, segment,
+                          col_bias, row_bias, k0 > 0);
+        } else {
+          TileRows<true>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy, segment,
+                         col_bias, row_bias, k0 > 0);
+        }
       }
     }
   }
   if (g.activation != Activation::kIdentity) {
     const int64_t col0 = panel0 * width;
     const int64_t cols = std::min(g.n, (panel0 + panels) * width) - col0;
-    activate_block(g.y + row0 * g.n + col0, rows, cols, g.n, g.activation);
+    activate_block(g.y + row0 * g.ldy + col0, rows, cols, g.ldy, g.activation);
   }
 }
 
@@ -186,6 +192,8 @@ constexpr int64_t kParallelWork = 1 << 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+}  // namespace
+
 // Splits g's output into blocks and runs them across the kernel threads.
 void run_gemm(const GemmArgs& g) {
   const int64_t panels = ceil_div(g.n, gemm_panel_width());
@@ -203,6 +211,8 @@ void run_gemm(const GemmArgs& g) {
   });
 }
 
+namespace {
+
 class PackedMatmulKernel : public CpuKernel {
  public:
   PackedMatmulKernel(mx::Stream stream, Reference reference, int64_t n, bool has_bias, Activation activation)
@@ -215,13 +225,13 @@ class PackedMatmulKernel : public CpuKernel {
 
  protected:
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
-    GemmArgs g{};
+    GemmArgs g;
     g.a = in[0].data<float>();
     g.packed = in[1].data<float>();
-    g.bias = has_bias_ ? in[2].data<float>() : nullptr;
+    g.col_bias = has_bias_ ? in[2].data<float>() : nullptr;
     g.y = out[0].data<float>();
-    g.k = in[1].shape(1);
-    g.n = n_;
+    g.k = g.lda = in[1].shape(1);
+    g.n = g.ldy = n_;
     g.m = static_cast<int64_t>(in[0].size()) / g.k;
     g.activation = activation_;
     return [g] { run_gemm(g); };

@@ -61,4 +61,23 @@ bool packed_rhs_fits(const mx::array& packed, int64_t n);
 mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::optional<mx::array>& bias,
                         int64_t n, Activation activation = Activation::kIdentity, mx::StreamOrDevice s = {});
 
+/** The kernel underneath, for other kernels (conv2d): y = act(a @ B +
+ * col_bias + row_bias), float32, B packed (pack_gemm_rhs's layout) or a
+ * strided row-major matrix. Runs on the calling thread and the kernel pool. */
+struct GemmArgs {
+  const float* a = nullptr;  // [m, k], row stride lda
+  int64_t lda = 0;
+  const float* packed = nullptr;  // [ceil(n / panel width), k, panel width], or null:
+  const float* b = nullptr;       // [k, n], row stride ldb
+  int64_t ldb = 0;
+  const float* col_bias = nullptr;  // [n] or null
+  const float* row_bias = nullptr;  // [m] or null
+  float* y = nullptr;               // [m, n], row stride ldy
+  int64_t ldy = 0;
+  int64_t m = 0, k = 0, n = 0;
+  Activation activation = Activation::kIdentity;
+};
+
+void run_gemm(const GemmArgs& args);
+
 }  // namespace transmuter::kernels

@@ -3,6 +3,7 @@
 // batches, bias and activations; gradients; mx::compile; the cases it hands
 // back to the composition; the unfold size it reports.
 #include "kernels/cpu/conv2d.h"
+#include "kernels/cpu/gemm.h"
 
 #include <gtest/gtest.h>
 #include <mlx/primitives.h>
@@ -180,14 +181,17 @@ TEST(Conv2dKernel, OtherDtypesGroupingsAndWindowsUseTheComposition) {
   EXPECT_LT(max_abs_diff(mixed, expected(x, w, b16, o)), kTolerance);
 }
 
-TEST(Conv2dKernel, ReportsTheUnfoldOfOneImage) {
+TEST(Conv2dKernel, ReportsThePanelBufferOfOneImage) {
+  // C * kH * kW rows of the output positions rounded up to the panel width.
+  const size_t width = static_cast<size_t>(gemm_panel_width());
+  auto padded = [&](size_t positions) { return (positions + width - 1) / width * width; };
   mx::array x = random_array({4, 8, 10, 12}, 101);
   mx::array w = random_array({5, 8, 3, 3}, 102);
   Conv2dOptions o{.pads_begin = {1, 1}, .pads_end = {1, 1}};
-  EXPECT_EQ(conv2d_unfold_bytes(x, w, o), size_t{8 * 9 * 10 * 12 * 4});
+  EXPECT_EQ(conv2d_unfold_bytes(x, w, o), 8 * 9 * padded(10 * 12) * 4);
   mx::array w1 = random_array({5, 8, 1, 1}, 103);
-  EXPECT_EQ(conv2d_unfold_bytes(x, w1, {}), 0u);
-  EXPECT_EQ(conv2d_unfold_bytes(x, w1, {.strides = {2, 2}}), size_t{8 * 5 * 6 * 4});
+  EXPECT_EQ(conv2d_unfold_bytes(x, w1, {}), 8 * padded(10 * 12) * 4);
+  EXPECT_EQ(conv2d_unfold_bytes(x, w1, {.strides = {2, 2}}), 8 * padded(5 * 6) * 4);
 }
 
 }  // namespace
