@@ -5,8 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "transmuter/error.h"
 
@@ -50,6 +54,10 @@ void require_regular(const std::filesystem::path& path, const struct stat& info)
   }
 }
 
+// The address ranges of the live mappings, for release_if_file_backed.
+std::mutex live_mutex;
+std::vector<std::pair<uintptr_t, uintptr_t>> live_mappings;
+
 }  // namespace
 
 MappedFile::MappedFile(std::filesystem::path path) : path_(std::move(path)) {
@@ -71,10 +79,18 @@ MappedFile::MappedFile(std::filesystem::path path) : path_(std::move(path)) {
   void* mapped = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.get(), 0);
   if (mapped == MAP_FAILED) fail(path_, "mmap");
   data_ = static_cast<uint8_t*>(mapped);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data_);
+  std::lock_guard lock(live_mutex);
+  live_mappings.emplace_back(begin, begin + size_);
 }
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(data_, size_);
+  if (data_ == nullptr) return;
+  {
+    std::lock_guard lock(live_mutex);
+    std::erase(live_mappings, std::pair{reinterpret_cast<uintptr_t>(data_), reinterpret_cast<uintptr_t>(data_) + size_});
+  }
+  ::munmap(data_, size_);
 }
 
 std::shared_ptr<MappedFile> MappedFile::open(std::filesystem::path path) {
@@ -86,6 +102,15 @@ void release_mapped_pages(std::span<const uint8_t> bytes) {
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(bytes.data()) + page - 1) / page * page;
   const uintptr_t end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size()) / page * page;
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+bool release_if_file_backed(std::span<const uint8_t> bytes) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()), end = begin + bytes.size();
+  std::lock_guard lock(live_mutex);
+  const bool mapped = std::any_of(live_mappings.begin(), live_mappings.end(),
+                                  [&](const auto& range) { return range.first <= begin && end <= range.second; });
+  if (mapped) release_mapped_pages(bytes);
+  return mapped;
 }
 
 }  // namespace transmuter

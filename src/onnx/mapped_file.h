@@ -45,4 +45,10 @@ class MappedFile {
  * saves memory. */
 void release_mapped_pages(std::span<const uint8_t> bytes);
 
+/** release_mapped_pages(bytes) when `bytes` lie inside a live MappedFile (a
+ * tensor that aliases its model file); nothing for any other memory. For
+ * load-time passes that replace a weight they have copied (packed): returns
+ * true when pages were dropped. */
+bool release_if_file_backed(std::span<const uint8_t> bytes);
+
 }  // namespace transmuter

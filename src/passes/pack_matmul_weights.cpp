@@ -25,11 +25,14 @@
 // The pass runs only when the default device at load is the CPU: the packed
 // layout is this CPU's (its SIMD width), and on a GPU stream the node would
 // unpack the weight on every call.
+#include <algorithm>
 #include <map>
+#include <span>
 #include <optional>
 #include <utility>
 
 #include "kernels/cpu/gemm.h"
+#include "onnx/mapped_file.h"
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 #include "transmuter/error.h"
@@ -212,6 +215,29 @@ Node packed_node(const ProductMatch& m, const Node& product, const Node& last, c
   return fused;
 }
 
+// How many of `matches` read `weight`.
+size_t pending_readers(const std::vector<ProductMatch>& matches, const std::string& weight) {
+  return static_cast<size_t>(
+      std::count_if(matches.begin(), matches.end(), [&](const ProductMatch& m) { return m.weight == weight; }));
+}
+
+// Erases a stored weight that only packed products read, and gives its memory
+// back: the file pages that packing read when it aliases the model file (they
+// refault from the file should anything read them again), else its buffer.
+void drop_weight(Graph& graph, const std::string& name) {
+  auto it = graph.initializers.find(name);
+  if (it == graph.initializers.end() || !it->second.is_tensor()) return;
+  const mx::array& w = it->second.tensor();
+  const std::span<const uint8_t> bytes(w.data<uint8_t>(), w.nbytes());
+  graph.initializers.erase(it);
+  if (!release_if_file_backed(bytes)) {
+    // A copy made at load (the weight was misaligned in the file) went back
+    // to MLX's buffer cache; hand it to the system before the next packing
+    // allocates as much again.
+    mx::clear_cache();
+  }
+}
+
 }  // namespace
 
 size_t pack_matmul_weights(Graph& graph) {
@@ -229,6 +255,11 @@ size_t pack_matmul_weights(Graph& graph) {
   }
   // (weight, transposed) -> its packed initializer
   std::map<std::pair<std::string, bool>, std::string> packed_names;
+  // Products left to rewrite per weight that nothing else reads: when the
+  // last one is done the stored weight goes at once, so that the peak memory
+  // holds one layer's weight twice, not the whole model's.
+  std::map<std::string, size_t> pending;
+  for (const ProductMatch& m : matches) pending[m.weight]++;
   std::vector<bool> removed(graph.nodes.size(), false);
   for (const ProductMatch& m : matches) {
     std::string& packed = packed_names[{m.weight, m.transposed}];
@@ -236,6 +267,10 @@ size_t pack_matmul_weights(Graph& graph) {
       packed = fresh_initializer_name(graph, m.weight + "/packed");
       graph.initializers[packed] =
           Value(kernels::pack_gemm_rhs(graph.initializers.at(m.weight).tensor(), m.transposed));
+    }
+    if (--pending[m.weight] == 0 && index.consumers(m.weight).size() == pending_readers(matches, m.weight) &&
+        !index.is_graph_output(m.weight)) {
+      drop_weight(graph, m.weight);
     }
     std::optional<std::string> bias = m.bias;
     if (m.bias_reshaped) {

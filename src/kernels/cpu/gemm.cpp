@@ -166,6 +166,8 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -244,18 +246,42 @@ class PackedMatmulKernel : public CpuKernel {
 };
 
 // Fills packed [panels, k, width] from b ([k, n] row-major, or [n, k] when
-// transposed), zero past column n.
+// transposed), zero past column n. Each loop reads b along its rows.
 void pack_panels(const float* b, bool transposed, int64_t k, int64_t n, int64_t width, float* packed) {
   const int64_t panels = ceil_div(n, width);
-  std::memset(packed, 0, static_cast<size_t>(panels * k * width) * sizeof(float));
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t cols = std::min(width, n - p * width);
-    float* panel = packed + p * k * width;
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t col = p * width + j;
-      for (int64_t kk = 0; kk < k; ++kk) panel[kk * width + j] = transposed ? b[col * k + kk] : b[kk * n + col];
+  parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t cols = std::min(width, n - p * width);
+      float* panel = packed + p * k * width;
+      if (cols < width) std::memset(panel, 0, static_cast<size_t>(k * width) * sizeof(float));
+      if (transposed) {
+        for (int64_t j = 0; j < cols; ++j) {
+          const float* row = b + (p * width + j) * k;
+          for (int64_t kk = 0; kk < k; ++kk) panel[kk * width + j] = row[kk];
+        }
+      } else {
+        for (int64_t kk = 0; kk < k; ++kk) {
+          std::memcpy(panel + kk * width, b + kk * n + p * width, static_cast<size_t>(cols) * sizeof(float));
+        }
+      }
     }
-  }
+  });
+}
+
+// Memory for packed panels, on cache lines (the kernel's loads are
+// unaligned-safe anyway). A large weight goes on transparent huge pages where
+// the kernel allows them (madvise mode): packing a model's weights at load
+// otherwise spends much of its time faulting in 4 KiB pages, and the kernel's
+// streaming reads miss the TLB less.
+void* allocate_panels(size_t bytes) {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t alignment = bytes >= 2 * kHugePage ? kHugePage : 64;
+  void* memory = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+  if (memory == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (alignment == kHugePage) ::madvise(memory, (bytes + alignment - 1) / alignment * alignment, MADV_HUGEPAGE);
+#endif
+  return memory;
 }
 
 }  // namespace
@@ -275,10 +301,7 @@ mx::array pack_gemm_rhs(const mx::array& b, bool transposed) {
   const int64_t n = transposed ? b.shape(0) : b.shape(1);
   const int64_t width = gemm_panel_width();
   const int64_t panels = ceil_div(n, width);
-  // Panels start on cache lines (the kernel's loads are unaligned-safe anyway).
-  const size_t bytes = static_cast<size_t>(panels * k * width) * sizeof(float);
-  void* memory = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (memory == nullptr) throw std::bad_alloc();
+  void* memory = allocate_panels(static_cast<size_t>(panels * k * width) * sizeof(float));
   pack_panels(source.data<float>(), transposed, k, n, width, static_cast<float*>(memory));
   return mx::array(memory, {static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)}, mx::float32,
                    [](void* p) { std::free(p); });
