@@ -93,27 +93,6 @@ void pack_rows(const Conv2dArgs& a, const float* image, bool unfold, float* pack
   }
 }
 
-// The activation over rows [begin, end) of one image's output [M, P] (which
-// already holds conv + bias).
-void activate_rows(const Conv2dArgs& a, float* out, int64_t begin, int64_t end) {
-  float* first = out + begin * a.positions();
-  float* last = out + end * a.positions();
-  const float lo = a.clip_min, hi = a.clip_max;
-  switch (a.activation) {
-    case ConvActivation::kNone:
-      break;
-    case ConvActivation::kRelu:
-      for (float* v = first; v < last; ++v) *v = std::max(*v, 0.0f);
-      break;
-    case ConvActivation::kClip:
-      for (float* v = first; v < last; ++v) *v = std::min(std::max(*v, lo), hi);
-      break;
-    case ConvActivation::kHardSwish:
-      for (float* v = first; v < last; ++v) *v = *v * std::min(std::max(*v * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f);
-      break;
-  }
-}
-
 // The panel buffer of the evaluating (stream) thread, kept between calls so
 // that steady-state inference allocates (and page-faults) nothing; one larger
 // than kKeepBytes is released after the call.
@@ -127,8 +106,6 @@ void run_conv2d(const Conv2dArgs& a) {
   const int64_t plane_in = a.channels * a.in_h * a.in_w, plane_out = a.out_channels * positions;
   // About 32K values a chunk: enough work to pay for waking a thread.
   const int64_t pack_grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, positions));
-  // The activation is cheap per element: bigger chunks.
-  const int64_t row_grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, positions));
   for (int64_t n = 0; n < a.batch; ++n) {
     const float* image = a.x + n * plane_in;
     float* out = a.y + n * plane_out;
@@ -136,17 +113,17 @@ void run_conv2d(const Conv2dArgs& a) {
     parallel_for(depth, pack_grain,
                  [&](int64_t begin, int64_t end) { pack_rows(a, image, unfold, packed, begin, end); });
     GemmArgs product;
+    product.packed = packed;
     product.a = a.w;
     product.lda = product.k = depth;
-    product.packed = packed;
     product.n = product.ldy = positions;
     product.row_bias = a.bias;
     product.y = out;
     product.m = a.out_channels;
+    product.conv_activation = a.activation;
+    product.clip_min = a.clip_min;
+    product.clip_max = a.clip_max;
     run_gemm(product);
-    if (a.activation != ConvActivation::kNone) {
-      parallel_for(a.out_channels, row_grain, [&](int64_t begin, int64_t end) { activate_rows(a, out, begin, end); });
-    }
   }
   if (panel_buffer.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(panel_buffer);
 }

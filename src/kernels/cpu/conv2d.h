@@ -11,7 +11,7 @@
 // image, reused by the stream thread), runs the GEMM of src/kernels/cpu/gemm.h
 // per image reading the weight and the unfolded rows where they are (no
 // packing copy, unlike OpenBLAS's sgemm) with the bias as the accumulators'
-// start, and applies the activation to the output rows right after.
+// start and the activation applied in registers before the store.
 #pragma once
 
 #include <optional>

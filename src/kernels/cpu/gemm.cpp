@@ -73,9 +73,30 @@ struct RowSegment {
 // with b's rows `ldb` apart; start is y itself (accumulate), or the column
 // bias plus the row bias (each zero when null). kMaskedB: b holds only the
 // segment's columns (an unpacked matrix's last columns), read masked.
+// max(v, 0), clip or HardSwish on the finished accumulators (GemmArgs::conv_activation).
+struct Clamp {
+  ConvActivation kind = ConvActivation::kNone;
+  float lo = 0.0f, hi = 6.0f;
+
+  V apply(V v) const {
+    const D d;
+    switch (kind) {
+      case ConvActivation::kNone: return v;
+      case ConvActivation::kRelu: return hn::Max(v, hn::Zero(d));
+      case ConvActivation::kClip: return hn::Min(hn::Max(v, hn::Set(d, lo)), hn::Set(d, hi));
+      case ConvActivation::kHardSwish: {
+        const V gate = hn::MulAdd(v, hn::Set(d, 1.0f / 6.0f), hn::Set(d, 0.5f));
+        return hn::Mul(v, hn::Min(hn::Max(gate, hn::Zero(d)), hn::Set(d, 1.0f)));
+      }
+    }
+    return v;
+  }
+};
+
 template <int R, bool kMaskedB>
 HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y, int64_t ldy,
-                     const RowSegment& segment, const float* col_bias, const float* row_bias, bool accumulate) {
+                     const RowSegment& segment, const float* col_bias, const float* row_bias, bool accumulate,
+                     const Clamp* clamp) {
   const D d;
   const size_t lanes = hn::Lanes(d);
   V lo[R], hi[R];
@@ -108,20 +129,28 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
       hi[r] = hn::MulAdd(x, b_hi, hi[r]);
     }
   }
+  if (clamp != nullptr) {
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      lo[r] = clamp->apply(lo[r]);
+      hi[r] = clamp->apply(hi[r]);
+    }
+  }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) segment.store(lo[r], hi[r], y + r * ldy);
 }
 
 template <bool kMaskedB>
 void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
-              int64_t ldy, const RowSegment& segment, const float* col_bias, const float* row_bias, bool accumulate) {
+              int64_t ldy, const RowSegment& segment, const float* col_bias, const float* row_bias, bool accumulate,
+              const Clamp* clamp) {
   switch (rows) {
-    case 6: return Tile<6, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
-    case 5: return Tile<5, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
-    case 4: return Tile<4, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
-    case 3: return Tile<3, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
-    case 2: return Tile<2, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
-    default: return Tile<1, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate);
+    case 6: return Tile<6, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
+    case 5: return Tile<5, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
+    case 4: return Tile<4, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
+    case 3: return Tile<3, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
+    case 2: return Tile<2, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
+    default: return Tile<1, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
   }
 }
 
@@ -131,8 +160,10 @@ void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t
 // it passes over the block's panels.
 void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
   const int64_t width = PanelWidth();
+  const Clamp clamp{g.conv_activation, g.clip_min, g.clip_max};
   for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
     const int64_t depth = std::min(kDepthBlock, g.k - k0);
+    const Clamp* last = k0 + depth == g.k && clamp.kind != ConvActivation::kNone ? &clamp : nullptr;
     for (int64_t r = row0; r < row0 + rows; r += kTileRows) {
       const int64_t tile_rows = std::min(kTileRows, row0 + rows - r);
       const float* a = g.a + r * g.lda + k0;
@@ -144,13 +175,13 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
         const float* col_bias = g.col_bias != nullptr ? g.col_bias + col0 : nullptr;
         if (g.packed != nullptr) {  // zero-padded panels: full loads
           TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0, g.ldy,
-                          segment, col_bias, row_bias, k0 > 0);
+                          segment, col_bias, row_bias, k0 > 0, last);
         } else if (segment.full) {
           TileRows<false>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy, segment,
-                          col_bias, row_bias, k0 > 0);
+                          col_bias, row_bias, k0 > 0, last);
         } else {
           TileRows<true>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy, segment,
-                         col_bias, row_bias, k0 > 0);
+                         col_bias, row_bias, k0 > 0, last);
         }
       }
     }

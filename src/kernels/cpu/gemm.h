@@ -30,6 +30,7 @@
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/activation.h"
+#include "kernels/cpu/depthwise_conv.h"  // ConvActivation
 
 namespace transmuter::kernels {
 
@@ -76,6 +77,10 @@ struct GemmArgs {
   int64_t ldy = 0;
   int64_t m = 0, k = 0, n = 0;
   Activation activation = Activation::kIdentity;
+  // A convolution's activation, applied in registers before the last store
+  // (instead of `activation`; clip bounds for kClip only).
+  ConvActivation conv_activation = ConvActivation::kNone;
+  float clip_min = 0.0f, clip_max = 6.0f;
 };
 
 void run_gemm(const GemmArgs& args);
