@@ -197,8 +197,6 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -206,6 +204,7 @@ HWY_AFTER_NAMESPACE();
 
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/thread_pool.h"
+#include "mlx_bridge/buffers.h"
 
 namespace transmuter::kernels {
 
@@ -299,22 +298,6 @@ void pack_panels(const float* b, bool transposed, int64_t k, int64_t n, int64_t 
   });
 }
 
-// Memory for packed panels, on cache lines (the kernel's loads are
-// unaligned-safe anyway). A large weight goes on transparent huge pages where
-// the kernel allows them (madvise mode): packing a model's weights at load
-// otherwise spends much of its time faulting in 4 KiB pages, and the kernel's
-// streaming reads miss the TLB less.
-void* allocate_panels(size_t bytes) {
-  constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t alignment = bytes >= 2 * kHugePage ? kHugePage : 64;
-  void* memory = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
-  if (memory == nullptr) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-  if (alignment == kHugePage) ::madvise(memory, (bytes + alignment - 1) / alignment * alignment, MADV_HUGEPAGE);
-#endif
-  return memory;
-}
-
 }  // namespace
 
 int64_t gemm_panel_width() {
@@ -332,10 +315,10 @@ mx::array pack_gemm_rhs(const mx::array& b, bool transposed) {
   const int64_t n = transposed ? b.shape(0) : b.shape(1);
   const int64_t width = gemm_panel_width();
   const int64_t panels = ceil_div(n, width);
-  void* memory = allocate_panels(static_cast<size_t>(panels * k * width) * sizeof(float));
-  pack_panels(source.data<float>(), transposed, k, n, width, static_cast<float*>(memory));
-  return mx::array(memory, {static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)}, mx::float32,
-                   [](void* p) { std::free(p); });
+  // MLX's own buffer: an array built over foreign memory would be copied.
+  MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float));
+  pack_panels(source.data<float>(), transposed, k, n, width, buffer.as<float>());
+  return buffer.into_array({static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)}, mx::float32);
 }
 
 mx::array unpack_gemm_rhs(const mx::array& packed, int64_t n, mx::StreamOrDevice s) {
