@@ -34,6 +34,11 @@ class Environment {
   const Environment* parent_;
 };
 
+/** RunOptions::cpu_buffer_cache: on a CPU device, raises MLX's buffer-cache
+ * limit to the requested floor (default: 1 GiB, at most 1/8 of the physical
+ * memory); never lowers it; 0 does nothing. */
+void raise_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requested);
+
 /** Binds the graph's initializers, replacing those named in `overrides`. */
 void bind_initializers(const Graph& graph, const Params* overrides, Environment& env);
 

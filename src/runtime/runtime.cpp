@@ -1,3 +1,8 @@
+#include <unistd.h>
+
+#include <algorithm>
+#include <mutex>
+
 #include <mlx/mlx.h>
 
 #include "runtime/compiler.h"
@@ -22,6 +27,23 @@ mx::Device default_device() {
   return mx::is_available(mx::Device::gpu) ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu);
 }
 
+void raise_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requested) {
+  if (device != mx::Device::cpu) return;
+  static const size_t default_floor = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    const size_t physical = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+    return physical == 0 ? size_t{1} << 30 : std::min(size_t{1} << 30, physical / 8);
+  }();
+  const size_t floor = requested.value_or(default_floor);
+  if (floor == 0) return;
+  // MLX has no getter: set, then put a larger previous limit back. Runs of
+  // other threads may interleave; both write at least the floor.
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  const size_t previous = mx::set_cache_limit(floor);
+  if (previous > floor) mx::set_cache_limit(previous);
+}
+
 namespace {
 
 // Remembered host reads hold what the model's own initializers gave; params
@@ -43,6 +65,7 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   const Graph& graph = *bound.graph;
   const Inputs typed_inputs = validate_inputs(graph, inputs);
   Execution exec{options.device.value_or(default_device()), options.memory_limit};
+  raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
   // Host reads that depend only on the input signature: replayed when a run
   // with this signature has read them, else read and kept for the next runs.
   HostReadCache& host_reads = *model.internal_state().host_reads;

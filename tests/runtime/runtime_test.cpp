@@ -57,6 +57,24 @@ TEST(Run, GradientFlowsToParams) {
   EXPECT_EQ(to_doubles(grads[0]), (std::vector<double>{1, 1, 2, 2}));
 }
 
+TEST(Run, RaisesMlxBufferCacheOnTheCpuAndNeverLowersIt) {
+  Model model = dense_relu();
+  const Inputs in = {{"x", mx::ones({1, 2})}};
+  const size_t before = mx::set_cache_limit(0);
+  run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_buffer_cache = 0});
+  EXPECT_EQ(mx::set_cache_limit(0), 0u) << "0 leaves MLX's limit alone";
+  run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_buffer_cache = size_t{64} << 20});
+  EXPECT_EQ(mx::set_cache_limit(size_t{256} << 20), size_t{64} << 20) << "raised to the floor";
+  run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_buffer_cache = size_t{64} << 20});
+  EXPECT_EQ(mx::set_cache_limit(0), size_t{256} << 20) << "a larger limit stays";
+  CompileOptions options;
+  options.device = mx::Device::cpu;
+  options.cpu_buffer_cache = size_t{48} << 20;
+  CompiledModel compiled = compile(model, {}, options);
+  compiled(in);
+  EXPECT_EQ(mx::set_cache_limit(before), size_t{48} << 20) << "compiled plans raise it too";
+}
+
 TEST(Run, RejectsWrongDtype) {
   Model model = dense_relu();
   try {
