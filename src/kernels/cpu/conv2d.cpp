@@ -85,10 +85,7 @@ void pack_rows(const Conv2dArgs& a, const float* image, bool unfold, float* pack
       src = row_buffer.data();
     }
     for (int64_t p = 0, col = 0; col < positions; ++p, col += width) {
-      float* dst = packed + (p * depth + row) * width;
-      const int64_t cols = std::min(width, positions - col);
-      std::memcpy(dst, src + col, static_cast<size_t>(cols) * sizeof(float));
-      std::fill(dst + cols, dst + width, 0.0f);
+      copy_panel_row(packed + (p * depth + row) * width, src + col, std::min(width, positions - col), width);
     }
   }
 }

@@ -198,6 +198,8 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include <cstdlib>
+#include <memory>
+#include <vector>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -283,20 +285,112 @@ void pack_panels(const float* b, bool transposed, int64_t k, int64_t n, int64_t 
     for (int64_t p = begin; p < end; ++p) {
       const int64_t cols = std::min(width, n - p * width);
       float* panel = packed + p * k * width;
-      if (cols < width) std::memset(panel, 0, static_cast<size_t>(k * width) * sizeof(float));
       if (transposed) {
+        if (cols < width) std::memset(panel, 0, static_cast<size_t>(k * width) * sizeof(float));
         for (int64_t j = 0; j < cols; ++j) {
           const float* row = b + (p * width + j) * k;
           for (int64_t kk = 0; kk < k; ++kk) panel[kk * width + j] = row[kk];
         }
       } else {
-        for (int64_t kk = 0; kk < k; ++kk) {
-          std::memcpy(panel + kk * width, b + kk * n + p * width, static_cast<size_t>(cols) * sizeof(float));
-        }
+        for (int64_t kk = 0; kk < k; ++kk) copy_panel_row(panel + kk * width, b + kk * n + p * width, cols, width);
       }
     }
   });
 }
+
+// Below this many rows per product the right-hand side is read in place:
+// packing it costs a pass over K x N, which only pays when enough rows reuse it.
+constexpr int64_t kPackRows = 8;
+// Products of fewer multiply-adds than this are batched across the threads
+// rather than split: splitting one costs a wake-up per product.
+constexpr int64_t kSmallProduct = int64_t{1} << 22;
+
+// Offsets of each output batch into a's and b's batches, numpy broadcasting
+// their leading axes (both already padded to the output's batch rank).
+struct BatchWalk {
+  std::vector<int64_t> a_offsets, b_offsets;  // in matrices
+
+  BatchWalk(const mx::Shape& a_batch, const mx::Shape& b_batch, const mx::Shape& out_batch) {
+    int64_t count = 1;
+    for (int d : out_batch) count *= d;
+    for (int64_t index = 0; index < count; ++index) {
+      int64_t rest = index, a_off = 0, b_off = 0, a_stride = 1, b_stride = 1;
+      for (int d = static_cast<int>(out_batch.size()) - 1; d >= 0; --d) {
+        const int64_t i = rest % out_batch[d];
+        rest /= out_batch[d];
+        if (a_batch[d] != 1) a_off += i * a_stride;
+        if (b_batch[d] != 1) b_off += i * b_stride;
+        a_stride *= a_batch[d];
+        b_stride *= b_batch[d];
+      }
+      a_offsets.push_back(a_off);
+      b_offsets.push_back(b_off);
+    }
+  }
+};
+
+class BatchedMatmulKernel : public CpuKernel {
+ public:
+  BatchedMatmulKernel(mx::Stream stream, Reference reference, mx::Shape a_batch, mx::Shape b_batch, mx::Shape out_batch)
+      : CpuKernel(stream, std::move(reference)),
+        a_batch_(std::move(a_batch)),
+        b_batch_(std::move(b_batch)),
+        out_batch_(std::move(out_batch)) {}
+  const char* name() const override { return "transmuter::Matmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const BatchedMatmulKernel*>(&other);
+    return o != nullptr && o->a_batch_ == a_batch_ && o->b_batch_ == b_batch_ && o->out_batch_ == out_batch_;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const float* a = in[0].data<float>();
+    const float* b = in[1].data<float>();
+    float* y = out[0].data<float>();
+    const int64_t m = in[0].shape(-2), k = in[0].shape(-1), n = in[1].shape(-1);
+    auto walk = std::make_shared<BatchWalk>(a_batch_, b_batch_, out_batch_);
+    return [=] {
+      const int64_t batches = static_cast<int64_t>(walk->a_offsets.size());
+      // Products [begin, end) of the batch on this thread. A b broadcast over
+      // the batch is packed once per run of products that share it.
+      auto products = [&](int64_t begin, int64_t end) {
+        thread_local std::vector<float> panels;
+        const int64_t width = gemm_panel_width();
+        const bool pack = m >= kPackRows;
+        if (pack) panels.resize(static_cast<size_t>(ceil_div(n, width) * k * width));
+        const float* last_packed = nullptr;
+        for (int64_t i = begin; i < end; ++i) {
+          const float* b_matrix = b + walk->b_offsets[i] * k * n;
+          GemmArgs g;
+          g.a = a + walk->a_offsets[i] * m * k;
+          g.lda = g.k = k;
+          g.y = y + i * m * n;
+          g.ldy = g.n = n;
+          g.m = m;
+          if (pack) {
+            if (b_matrix != last_packed) pack_panels(b_matrix, false, k, n, width, panels.data());
+            last_packed = b_matrix;
+            g.packed = panels.data();
+          } else {
+            g.b = b_matrix;
+            g.ldb = n;
+          }
+          run_gemm(g);  // inline when called inside the split below
+        }
+      };
+      // Many small products (attention heads): one thread per run of
+      // products; few large ones: each product split across the threads.
+      if (batches >= 2 && m * n * k < kSmallProduct) {
+        parallel_for(batches, 1, products);
+      } else {
+        products(0, batches);
+      }
+    };
+  }
+
+ private:
+  mx::Shape a_batch_, b_batch_, out_batch_;
+};
 
 }  // namespace
 
@@ -356,6 +450,44 @@ mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::
         return std::make_shared<PackedMatmulKernel>(kernel_stream, reference, n, has_bias, activation);
       },
       reference, inputs, {shape}, {mx::float32}, stream)[0];
+}
+
+bool batched_matmul_fits(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  if (!is_cpu_stream(s) || a.dtype() != mx::float32 || b.dtype() != mx::float32) return false;
+  if (a.ndim() < 2 || b.ndim() < 2 || a.size() == 0 || b.size() == 0) return false;
+  if (a.shape(-1) != b.shape(-2) || a.shape(-2) < 2) return false;
+  const int rank = static_cast<int>(std::max(a.ndim(), b.ndim()));
+  for (int d = 3; d <= rank; ++d) {  // leading axes, numpy broadcasting
+    const int da = d <= static_cast<int>(a.ndim()) ? a.shape(-d) : 1;
+    const int db = d <= static_cast<int>(b.ndim()) ? b.shape(-d) : 1;
+    if (da != db && da != 1 && db != 1) return false;
+  }
+  return true;
+}
+
+mx::array batched_matmul(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{mx::matmul(in[0], in[1], stream)};
+  };
+  if (!batched_matmul_fits(a, b, s)) return reference({a, b})[0];
+  const int rank = static_cast<int>(std::max(a.ndim(), b.ndim()));
+  mx::Shape a_batch, b_batch, out_batch;
+  for (int d = rank; d >= 3; --d) {
+    const int da = d <= static_cast<int>(a.ndim()) ? a.shape(-d) : 1;
+    const int db = d <= static_cast<int>(b.ndim()) ? b.shape(-d) : 1;
+    a_batch.push_back(da);
+    b_batch.push_back(db);
+    out_batch.push_back(std::max(da, db));
+  }
+  mx::Shape shape = out_batch;
+  shape.push_back(a.shape(-2));
+  shape.push_back(b.shape(-1));
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<BatchedMatmulKernel>(kernel_stream, reference, a_batch, b_batch, out_batch);
+      },
+      reference, {a, b}, {shape}, {mx::float32}, stream)[0];
 }
 
 }  // namespace transmuter::kernels

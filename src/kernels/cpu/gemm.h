@@ -24,7 +24,9 @@
 // act(a @ unpack_gemm_rhs(packed) + bias).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 #include <mlx/mlx.h>
@@ -62,6 +64,18 @@ bool packed_rhs_fits(const mx::array& packed, int64_t n);
 mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::optional<mx::array>& bias,
                         int64_t n, Activation activation = Activation::kIdentity, mx::StreamOrDevice s = {});
 
+/** True when batched_matmul() runs the kernel: a CPU stream, float32 a [..., M, K]
+ * and b [..., K, N] (rank >= 2, leading axes broadcastable, non-empty) with
+ * M >= 2 (one row is kernels::matvec's). */
+bool batched_matmul_fits(const mx::array& a, const mx::array& b, mx::StreamOrDevice s = {});
+
+/** a @ b with numpy broadcasting of the leading axes, for operands that are
+ * not constant (attention scores outside the fused kernel, a weight fed as an
+ * input): b is packed per call when a has 8 rows or more (once when it is
+ * broadcast over the batch), read in place otherwise; one run_gemm per batch.
+ * Outside batched_matmul_fits, and for gradients, mx::matmul. */
+mx::array batched_matmul(const mx::array& a, const mx::array& b, mx::StreamOrDevice s = {});
+
 /** The kernel underneath, for other kernels (conv2d): y = act(a @ B +
  * col_bias + row_bias), float32, B packed (pack_gemm_rhs's layout) or a
  * strided row-major matrix. Runs on the calling thread and the kernel pool. */
@@ -84,5 +98,19 @@ struct GemmArgs {
 };
 
 void run_gemm(const GemmArgs& args);
+
+/** Copies one row of a panel: `cols` floats of src, then zeros up to
+ * `width` (the panel width). The common widths are constant-size copies the
+ * compiler inlines (a libc call per 64 bytes dominated packing). */
+inline void copy_panel_row(float* dst, const float* src, int64_t cols, int64_t width) {
+  if (cols == 16 && width == 16) {
+    std::memcpy(dst, src, 16 * sizeof(float));
+  } else if (cols == 32 && width == 32) {
+    std::memcpy(dst, src, 32 * sizeof(float));
+  } else {
+    std::memcpy(dst, src, static_cast<size_t>(cols) * sizeof(float));
+    std::fill(dst + cols, dst + width, 0.0f);
+  }
+}
 
 }  // namespace transmuter::kernels

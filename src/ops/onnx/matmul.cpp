@@ -6,6 +6,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/matmul.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
@@ -40,6 +41,7 @@ mx::array numpy_matmul(const NodeContext& ctx, mx::array a, mx::array b) {
   }
   mx::array out = is_integral(a.dtype())                 ? integer_matmul(a, b, s)
                   : kernels::matvec_applies(a, b, s) ? kernels::matvec(a, b, /*transposed_w=*/false, s)
+                  : kernels::batched_matmul_fits(a, b, s) ? kernels::batched_matmul(a, b, s)
                                                      : mx::matmul(a, b, s);
   if (vector_b) out = mx::squeeze(out, -1, s);
   if (vector_a) out = mx::squeeze(out, vector_b ? -1 : -2, s);

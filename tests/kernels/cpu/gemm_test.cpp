@@ -162,5 +162,55 @@ TEST(PackedGemm, ArgumentsOutsideTheKernelRunTheReference) {
   EXPECT_THROW(pack_gemm_rhs(mx::zeros({2, 4}, mx::int32), false), std::invalid_argument);
 }
 
+TEST(BatchedGemm, MatchesMatmulWithBroadcastBatchesPackedOrInPlace) {
+  // (a shape, b shape): batch broadcasting both ways, a 2-D b shared by the
+  // batch, few rows (b read in place) and many (b packed per call).
+  const std::vector<std::pair<mx::Shape, mx::Shape>> cases = {
+      {{7, 20}, {20, 33}},          {{2, 3, 13, 40}, {40, 17}},     {{2, 1, 9, 8}, {1, 4, 8, 20}},
+      {{4, 2, 30}, {4, 30, 70}},    {{3, 300, 64}, {3, 64, 300}},   {{1, 2, 5}, {3, 5, 2}},
+      {{2, 12, 16, 64}, {2, 12, 64, 16}}};
+  uint64_t seed = 30;
+  for (const auto& [as, bs] : cases) {
+    mx::array a = random_array(as, seed++);
+    mx::array b = random_array(bs, seed++);
+    ASSERT_TRUE(batched_matmul_fits(a, b, mx::Device::cpu));
+    mx::array got = batched_matmul(a, b, mx::Device::cpu);
+    mx::array want = mx::matmul(a, b);
+    ASSERT_EQ(got.shape(), want.shape());
+    EXPECT_LT(max_abs_diff(got, want), kTolerance) << as << " x " << bs;
+  }
+}
+
+TEST(BatchedGemm, OtherArgumentsRunMlx) {
+  mx::array a = random_array({1, 8}, 40), b = random_array({8, 4}, 41);
+  EXPECT_FALSE(batched_matmul_fits(a, b, mx::Device::cpu));  // one row: matvec's
+  EXPECT_FALSE(batched_matmul_fits(random_array({3, 8}, 42), random_array({7, 4}, 43), mx::Device::cpu));
+  EXPECT_FALSE(batched_matmul_fits(random_array({2, 3, 8}, 44), random_array({3, 8, 4}, 45), mx::Device::cpu));
+  mx::array h = mx::astype(random_array({3, 8}, 46), mx::float16);
+  EXPECT_FALSE(batched_matmul_fits(h, mx::astype(b, mx::float16), mx::Device::cpu));
+  EXPECT_LT(max_abs_diff(batched_matmul(h, mx::astype(b, mx::float16), mx::Device::cpu),
+                         mx::matmul(h, mx::astype(b, mx::float16))),
+            1e-2f);
+  EXPECT_THROW(batched_matmul(random_array({3, 8}, 47), random_array({7, 4}, 48), mx::Device::cpu), std::invalid_argument);
+}
+
+TEST(BatchedGemm, GradientsAndCompileFollowMatmul) {
+  mx::array a = random_array({2, 9, 12}, 50), b = random_array({2, 12, 7}, 51);
+  auto loss = [](bool kernel) {
+    return [kernel](const std::vector<mx::array>& p) {
+      mx::array y = kernel ? batched_matmul(p[0], p[1], mx::Device::cpu) : mx::matmul(p[0], p[1]);
+      return std::vector<mx::array>{mx::sum(mx::square(y))};
+    };
+  };
+  auto [_, got] = mx::vjp(loss(true), {a, b}, {mx::array(1.0f)});
+  auto [__, want] = mx::vjp(loss(false), {a, b}, {mx::array(1.0f)});
+  EXPECT_LT(max_abs_diff(got[0], want[0]), 1e-3f);
+  EXPECT_LT(max_abs_diff(got[1], want[1]), 1e-3f);
+  auto compiled = mx::compile([](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{batched_matmul(mx::add(in[0], mx::array(1.0f)), in[1], mx::Device::cpu)};
+  });
+  EXPECT_LT(max_abs_diff(compiled({a, b})[0], mx::matmul(mx::add(a, mx::array(1.0f)), b)), kTolerance);
+}
+
 }  // namespace
 }  // namespace transmuter::kernels
