@@ -364,10 +364,12 @@ def profile_section() -> list[str]:
             "`bench/results/minilm_profile_{eager,compiled}.txt`). Before issue 8's kernels, the MLX stream thread "
             "ran every non-BLAS op on one core (JIT-compiled fused elementwise kernels, scalar), M=1 matmuls went to "
             "sgemm and MLX's `slow_conv_2D` dominated the depthwise CNNs. Since then LayerNorm (+ residual + bias), "
-            "GELU/bias epilogues, softmax and attention, depthwise conv and one-row products run on Transmuter's own "
-            "kernels (docs/architecture.md \"CPU kernels\"), compiled plans no longer fuse on the CPU, and on "
-            "MiniLM-L3 b1 s128 compiled the profile is mostly OpenBLAS (`sgemm_kernel` ~30 % of samples, packing "
-            "~8 %) and the threads waiting for each other inside it. Profile before optimizing, then rerun this "
+            "GELU/bias epilogues, softmax and attention, depthwise conv, the matrix products (own GEMM, weights "
+            "packed at load) and group-1 convolutions run on Transmuter's own kernels (docs/architecture.md "
+            "\"CPU kernels\"), compiled plans no longer fuse on the CPU, and the profiles of the encoders and of "
+            "ResNet-50 are 60-75 % the GEMM's register tiles. `bench/gemm_bench --packed-only MxKxN ...` times the "
+            "GEMM per shape, `bench/ort_matmul.py MxKxN ...` ONNX Runtime's MatMul on the same shapes (run them "
+            "alternately: single runs vary by up to 2x on this host). Profile before optimizing, then rerun this "
             "suite.", ""]
 
 

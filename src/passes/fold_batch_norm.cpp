@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "graph/subgraphs.h"
+#include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 #include "transmuter/error.h"
 
@@ -32,22 +33,12 @@ namespace {
 
 namespace mx = mlx::core;
 
-int64_t int_attribute(const Node& node, const std::string& name, int64_t fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kInt ? a->i : fallback;
-}
-
-float float_attribute(const Node& node, const std::string& name, float fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kFloat ? a->f : fallback;
-}
-
 bool is_inference_batch_norm(const Node& node) {
   if (node.op_type != "BatchNormalization" || !node.domain.empty() || node.inputs.size() != 5) return false;
   for (size_t i = 1; i < node.outputs.size(); ++i) {
     if (!node.outputs[i].empty()) return false;  // running statistics requested
   }
-  return int_attribute(node, "training_mode", 0) == 0 && int_attribute(node, "spatial", 1) == 1;
+  return int_attribute_or(node, "training_mode", 0) == 0 && int_attribute_or(node, "spatial", 1) == 1;
 }
 
 const mx::array* float_initializer(const Graph& graph, const std::string& name) {
@@ -65,12 +56,6 @@ std::unordered_map<std::string, int> read_counts(const Graph& graph) {
   }
   for (const ValueInfo& output : graph.outputs) counts[output.name]++;
   return counts;
-}
-
-std::string fresh_initializer_name(const Graph& graph, const std::string& base) {
-  std::string name = base;
-  for (int i = 1; graph.initializers.contains(name); ++i) name = str(base, "_", i);
-  return name;
 }
 
 // Folds `bn` into `conv` when the pattern holds; returns false otherwise.
@@ -97,7 +82,7 @@ bool try_fold(Graph& graph, Node& conv, const Node& bn) {
   const mx::Device cpu = mx::Device::cpu;
   const mx::Dtype compute = w->dtype() == mx::float64 ? mx::float64 : mx::float32;
   auto f = [&](const mx::array& a) { return mx::astype(a, compute, cpu); };
-  const float epsilon = float_attribute(bn, "epsilon", 1e-5f);
+  const float epsilon = float_attribute_or(bn, "epsilon", 1e-5f);
   mx::array s = mx::divide(f(*scale), mx::sqrt(mx::add(f(*var), mx::array(epsilon, compute), cpu), cpu), cpu);
   mx::Shape per_channel(w->ndim(), 1);
   per_channel[0] = channels;

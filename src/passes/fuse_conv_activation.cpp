@@ -32,11 +32,6 @@ namespace {
 
 constexpr const char* kMicrosoftDomain = "com.microsoft";
 
-float float_attribute_or(const Node& node, const std::string& name, float fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kFloat ? a->f : fallback;
-}
-
 // Clip's [min, max], or nullopt when a bound is not a known scalar.
 std::optional<std::vector<float>> clip_bounds(const Node& clip, const GraphIndex& index) {
   if (clip.opset < 11) {

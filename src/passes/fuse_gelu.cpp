@@ -52,13 +52,6 @@ struct GeluMatch {
   std::string x;              // GELU's input
 };
 
-// The single node reading `value`, when `value` is read by it alone.
-std::optional<size_t> sole_consumer(const GraphIndex& index, const std::string& value) {
-  const std::vector<size_t>& readers = index.consumers(value);
-  if (readers.size() != 1 || index.is_graph_output(value)) return std::nullopt;
-  return readers[0];
-}
-
 // For Op(value, constant c) with `value` read only by it: the node, when c ~= expected.
 std::optional<size_t> consumer_with_scalar(const Graph& graph, const GraphIndex& index, const std::string& value,
                                            std::string_view op_type, float expected) {

@@ -53,12 +53,6 @@ namespace {
 
 constexpr const char* kMicrosoftDomain = "com.microsoft";
 
-std::optional<size_t> sole_consumer(const GraphIndex& index, const std::string& value) {
-  const std::vector<size_t>& readers = index.consumers(value);
-  if (readers.size() != 1 || index.is_graph_output(value)) return std::nullopt;
-  return readers[0];
-}
-
 Attribute float_attribute(const std::string& name, float value) {
   Attribute a;
   a.name = name;

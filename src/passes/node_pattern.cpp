@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "graph/subgraphs.h"
+#include "transmuter/error.h"
 
 namespace transmuter {
 
@@ -93,6 +94,28 @@ void erase_nodes(Graph& graph, const std::vector<bool>& removed) {
 
 void import_domain(Graph& graph, const std::string& domain, int64_t version) {
   graph.opsets.try_emplace(domain, version);
+}
+
+std::optional<size_t> sole_consumer(const GraphIndex& index, const std::string& value) {
+  const std::vector<size_t>& readers = index.consumers(value);
+  if (readers.size() != 1 || index.is_graph_output(value)) return std::nullopt;
+  return readers[0];
+}
+
+int64_t int_attribute_or(const Node& node, const std::string& name, int64_t fallback) {
+  const Attribute* a = node.find_attribute(name);
+  return a != nullptr && a->type == AttrType::kInt ? a->i : fallback;
+}
+
+float float_attribute_or(const Node& node, const std::string& name, float fallback) {
+  const Attribute* a = node.find_attribute(name);
+  return a != nullptr && a->type == AttrType::kFloat ? a->f : fallback;
+}
+
+std::string fresh_initializer_name(const Graph& graph, const std::string& base) {
+  std::string name = base;
+  for (int i = 1; graph.initializers.contains(name); ++i) name = str(base, "_", i);
+  return name;
 }
 
 }  // namespace transmuter

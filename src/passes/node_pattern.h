@@ -45,6 +45,16 @@ class GraphIndex {
   std::unordered_set<std::string> graph_outputs_;
 };
 
+/** The node reading `value` when it alone does and `value` is no graph output. */
+std::optional<size_t> sole_consumer(const GraphIndex& index, const std::string& value);
+
+/** An INT / FLOAT attribute of `node`, or `fallback` when absent or of another type. */
+int64_t int_attribute_or(const Node& node, const std::string& name, int64_t fallback);
+float float_attribute_or(const Node& node, const std::string& name, float fallback);
+
+/** `base`, or `base_1`, `base_2`... : the first name no initializer has. */
+std::string fresh_initializer_name(const Graph& graph, const std::string& base);
+
 /** True for `op_type` of the default ONNX domain. */
 bool is_onnx_op(const Node& node, std::string_view op_type);
 

@@ -63,16 +63,6 @@ const mx::array* float32_initializer(const Graph& graph, const std::string& name
   return a.dtype() == mx::float32 ? &a : nullptr;
 }
 
-int64_t int_attribute(const Node& node, const std::string& name, int64_t fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kInt ? a->i : fallback;
-}
-
-float float_attribute(const Node& node, const std::string& name, float fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kFloat ? a->f : fallback;
-}
-
 bool is_bias_of(const Graph& graph, const std::string& name, int64_t n) {
   const mx::array* b = float32_initializer(graph, name);
   return b != nullptr && b->ndim() == 1 && b->shape(0) == n;
@@ -80,13 +70,6 @@ bool is_bias_of(const Graph& graph, const std::string& name, int64_t n) {
 
 bool is_microsoft_op(const Node& node, std::string_view op_type) {
   return node.domain == kMicrosoft && node.op_type == op_type;
-}
-
-// The node reading `value` alone, when no one else (nor a graph output) does.
-std::optional<size_t> sole_reader(const GraphIndex& index, const std::string& value) {
-  const std::vector<size_t>& readers = index.consumers(value);
-  if (readers.size() != 1 || index.is_graph_output(value)) return std::nullopt;
-  return readers[0];
 }
 
 ProductMatch new_match(size_t i, const Node& product, bool transposed, int64_t n) {
@@ -112,13 +95,13 @@ std::optional<ProductMatch> match_matmul(const Graph& graph, size_t i) {
 std::optional<ProductMatch> match_gemm(const Graph& graph, size_t i) {
   const Node& node = graph.nodes[i];
   if (!is_onnx_op(node, "Gemm") || node.inputs.size() < 2 || node.outputs.size() != 1) return std::nullopt;
-  if (int_attribute(node, "transA", 0) != 0 || float_attribute(node, "alpha", 1.0f) != 1.0f ||
-      float_attribute(node, "beta", 1.0f) != 1.0f) {
+  if (int_attribute_or(node, "transA", 0) != 0 || float_attribute_or(node, "alpha", 1.0f) != 1.0f ||
+      float_attribute_or(node, "beta", 1.0f) != 1.0f) {
     return std::nullopt;
   }
   const mx::array* w = float32_initializer(graph, node.inputs[1]);
   if (w == nullptr || w->ndim() != 2 || w->size() == 0) return std::nullopt;
-  const bool transposed = int_attribute(node, "transB", 0) != 0;
+  const bool transposed = int_attribute_or(node, "transB", 0) != 0;
   ProductMatch m = new_match(i, node, transposed, transposed ? w->shape(0) : w->shape(1));
   if (node.inputs.size() > 2 && !node.inputs[2].empty()) {
     const mx::array* c = float32_initializer(graph, node.inputs[2]);
@@ -138,7 +121,7 @@ std::optional<ProductMatch> match_gemm(const Graph& graph, size_t i) {
 
 // The GELU node reading `value` alone, with the bias it adds (BiasGelu, FastGelu).
 bool take_activation(const Graph& graph, const GraphIndex& index, const std::string& value, ProductMatch& m) {
-  std::optional<size_t> reader = sole_reader(index, value);
+  std::optional<size_t> reader = sole_consumer(index, value);
   if (!reader) return false;
   const Node& node = graph.nodes[*reader];
   if (node.outputs.size() != 1 || node.inputs.empty() || node.inputs[0] != value) return false;
@@ -170,7 +153,7 @@ bool take_activation(const Graph& graph, const GraphIndex& index, const std::str
 void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m) {
   std::string value = graph.nodes[m.product].outputs[0];
   if (!m.bias) {
-    std::optional<size_t> reader = sole_reader(index, value);
+    std::optional<size_t> reader = sole_consumer(index, value);
     if (reader && is_onnx_op(graph.nodes[*reader], "Add") && graph.nodes[*reader].outputs.size() == 1) {
       std::optional<std::string> other = other_input(graph.nodes[*reader], value);
       if (other && is_bias_of(graph, *other, m.n)) {
@@ -182,12 +165,6 @@ void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m)
     }
   }
   take_activation(graph, index, value, m);
-}
-
-std::string fresh_initializer_name(const Graph& graph, const std::string& base) {
-  std::string name = base;
-  for (int i = 1; graph.initializers.contains(name); ++i) name = str(base, "_", i);
-  return name;
 }
 
 Node packed_node(const ProductMatch& m, const Node& product, const Node& last, const std::string& packed,
