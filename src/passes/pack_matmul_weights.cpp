@@ -192,10 +192,17 @@ Node packed_node(const ProductMatch& m, const Node& product, const Node& last, c
   return fused;
 }
 
-// How many of `matches` read `weight`.
-size_t pending_readers(const std::vector<ProductMatch>& matches, const std::string& weight) {
-  return static_cast<size_t>(
-      std::count_if(matches.begin(), matches.end(), [&](const ProductMatch& m) { return m.weight == weight; }));
+// True when the products of `matches` are the only readers of `weight`, and
+// read it only as their packed operand (not also as A or as the bias, e.g.
+// MatMul(W, W)): then nothing reads it once they are rewritten.
+bool only_packed_reads(const GraphIndex& index, const std::vector<ProductMatch>& matches, const std::string& weight) {
+  size_t products = 0;
+  for (const ProductMatch& m : matches) {
+    if (m.weight != weight) continue;
+    if (m.a == weight || m.bias == weight) return false;
+    ++products;
+  }
+  return index.consumers(weight).size() == products && !index.is_graph_output(weight);
 }
 
 // Erases a stored weight that only packed products read, and gives its memory
@@ -245,10 +252,7 @@ size_t pack_matmul_weights(Graph& graph) {
       graph.initializers[packed] =
           Value(kernels::pack_gemm_rhs(graph.initializers.at(m.weight).tensor(), m.transposed));
     }
-    if (--pending[m.weight] == 0 && index.consumers(m.weight).size() == pending_readers(matches, m.weight) &&
-        !index.is_graph_output(m.weight)) {
-      drop_weight(graph, m.weight);
-    }
+    if (--pending[m.weight] == 0 && only_packed_reads(index, matches, m.weight)) drop_weight(graph, m.weight);
     std::optional<std::string> bias = m.bias;
     if (m.bias_reshaped) {
       bias = fresh_initializer_name(graph, *m.bias + "/row");

@@ -109,6 +109,20 @@ TEST(PackMatmulWeights, OneWeightReadTwiceIsPackedOnce) {
   expect_same_outputs(b, "x", random_array({4, 8}, 10));
 }
 
+TEST(PackMatmulWeights, AWeightAlsoReadAsTheLeftOperandStays) {
+  // MatMul(W, W): W is packed for the right side and still read as the left.
+  GraphBuilder b;
+  b.input("x", OnnxType::kFloat, {8, 8})
+      .initializer("W", random_array({8, 8}, 21))
+      .node("MatMul", {"W", "W"}, {"ww"})
+      .node("Add", {"ww", "x"}, {"y"})
+      .output("y");
+  Model model = b.build();
+  EXPECT_TRUE(model.params().contains("W"));
+  EXPECT_TRUE(model.params().contains("W/packed"));
+  expect_same_outputs(b, "x", random_array({8, 8}, 22));
+}
+
 TEST(PackMatmulWeights, ValuesReadElsewhereKeepTheirNodes) {
   // mm is a graph output too: the MatMul is packed, the bias Add stays.
   GraphBuilder b;
