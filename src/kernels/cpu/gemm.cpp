@@ -198,11 +198,11 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include <cstdlib>
-#include <memory>
-#include <vector>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/thread_pool.h"
@@ -215,8 +215,8 @@ HWY_EXPORT(Block);
 
 namespace {
 
-// Rows of A one task covers: 96 rows x 256 deep = 96 KiB, held in L2 while
-// the task's panels pass over it.
+// Rows one task covers: 16 row tiles, each passing over the task's panels
+// (4 x 256 x 16 floats = 64 KiB per K slice, in L2) with its slice of A in L1.
 constexpr int64_t kBlockRows = 16 * kTileRows;
 // Panels one task covers (64 columns with AVX2).
 constexpr int64_t kBlockPanels = 4;
