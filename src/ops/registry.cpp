@@ -81,6 +81,7 @@ OpRegistry make_builtin_registry() {
   register_grid(registry);
   register_transmuter_attention(registry);
   register_transmuter_matmul(registry);
+  register_transmuter_conv(registry);
   register_microsoft_activation(registry);
   register_microsoft_normalization(registry);
   register_microsoft_conv(registry);

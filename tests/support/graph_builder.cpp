@@ -1,5 +1,7 @@
 #include "support/graph_builder.h"
 
+#include "passes/pass_manager.h"
+
 namespace transmuter::testing {
 
 Attribute graph_attr(const std::string& name, std::shared_ptr<Graph> body) {
@@ -44,6 +46,16 @@ GraphBuilder& GraphBuilder::node(const std::string& op_type, std::vector<std::st
   return *this;
 }
 
+GraphBuilder& GraphBuilder::domain_node(const std::string& domain, int64_t version, const std::string& op_type,
+                                        std::vector<std::string> inputs, std::vector<std::string> outputs,
+                                        std::vector<Attribute> attributes) {
+  node(op_type, std::move(inputs), std::move(outputs), std::move(attributes));
+  graph_->nodes.back().domain = domain;
+  graph_->nodes.back().opset = static_cast<int>(version);
+  graph_->opsets[domain] = version;
+  return *this;
+}
+
 GraphBuilder& GraphBuilder::output(const std::string& name) {
   ValueInfo info;
   info.name = name;
@@ -53,6 +65,14 @@ GraphBuilder& GraphBuilder::output(const std::string& name) {
 
 Model GraphBuilder::build(const LoadOptions& options) const {
   return make_model(std::make_shared<Graph>(*graph_), "test-graph", options);
+}
+
+LoadOptions passes_except(const std::string& skipped) {
+  LoadOptions options;
+  for (const Pass& pass : default_passes()) {
+    if (pass.name != skipped) options.only_passes.emplace_back(pass.name);
+  }
+  return options;
 }
 
 }  // namespace transmuter::testing

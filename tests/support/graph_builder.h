@@ -22,6 +22,10 @@ class GraphBuilder {
   GraphBuilder& initializer(const std::string& name, mx::array value);
   GraphBuilder& node(const std::string& op_type, std::vector<std::string> inputs, std::vector<std::string> outputs,
                      std::vector<Attribute> attributes = {});
+  /** A node of another domain than ONNX's, imported at `version`. */
+  GraphBuilder& domain_node(const std::string& domain, int64_t version, const std::string& op_type,
+                            std::vector<std::string> inputs, std::vector<std::string> outputs,
+                            std::vector<Attribute> attributes = {});
   GraphBuilder& output(const std::string& name);
 
   /** The graph built so far, e.g. as an If/Loop/Scan body (graph_attr). */
@@ -33,5 +37,9 @@ class GraphBuilder {
  private:
   std::shared_ptr<Graph> graph_;
 };
+
+/** Load options running every default pass except `skipped` (a pass test that
+ * checks another pass's rewrite in isolation). */
+LoadOptions passes_except(const std::string& skipped);
 
 }  // namespace transmuter::testing

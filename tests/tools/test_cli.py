@@ -24,8 +24,15 @@ def test_info_lists_inputs_outputs_and_ops():
     assert result.returncode == 0, result.stderr
     assert "pixel_values: float32 [batch, 3, 32, 32]" in result.stdout
     assert "pooler_output: float32 [batch, 48, 1, 1]" in result.stdout
-    # The histogram is of the graph after load-time passes: 7 of the 12 Convs
-    # are followed by a Relu that fuse_conv_activation folds in.
+    # The histogram is of the graph after load-time passes: the 12 Convs (7 with
+    # the Relu after them folded in) run channels-last; of the layout changes
+    # only those at the borders remain (the input, the two outputs).
+    assert "ai.transmuter.ConvNhwc 12" in result.stdout and "Transpose 3" in result.stdout
+
+
+def test_info_with_one_pass_shows_its_rewrite():
+    result = cli("info", str(RESNET), "--passes", "fuse_conv_activation")
+    assert result.returncode == 0, result.stderr
     assert "Conv 5," in result.stdout and "com.microsoft.FusedConv 7" in result.stdout
 
 

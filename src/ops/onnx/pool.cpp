@@ -36,10 +36,11 @@ int64_t product(const std::vector<int64_t>& v) {
 
 // The pooling problem, resolved: input, attributes, window geometry.
 struct Pooling {
-  mx::array x;  // [N, C, D...]
+  mx::array x;  // [N, C, D...], or [N, D..., C] when first_spatial is 1
   ConvPoolAttributes attrs;
   WindowGeometry geometry;
   std::vector<int64_t> input;  // D...
+  int first_spatial = 2;       // the axis of D1
 
   size_t rank() const { return input.size(); }
   // Input coordinate of offset `k` of the window at output position `o` along axis i.
@@ -52,10 +53,11 @@ struct Pooling {
 // (and the host loops over offsets) would not finish in reasonable time.
 constexpr int64_t kMaxWindowElements = 1 << 16;
 
-Pooling make_pooling(const NodeContext& ctx) {
+Pooling make_pooling(const NodeContext& ctx, bool channels_last = false) {
   const mx::array& x = ctx.input(0);
   if (x.ndim() < 3) throw ctx.error("input must have rank >= 3 ([N, C, D1, ...]), got ", x.ndim());
-  std::vector<int64_t> input(x.shape().begin() + 2, x.shape().end());
+  const int first_spatial = channels_last ? 1 : 2;
+  std::vector<int64_t> input(x.shape().begin() + first_spatial, x.shape().begin() + first_spatial + x.ndim() - 2);
   ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, static_cast<int>(input.size()));
   const int64_t window = checked_product(ctx, attrs.kernel_shape, "window size");
   if (window > kMaxWindowElements) {
@@ -73,7 +75,7 @@ Pooling make_pooling(const NodeContext& ctx) {
     const int64_t reach = (geometry.output[i] - 1) * attrs.strides[i] + attrs.window_extent(i);
     to_int32(ctx, std::max(reach, input[i] + geometry.pad_begin[i]), "padded input size");
   }
-  return {x, attrs, geometry, input};
+  return {x, attrs, geometry, input, first_spatial};
 }
 
 // One [N, C, out...] slice per kernel offset, in row-major offset order. The
@@ -85,7 +87,7 @@ std::vector<mx::array> window_slices(const Pooling& p, const mx::array& pad_valu
   mx::Shape low, high;
   for (size_t i = 0; i < rank; ++i) {
     int64_t needed = (p.geometry.output[i] - 1) * p.attrs.strides[i] + p.attrs.window_extent(i);
-    axes.push_back(static_cast<int>(i + 2));
+    axes.push_back(static_cast<int>(i) + p.first_spatial);
     low.push_back(static_cast<int>(p.geometry.pad_begin[i]));
     high.push_back(static_cast<int>(std::max<int64_t>(0, needed - p.input[i] - p.geometry.pad_begin[i])));
   }
@@ -95,9 +97,10 @@ std::vector<mx::array> window_slices(const Pooling& p, const mx::array& pad_valu
   for_each_offset(p.attrs.kernel_shape, [&](const std::vector<int64_t>& offset) {
     mx::Shape start(rank + 2, 0), stop = padded.shape(), strides(rank + 2, 1);
     for (size_t i = 0; i < rank; ++i) {
-      start[i + 2] = static_cast<int>(offset[i] * p.attrs.dilations[i]);
-      stop[i + 2] = static_cast<int>(start[i + 2] + (p.geometry.output[i] - 1) * p.attrs.strides[i] + 1);
-      strides[i + 2] = static_cast<int>(p.attrs.strides[i]);
+      const size_t axis = i + p.first_spatial;
+      start[axis] = static_cast<int>(offset[i] * p.attrs.dilations[i]);
+      stop[axis] = static_cast<int>(start[axis] + (p.geometry.output[i] - 1) * p.attrs.strides[i] + 1);
+      strides[axis] = static_cast<int>(p.attrs.strides[i]);
     }
     slices.push_back(mx::slice(padded, start, stop, strides, s));
   });
@@ -230,6 +233,17 @@ OpOutputs max_pool(NodeContext& ctx) {
   return {result, max_indices(p, slices, column_major, s)};
 }
 
+// MaxPoolNhwc (ai.transmuter, since 1), made by src/passes/channels_last_convs.cpp:
+// MaxPool's attributes and Y over a channels-last X [N, D..., C]; no Indices.
+OpOutputs max_pool_channels_last(NodeContext& ctx) {
+  if (ctx.output_requested(1)) throw ctx.error("the channels-last MaxPool has no Indices output");
+  Pooling p = make_pooling(ctx, true);
+  std::vector<mx::array> slices = window_slices(p, lowest_of(p.x.dtype()), ctx.stream());
+  mx::array result = slices[0];
+  for (size_t j = 1; j < slices.size(); ++j) result = mx::maximum(result, slices[j], ctx.stream());
+  return {result};
+}
+
 // --- LpPool ---------------------------------------------------------------------------
 
 // The p of LpPool/GlobalLpPool: a float attribute in v1, an int from v2.
@@ -294,6 +308,7 @@ void register_pool(OpRegistry& r) {
       {"LpPool", kOnnx, 2, kOpen, lp_pool<false>},
       {"GlobalLpPool", kOnnx, 1, 1, global_lp_pool<true>},
       {"GlobalLpPool", kOnnx, 2, kOpen, global_lp_pool<false>},  // v22: bfloat16
+      {"MaxPoolNhwc", kTransmuter, 1, kOpen, max_pool_channels_last},
   });
 }
 

@@ -216,7 +216,7 @@ Model big_kernel_conv() {
       .initializer("w", mx::ones({1, 1, 32, 32}))
       .node("Conv", {"x", "w"}, {"y"})
       .output("y")
-      .build();
+      .build({.run_passes = false});  // ONNX's Conv itself, not channels_last_convs's ConvNhwc
 }
 
 TEST(Conv, UnfoldedInputOverTheMemoryLimitIsRefusedBeforeMlxAllocates) {

@@ -1,0 +1,450 @@
+// Compiled once per SIMD target (Highway's foreach_target re-includes this
+// file) for the depthwise loop; the group-1 convolution runs on the GEMM.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/conv_nhwc.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#ifndef TRANSMUTER_KERNELS_CPU_CONV_NHWC_ARGS
+#define TRANSMUTER_KERNELS_CPU_CONV_NHWC_ARGS
+namespace transmuter::kernels {
+// One call's pointers and geometry (outside the per-target namespaces: every
+// target's code takes the same struct).
+struct NhwcConvArgs {
+  const float* x;     // [N, in_h, in_w, C]
+  const float* w;     // depthwise: [kernel_h, kernel_w, C]; group 1: packed panels
+  const float* bias;  // [out_channels] or null
+  float* y;           // [N, out_h, out_w, out_channels]
+  int64_t batch, channels, out_channels;
+  int64_t in_h, in_w, out_h, out_w;
+  int64_t kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left;
+  int activation;  // a ConvActivation
+  float clip_min, clip_max;
+
+  int64_t positions() const { return batch * out_h * out_w; }
+  int64_t window() const { return kernel_h * kernel_w * channels; }  // the GEMM's K
+  // First input row / column under kernel tap 0 of output row / column o.
+  int64_t input_row(int64_t oy) const { return oy * stride_h - pad_top; }
+  int64_t input_col(int64_t ox) const { return ox * stride_w - pad_left; }
+};
+}  // namespace transmuter::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace transmuter::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+// Values of ConvActivation (declared in a header included below HWY_ONCE only).
+constexpr int kNone = 0, kRelu = 1, kClip = 2, kHardSwish = 3;
+
+HWY_INLINE V Activate(const NhwcConvArgs& a, V v) {
+  const D d;
+  switch (a.activation) {
+    case kRelu: return hn::Max(v, hn::Zero(d));
+    case kClip: return hn::Min(hn::Max(v, hn::Set(d, a.clip_min)), hn::Set(d, a.clip_max));
+    case kHardSwish: {
+      const V gate = hn::MulAdd(v, hn::Set(d, 1.0f / 6.0f), hn::Set(d, 0.5f));
+      return hn::Mul(v, hn::Min(hn::Max(gate, hn::Zero(d)), hn::Set(d, 1.0f)));
+    }
+    default: return v;
+  }
+}
+
+// Output columns ox whose tap kx reads inside the input row: [first, last).
+HWY_INLINE void ValidColumns(const NhwcConvArgs& a, int64_t kx, int64_t& first, int64_t& last) {
+  const int64_t shift = kx * a.dilation_w - a.pad_left;  // ix = ox * sW + shift
+  first = shift >= 0 ? 0 : (-shift + a.stride_w - 1) / a.stride_w;
+  const int64_t room = a.in_w - shift;
+  last = room <= 0 ? 0 : std::min(a.out_w, (room + a.stride_w - 1) / a.stride_w);
+  first = std::min(first, last);
+}
+
+// Output columns ox whose every tap reads inside the input row: [lo, hi)
+// (empty when the kernel is wider than the padded margins allow).
+HWY_INLINE void InteriorColumns(const NhwcConvArgs& a, int64_t& lo, int64_t& hi) {
+  int64_t unused;
+  ValidColumns(a, 0, lo, unused);
+  ValidColumns(a, a.kernel_w - 1, unused, hi);
+  if (hi <= lo) lo = hi = 0;
+}
+
+// kCols output columns ox0.. of one output row, one vector of channels c0..
+// (`mask` its lanes; all of them when kFull): the bias plus every tap's
+// weight vector times the input vector under it, in registers; each weight
+// load serves all kCols columns. kChecked: some taps fall outside the row
+// (the border columns).
+template <int kCols, bool kChecked, bool kFull>
+HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0, int64_t c0,
+                                 hn::Mask<D> mask) {
+  const D d;
+  const int64_t C = a.channels;
+  auto load = [&](const float* p) { return kFull ? hn::LoadU(d, p) : hn::MaskedLoad(mask, d, p); };
+  const V start = a.bias != nullptr ? load(a.bias + c0) : hn::Zero(d);
+  V acc[kCols];
+  for (int j = 0; j < kCols; ++j) acc[j] = start;
+  const int64_t column_step = a.stride_w * C;  // between neighbouring output columns
+  for (int64_t ky = 0; ky < a.kernel_h; ++ky) {
+    const int64_t iy = a.input_row(oy) + ky * a.dilation_h;
+    if (iy < 0 || iy >= a.in_h) continue;
+    const float* row = a.x + ((n * a.in_h + iy) * a.in_w) * C + c0;
+    const float* w = a.w + ky * a.kernel_w * C + c0;
+    for (int64_t kx = 0; kx < a.kernel_w; ++kx, w += C) {
+      const V wv = load(w);
+      const int64_t ix0 = a.input_col(ox0) + kx * a.dilation_w;
+      if constexpr (kChecked) {
+        for (int j = 0; j < kCols; ++j) {
+          const int64_t ix = ix0 + j * a.stride_w;
+          if (ix >= 0 && ix < a.in_w) acc[j] = hn::MulAdd(wv, load(row + ix * C), acc[j]);
+        }
+      } else {
+        const float* in = row + ix0 * C;
+        for (int j = 0; j < kCols; ++j) acc[j] = hn::MulAdd(wv, load(in + j * column_step), acc[j]);
+      }
+    }
+  }
+  float* out = a.y + ((n * a.out_h + oy) * a.out_w + ox0) * C + c0;
+  for (int j = 0; j < kCols; ++j) {
+    const V v = Activate(a, acc[j]);
+    if constexpr (kFull) {
+      hn::StoreU(v, d, out + j * C);
+    } else {
+      hn::BlendedStore(v, mask, d, out + j * C);
+    }
+  }
+}
+
+// Output columns [ox0, ox0 + kCols) across every channel vector.
+template <int kCols, bool kChecked>
+HWY_INLINE void DepthwiseColumnsAllChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0) {
+  const D d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto all = hn::FirstN(d, static_cast<size_t>(lanes));
+  int64_t c0 = 0;
+  for (; c0 + lanes <= a.channels; c0 += lanes) DepthwiseColumns<kCols, kChecked, true>(a, n, oy, ox0, c0, all);
+  if (c0 < a.channels) {
+    const auto mask = hn::FirstN(d, static_cast<size_t>(a.channels - c0));
+    DepthwiseColumns<kCols, kChecked, false>(a, n, oy, ox0, c0, mask);
+  }
+}
+
+// One output row (image n, row oy) of the depthwise convolution: interior
+// columns four at a time, the border columns with their taps checked. Each
+// group of columns runs over all channels before the next, so the input
+// window it reads stays in L1.
+void DepthwiseRow(const NhwcConvArgs& a, int64_t n, int64_t oy) {
+  int64_t lo, hi;
+  InteriorColumns(a, lo, hi);
+  for (int64_t ox = 0; ox < lo; ++ox) DepthwiseColumnsAllChannels<1, true>(a, n, oy, ox);
+  int64_t ox = lo;
+  for (; ox + 4 <= hi; ox += 4) DepthwiseColumnsAllChannels<4, false>(a, n, oy, ox);
+  for (; ox < hi; ++ox) DepthwiseColumnsAllChannels<1, false>(a, n, oy, ox);
+  for (ox = std::max(hi, lo); ox < a.out_w; ++ox) DepthwiseColumnsAllChannels<1, true>(a, n, oy, ox);
+}
+
+}  // namespace transmuter::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/conv_nhwc.h"
+#include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace transmuter::kernels {
+
+HWY_EXPORT(DepthwiseRow);
+
+static_assert(static_cast<int>(ConvActivation::kNone) == HWY_NAMESPACE::kNone &&
+              static_cast<int>(ConvActivation::kRelu) == HWY_NAMESPACE::kRelu &&
+              static_cast<int>(ConvActivation::kClip) == HWY_NAMESPACE::kClip &&
+              static_cast<int>(ConvActivation::kHardSwish) == HWY_NAMESPACE::kHardSwish);
+
+namespace {
+
+// Row `position` (n, oy, ox) of the unfolded input [positions, kH * kW * C]:
+// the window under the output position, tap-major, zeros where a tap falls in
+// the padding. With dilation 1 the taps of one kernel row are one copy.
+void unfold_position(const NhwcConvArgs& a, int64_t position, float* dst) {
+  const int64_t C = a.channels;
+  const int64_t ox = position % a.out_w, oy = (position / a.out_w) % a.out_h, n = position / (a.out_w * a.out_h);
+  const int64_t ix0 = a.input_col(ox);
+  // Kernel columns [kx_first, kx_last) read inside the row.
+  int64_t kx_first = 0, kx_last = a.kernel_w;
+  while (kx_first < a.kernel_w && ix0 + kx_first * a.dilation_w < 0) ++kx_first;
+  while (kx_last > kx_first && ix0 + (kx_last - 1) * a.dilation_w >= a.in_w) --kx_last;
+  const size_t row_bytes = static_cast<size_t>(a.kernel_w * C) * sizeof(float);
+  for (int64_t ky = 0; ky < a.kernel_h; ++ky, dst += a.kernel_w * C) {
+    const int64_t iy = a.input_row(oy) + ky * a.dilation_h;
+    if (iy < 0 || iy >= a.in_h || kx_first >= kx_last) {
+      std::memset(dst, 0, row_bytes);
+      continue;
+    }
+    const float* row = a.x + ((n * a.in_h + iy) * a.in_w) * C;
+    std::fill(dst, dst + kx_first * C, 0.0f);
+    std::fill(dst + kx_last * C, dst + a.kernel_w * C, 0.0f);
+    if (a.dilation_w == 1) {
+      std::memcpy(dst + kx_first * C, row + (ix0 + kx_first) * C, static_cast<size_t>((kx_last - kx_first) * C) * sizeof(float));
+    } else {
+      for (int64_t kx = kx_first; kx < kx_last; ++kx) {
+        std::memcpy(dst + kx * C, row + (ix0 + kx * a.dilation_w) * C, static_cast<size_t>(C) * sizeof(float));
+      }
+    }
+  }
+}
+
+bool is_pointwise(const NhwcConvArgs& a) {
+  return a.kernel_h == 1 && a.kernel_w == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_top == 0 &&
+         a.pad_left == 0 && a.out_h == a.in_h && a.out_w == a.in_w;
+}
+
+GemmArgs product_of(const NhwcConvArgs& a, const float* rows, int64_t lda, int64_t first_position, int64_t count) {
+  GemmArgs g;
+  g.a = rows;
+  g.lda = lda;
+  g.packed = a.w;
+  g.col_bias = a.bias;
+  g.y = a.y + first_position * a.out_channels;
+  g.ldy = g.n = a.out_channels;
+  g.m = count;
+  g.k = a.window();
+  g.conv_activation = static_cast<ConvActivation>(a.activation);
+  g.clip_min = a.clip_min;
+  g.clip_max = a.clip_max;
+  return g;
+}
+
+// The unfolded input of the evaluating thread, kept between calls (no page
+// faults in steady state) up to kKeepBytes; at most kUnfoldBytes at a time.
+constexpr size_t kKeepBytes = size_t{64} << 20;
+constexpr int64_t kUnfoldFloats = int64_t{8} << 20;
+
+void run_conv2d_nhwc(const NhwcConvArgs& a) {
+  const int64_t positions = a.positions();
+  if (is_pointwise(a)) {  // the image is the product's left-hand side as it lies
+    run_gemm(product_of(a, a.x, a.channels, 0, positions));
+    return;
+  }
+  thread_local std::vector<float> unfolded;
+  const int64_t k = a.window();
+  const int64_t rows_per_pass = std::clamp<int64_t>(kUnfoldFloats / k, 6, positions);
+  unfolded.resize(static_cast<size_t>(rows_per_pass * k));
+  float* buffer = unfolded.data();
+  // About 32K values a chunk: enough work to pay for waking a thread.
+  const int64_t grain = std::max<int64_t>(1, 32768 / k);
+  for (int64_t first = 0; first < positions; first += rows_per_pass) {
+    const int64_t count = std::min(rows_per_pass, positions - first);
+    parallel_for(count, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) unfold_position(a, first + r, buffer + r * k);
+    });
+    run_gemm(product_of(a, buffer, k, first, count));
+  }
+  if (unfolded.capacity() * sizeof(float) > kKeepBytes) std::vector<float>().swap(unfolded);
+}
+
+void run_depthwise_nhwc(const NhwcConvArgs& a) {
+  const int64_t rows = a.batch * a.out_h;
+  // About 16K outputs a chunk.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, a.out_w * a.channels));
+  parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) HWY_DYNAMIC_DISPATCH(DepthwiseRow)(a, r / a.out_h, r % a.out_h);
+  });
+}
+
+NhwcConvArgs args_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y, int64_t kernel_h,
+                     int64_t kernel_w) {
+  NhwcConvArgs a{};
+  a.batch = x.shape(0);
+  a.in_h = x.shape(1);
+  a.in_w = x.shape(2);
+  a.channels = x.shape(3);
+  a.out_h = y.shape(1);
+  a.out_w = y.shape(2);
+  a.out_channels = y.shape(3);
+  a.kernel_h = kernel_h;
+  a.kernel_w = kernel_w;
+  a.stride_h = o.strides[0];
+  a.stride_w = o.strides[1];
+  a.dilation_h = o.dilations[0];
+  a.dilation_w = o.dilations[1];
+  a.pad_top = o.pads_begin[0];
+  a.pad_left = o.pads_begin[1];
+  a.activation = static_cast<int>(o.activation);
+  a.clip_min = o.clip_min;
+  a.clip_max = o.clip_max;
+  return a;
+}
+
+class NhwcConvKernel : public CpuKernel {
+ public:
+  NhwcConvKernel(mx::Stream stream, Reference reference, NhwcConvOptions options, bool depthwise)
+      : CpuKernel(stream, std::move(reference)), options_(options), depthwise_(depthwise) {}
+  const char* name() const override { return depthwise_ ? "transmuter::DepthwiseConvNhwc" : "transmuter::ConvNhwc"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const NhwcConvKernel*>(&other);
+    return o != nullptr && o->options_ == options_ && o->depthwise_ == depthwise_;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    NhwcConvArgs a = args_of(options_, in[0], out[0], options_.kernel[0], options_.kernel[1]);
+    a.x = in[0].data<float>();
+    a.w = in[1].data<float>();
+    a.bias = in.size() > 2 ? in[2].data<float>() : nullptr;
+    a.y = out[0].data<float>();
+    if (depthwise_) return [a] { run_depthwise_nhwc(a); };
+    return [a] { run_conv2d_nhwc(a); };
+  }
+
+ private:
+  NhwcConvOptions options_;
+  bool depthwise_;
+};
+
+mx::array activate(const mx::array& v, const NhwcConvOptions& o, mx::Stream s) {
+  switch (o.activation) {
+    case ConvActivation::kRelu:
+      return mx::maximum(v, mx::array(0.0f), s);
+    case ConvActivation::kClip:
+      return mx::minimum(mx::maximum(v, mx::array(o.clip_min), s), mx::array(o.clip_max), s);
+    case ConvActivation::kHardSwish: {
+      mx::array gate = mx::add(mx::multiply(v, mx::array(1.0f / 6.0f), s), mx::array(0.5f), s);
+      return mx::multiply(v, mx::clip(gate, mx::array(0.0f), mx::array(1.0f), s), s);
+    }
+    case ConvActivation::kNone:
+      break;
+  }
+  return v;
+}
+
+// x [N, H, W, C] with an MLX-layout weight [M, kH, kW, C / groups].
+mx::array reference_conv(const std::vector<mx::array>& in, const mx::array& weight, int groups,
+                         const NhwcConvOptions& o, mx::Stream s) {
+  mx::array y = mx::conv_general(in[0], weight, {o.strides[0], o.strides[1]}, {o.pads_begin[0], o.pads_begin[1]},
+                                 {o.pads_end[0], o.pads_end[1]}, {o.dilations[0], o.dilations[1]}, {}, groups, false,
+                                 s);
+  if (in.size() > 2) y = mx::add(y, in[2], s);
+  return activate(y, o, s);
+}
+
+mx::Shape output_shape(const mx::array& x, int64_t m, const NhwcConvOptions& o) {
+  const int64_t oh = conv_output_length(x.shape(1), o.kernel[0], o.strides[0], o.pads_begin[0], o.pads_end[0],
+                                        o.dilations[0]);
+  const int64_t ow = conv_output_length(x.shape(2), o.kernel[1], o.strides[1], o.pads_begin[1], o.pads_end[1],
+                                        o.dilations[1]);
+  if (oh <= 0 || ow <= 0) throw std::invalid_argument("convolution window does not fit the input");
+  return {x.shape(0), static_cast<int>(oh), static_cast<int>(ow), static_cast<int>(m)};
+}
+
+void check_options(const NhwcConvOptions& o) {
+  for (int i = 0; i < 2; ++i) {
+    if (o.kernel[i] < 1 || o.strides[i] < 1 || o.dilations[i] < 1 || o.pads_begin[i] < 0 || o.pads_end[i] < 0) {
+      throw std::invalid_argument("convolution needs positive kernel, strides and dilations and non-negative pads");
+    }
+  }
+}
+
+void check_bias(const std::optional<mx::array>& bias, int64_t m) {
+  if (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != m)) {
+    throw std::invalid_argument("convolution bias must be float32 [" + std::to_string(m) + "]");
+  }
+}
+
+std::vector<mx::array> operands(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias) {
+  std::vector<mx::array> inputs = {x, w};
+  if (bias) inputs.push_back(*bias);
+  return inputs;
+}
+
+mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, const mx::Shape& shape,
+                     const NhwcConvOptions& o, bool depthwise, mx::Stream stream) {
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<NhwcConvKernel>(kernel_stream, reference, o, depthwise);
+      },
+      reference, std::move(inputs), {shape}, {mx::float32}, stream)[0];
+}
+
+}  // namespace
+
+int64_t conv_output_length(int64_t in, int kernel, int stride, int pad_begin, int pad_end, int dilation) {
+  const int64_t span = static_cast<int64_t>(dilation) * (kernel - 1) + 1;
+  const int64_t room = in + pad_begin + pad_end - span;
+  return room < 0 ? 0 : room / stride + 1;
+}
+
+mx::array pack_conv_weight_nhwc(const mx::array& w) {
+  if (w.ndim() != 4 || w.size() == 0 || !mx::issubdtype(w.dtype(), mx::floating)) {
+    throw std::invalid_argument("pack_conv_weight_nhwc: the weight must be a non-empty 4-D float array");
+  }
+  // [M, C, kH, kW] -> [kH, kW, C, M] -> [kH * kW * C, M]
+  const int m = w.shape(0);
+  mx::array rows = mx::reshape(mx::transpose(w, {2, 3, 1, 0}, mx::Device::cpu), {-1, m}, mx::Device::cpu);
+  return pack_gemm_rhs(rows, false);
+}
+
+mx::array depthwise_weight_nhwc(const mx::array& w, mx::StreamOrDevice s) {
+  if (w.ndim() != 4 || w.shape(1) != 1) throw std::invalid_argument("depthwise weight must be [C, 1, kH, kW]");
+  return mx::contiguous(mx::astype(mx::transpose(mx::squeeze(w, 1, s), {1, 2, 0}, s), mx::float32, s), false, s);
+}
+
+mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::optional<mx::array>& bias, int64_t m,
+                      const NhwcConvOptions& o, mx::StreamOrDevice s) {
+  check_options(o);
+  check_bias(bias, m);
+  if (x.dtype() != mx::float32 || x.ndim() != 4) throw std::invalid_argument("convolution input must be float32 [N, H, W, C]");
+  const int64_t k = int64_t{o.kernel[0]} * o.kernel[1] * x.shape(3);
+  if (!packed_rhs_fits(packed, m) || packed.shape(1) != k) {
+    throw std::invalid_argument("packed convolution weight does not match " + std::to_string(m) +
+                                " output channels over a window of " + std::to_string(k) + " values");
+  }
+  const mx::Stream stream = mx::to_stream(s);
+  const mx::Shape shape = output_shape(x, m, o);
+  const int channels = x.shape(3);
+  Reference reference = [o, m, channels, stream](const std::vector<mx::array>& in) {
+    // packed -> [kH * kW * C, M] -> [kH, kW, C, M] -> [M, kH, kW, C]
+    mx::array rows = unpack_gemm_rhs(in[1], m, stream);
+    mx::array w = mx::reshape(rows, {o.kernel[0], o.kernel[1], channels, static_cast<int>(m)}, stream);
+    return std::vector<mx::array>{reference_conv(in, mx::transpose(w, {3, 0, 1, 2}, stream), 1, o, stream)};
+  };
+  std::vector<mx::array> inputs = operands(x, packed, bias);
+  if (!is_cpu_stream(stream) || x.size() == 0) return reference(inputs)[0];
+  return run_kernel(std::move(inputs), reference, shape, o, false, stream);
+}
+
+mx::array depthwise_conv_nhwc(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                              const NhwcConvOptions& o, mx::StreamOrDevice s) {
+  check_options(o);
+  if (x.dtype() != mx::float32 || x.ndim() != 4) throw std::invalid_argument("convolution input must be float32 [N, H, W, C]");
+  const int64_t c = x.shape(3);
+  if (w.dtype() != mx::float32 || w.ndim() != 3 || w.shape(0) != o.kernel[0] || w.shape(1) != o.kernel[1] ||
+      w.shape(2) != c) {
+    throw std::invalid_argument("depthwise weight must be float32 [" + std::to_string(o.kernel[0]) + ", " +
+                                std::to_string(o.kernel[1]) + ", " + std::to_string(c) + "]");
+  }
+  check_bias(bias, c);
+  const mx::Stream stream = mx::to_stream(s);
+  const mx::Shape shape = output_shape(x, c, o);
+  Reference reference = [o, stream](const std::vector<mx::array>& in) {
+    // [kH, kW, C] -> [C, kH, kW, 1]
+    mx::array weight = mx::expand_dims(mx::transpose(in[1], {2, 0, 1}, stream), 3, stream);
+    return std::vector<mx::array>{reference_conv(in, weight, in[0].shape(3), o, stream)};
+  };
+  std::vector<mx::array> inputs = operands(x, w, bias);
+  if (!is_cpu_stream(stream) || x.size() == 0) return reference(inputs)[0];
+  return run_kernel(std::move(inputs), reference, shape, o, true, stream);
+}
+
+}  // namespace transmuter::kernels
+#endif  // HWY_ONCE

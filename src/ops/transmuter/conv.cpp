@@ -1,0 +1,96 @@
+// ConvNhwc (ai.transmuter, since 1), made by src/passes/channels_last_convs.cpp:
+// a 2-D convolution in the channels-last layout with its weights prepared at
+// load for the CPU kernels of src/kernels/cpu/conv_nhwc.h.
+//
+//   Y = activation(conv(X, W) + B)
+//
+//   X float32 [N, H, W, C]; Y float32 [N, oH, oW, out_channels].
+//   group 1:  W is the weight packed by pack_conv_weight_nhwc
+//             (float32 [panels, kH * kW * C, P]);
+//   group C:  (depthwise, out_channels == C) W is float32 [kH, kW, C].
+//   B (optional) float32 [out_channels].
+//   Attributes: kernel_shape [kH, kW], strides, pads [top, left, bottom,
+//   right], dilations (as ONNX Conv's, defaults 1 / 0), group, out_channels,
+//   activation ("" | "Relu" | "Clip" | "HardSwish") and activation_params
+//   (Clip: [min, max]).
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "kernels/cpu/conv_nhwc.h"
+#include "ops/node_context.h"
+#include "ops/registry.h"
+
+namespace transmuter {
+namespace {
+
+using kernels::ConvActivation;
+
+std::array<int, 2> pair_attribute(const NodeContext& ctx, std::string_view name, int64_t fallback) {
+  std::vector<int64_t> v = ctx.attr_ints(name, {fallback, fallback});
+  if (v.size() != 2) throw ctx.error("attribute '", name, "' must hold 2 values");
+  return {to_int32(ctx, v[0], name), to_int32(ctx, v[1], name)};
+}
+
+kernels::NhwcConvOptions read_options(const NodeContext& ctx) {
+  kernels::NhwcConvOptions o;
+  std::vector<int64_t> kernel = ctx.attr_ints("kernel_shape");
+  if (kernel.size() != 2) throw ctx.error("attribute 'kernel_shape' must hold 2 values");
+  o.kernel = {to_int32(ctx, kernel[0], "kernel_shape"), to_int32(ctx, kernel[1], "kernel_shape")};
+  o.strides = pair_attribute(ctx, "strides", 1);
+  o.dilations = pair_attribute(ctx, "dilations", 1);
+  std::vector<int64_t> pads = ctx.attr_ints("pads", {0, 0, 0, 0});
+  if (pads.size() != 4) throw ctx.error("attribute 'pads' must hold 4 values");
+  o.pads_begin = {to_int32(ctx, pads[0], "pads"), to_int32(ctx, pads[1], "pads")};
+  o.pads_end = {to_int32(ctx, pads[2], "pads"), to_int32(ctx, pads[3], "pads")};
+  const std::string activation = ctx.attr_string("activation", "");
+  if (activation == "Relu") {
+    o.activation = ConvActivation::kRelu;
+  } else if (activation == "HardSwish") {
+    o.activation = ConvActivation::kHardSwish;
+  } else if (activation == "Clip") {
+    std::vector<float> p = ctx.attr_floats("activation_params");
+    if (p.size() != 2) throw ctx.error("activation Clip needs 2 activation_params, got ", p.size());
+    o.activation = ConvActivation::kClip;
+    o.clip_min = p[0];
+    o.clip_max = p[1];
+  } else if (!activation.empty()) {
+    throw ctx.error("unknown activation '", activation, "' (expected \"\", Relu, Clip or HardSwish)");
+  }
+  return o;
+}
+
+OpOutputs conv_nhwc(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  const mx::array& w = ctx.input(1);
+  std::optional<mx::array> bias = ctx.optional_input(2);
+  const kernels::NhwcConvOptions options = read_options(ctx);
+  const int64_t out_channels = ctx.required_int("out_channels");
+  const int64_t group = ctx.attr_int("group", 1);
+  if (x.dtype() != mx::float32 || x.ndim() != 4) {
+    throw ctx.error("X must be float32 [N, H, W, C], got ", x.dtype(), " ", x.shape());
+  }
+  if (group != 1 && (group != x.shape(3) || out_channels != group)) {
+    throw ctx.error("group must be 1 or the channel count ", x.shape(3), " with as many outputs, got group ", group,
+                    " and out_channels ", out_channels);
+  }
+  try {
+    if (group == 1) return {kernels::conv2d_nhwc(x, w, bias, out_channels, options, ctx.stream())};
+    return {kernels::depthwise_conv_nhwc(x, w, bias, options, ctx.stream())};
+  } catch (const std::invalid_argument& e) {
+    throw ctx.error(e.what());
+  }
+}
+
+}  // namespace
+
+void register_transmuter_conv(OpRegistry& r) {
+  r.add({
+      {"ConvNhwc", kTransmuter, 1, kOpen, conv_nhwc},
+  });
+}
+
+}  // namespace transmuter

@@ -1,0 +1,423 @@
+// Moves 2-D convolutions to the channels-last layout (NHWC), where the CPU
+// kernels of src/kernels/cpu/conv_nhwc.h run them as packed matrix products
+// (group 1) or channel-vectorized loops (depthwise), then lets the layout
+// flow through the ops between convolutions so that the transposes between
+// two convolutions cancel. ONNX Runtime's NCHWc transformer does the same for
+// its layout.
+//
+// Step 1, each convertible Conv / FusedConv:
+//
+//        X   W   B                 X
+//         \  |  /                  |
+//     Conv | FusedConv     =>   Transpose(0,2,3,1)   W' (packed at load)   B
+//           |                      \                 |                  /
+//           Y                       ai.transmuter ConvNhwc(act, group, out_channels)
+//                                                    |
+//                                             Transpose(0,3,1,2)
+//                                                    |
+//                                                    Y
+//
+// Step 2, repeated until nothing changes, for T = Transpose(0,3,1,2) of a
+// channels-last value A (T's other readers keep T):
+//
+//   Transpose(0,2,3,1)(T)          =>  Identity(A)
+//   U(T), U elementwise unary      =>  Transpose(0,3,1,2)(U(A))
+//   B(T, T2), T2 = Transpose(0,3,1,2)(A2)
+//                                  =>  Transpose(0,3,1,2)(B(A, A2))
+//   B(T, K), K a constant          =>  Transpose(0,3,1,2)(B(A, K')), K' = K
+//                                      padded to rank 4 and transposed
+//   GlobalAveragePool(T)           =>  Transpose(0,3,1,2)(ReduceMean(A, axes 1, 2))
+//   MaxPool(T) (no Indices)        =>  Transpose(0,3,1,2)(ai.transmuter MaxPoolNhwc(A))
+//
+// Transposes nothing reads any more are removed. What remains are the copies
+// at the region's borders (the graph input, ops with no channels-last form).
+//
+// A convolution is converted when: its weight is a float32 4-D initializer,
+// its bias absent or a float32 [M] initializer, auto_pad NOTSET or VALID, and
+// group is 1 or depthwise (group == M, one input channel per group);
+// FusedConv only with Relu, Clip or HardSwish and no Z. The pass runs only when
+// the default device at load is the CPU: the packed weights are this CPU's.
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "kernels/cpu/conv_nhwc.h"
+#include "passes/node_pattern.h"
+#include "passes/pass_manager.h"
+#include "transmuter/error.h"
+
+namespace transmuter {
+
+namespace {
+
+constexpr const char* kDomain = "ai.transmuter";
+const std::vector<int64_t> kToChannelsLast = {0, 2, 3, 1};
+const std::vector<int64_t> kToChannelsFirst = {0, 3, 1, 2};
+// Names the Identity nodes that replace a pair of transposes that cancel.
+constexpr std::string_view kLayoutIdentity = "/cancelled_transposes";
+
+Attribute ints_attribute(const std::string& name, std::vector<int64_t> values) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kInts;
+  a.ints = std::move(values);
+  return a;
+}
+
+Attribute int_attribute(const std::string& name, int64_t value) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kInt;
+  a.i = value;
+  return a;
+}
+
+// Value names are unique in a graph; new ones get a suffix none has.
+class ValueNames {
+ public:
+  explicit ValueNames(const Graph& graph) {
+    for (const ValueInfo& v : graph.inputs) used_.insert(v.name);
+    for (const auto& [name, value] : graph.initializers) used_.insert(name);
+    for (const Node& node : graph.nodes) used_.insert(node.outputs.begin(), node.outputs.end());
+  }
+  std::string fresh(const std::string& base) {
+    std::string name = base;
+    for (int i = 1; used_.contains(name); ++i) name = str(base, "_", i);
+    used_.insert(name);
+    return name;
+  }
+
+ private:
+  std::unordered_set<std::string> used_;
+};
+
+Node transpose_node(const std::string& input, const std::string& output, const std::vector<int64_t>& perm,
+                    int64_t onnx_opset) {
+  Node t;
+  t.op_type = "Transpose";
+  t.opset = static_cast<int>(onnx_opset);
+  t.name = output + "/Transpose";
+  t.inputs = {input};
+  t.outputs = {output};
+  t.attributes.push_back(ints_attribute("perm", perm));
+  return t;
+}
+
+// ---- step 1: the convolutions ----
+
+const mx::array* float32_initializer(const Graph& graph, const std::string& name) {
+  auto it = graph.initializers.find(name);
+  if (it == graph.initializers.end() || !it->second.is_tensor()) return nullptr;
+  const mx::array& a = it->second.tensor();
+  return a.dtype() == mx::float32 ? &a : nullptr;
+}
+
+std::vector<int64_t> ints_attribute_or(const Node& node, const std::string& name, std::vector<int64_t> fallback) {
+  const Attribute* a = node.find_attribute(name);
+  return a != nullptr && a->type == AttrType::kInts ? a->ints : fallback;
+}
+
+struct ConvMatch {
+  int64_t out_channels = 0;
+  bool depthwise = false;
+  std::string activation;         // "", "Relu", "Clip", "HardSwish"
+  std::vector<float> activation_params;
+  std::vector<int64_t> kernel, strides, pads, dilations;
+};
+
+std::optional<ConvMatch> match_conv(const Graph& graph, const Node& node) {
+  ConvMatch m;
+  if (is_onnx_op(node, "Conv")) {
+    if (node.inputs.size() > 3) return std::nullopt;
+  } else if (node.domain == "com.microsoft" && node.op_type == "FusedConv") {
+    if (node.inputs.size() > 3) return std::nullopt;  // Z
+    const Attribute* activation = node.find_attribute("activation");
+    if (activation == nullptr || activation->type != AttrType::kString) return std::nullopt;
+    m.activation = activation->s;
+    if (m.activation != "Relu" && m.activation != "HardSwish" && m.activation != "Clip") return std::nullopt;
+    if (const Attribute* p = node.find_attribute("activation_params")) m.activation_params = p->floats;
+    if (m.activation == "Clip" && m.activation_params.size() != 2) return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
+  if (node.inputs.size() < 2 || node.outputs.size() != 1) return std::nullopt;
+  const mx::array* w = float32_initializer(graph, node.inputs[1]);
+  if (w == nullptr || w->ndim() != 4 || w->size() == 0) return std::nullopt;
+  if (node.inputs.size() == 3 && !node.inputs[2].empty()) {
+    const mx::array* b = float32_initializer(graph, node.inputs[2]);
+    if (b == nullptr || b->ndim() != 1 || b->shape(0) != w->shape(0)) return std::nullopt;
+  }
+  if (const Attribute* pad = node.find_attribute("auto_pad"); pad != nullptr && pad->s != "NOTSET" && pad->s != "VALID") {
+    return std::nullopt;
+  }
+  m.out_channels = w->shape(0);
+  const int64_t group = int_attribute_or(node, "group", 1);
+  m.depthwise = group != 1;
+  if (m.depthwise && (group != m.out_channels || w->shape(1) != 1)) return std::nullopt;
+  m.kernel = {w->shape(2), w->shape(3)};
+  if (ints_attribute_or(node, "kernel_shape", m.kernel) != m.kernel) return std::nullopt;
+  m.strides = ints_attribute_or(node, "strides", {1, 1});
+  m.dilations = ints_attribute_or(node, "dilations", {1, 1});
+  m.pads = ints_attribute_or(node, "pads", {0, 0, 0, 0});
+  if (const Attribute* pad = node.find_attribute("auto_pad"); pad != nullptr && pad->s == "VALID") m.pads = {0, 0, 0, 0};
+  if (m.strides.size() != 2 || m.dilations.size() != 2 || m.pads.size() != 4) return std::nullopt;
+  auto positive = [](int64_t v) { return v >= 1 && v < (1 << 20); };
+  auto non_negative = [](int64_t v) { return v >= 0 && v < (1 << 20); };
+  if (!std::all_of(m.strides.begin(), m.strides.end(), positive) ||
+      !std::all_of(m.dilations.begin(), m.dilations.end(), positive) ||
+      !std::all_of(m.pads.begin(), m.pads.end(), non_negative)) {
+    return std::nullopt;
+  }
+  return m;
+}
+
+Node conv_nhwc_node(const Node& conv, const ConvMatch& m, const std::string& x, const std::string& weight,
+                    const std::string& y) {
+  Node n;
+  n.op_type = "ConvNhwc";
+  n.domain = kDomain;
+  n.opset = 1;
+  n.name = (conv.name.empty() ? conv.outputs[0] : conv.name) + "/nhwc";
+  n.inputs = {x, weight};
+  if (conv.inputs.size() == 3 && !conv.inputs[2].empty()) n.inputs.push_back(conv.inputs[2]);
+  n.outputs = {y};
+  n.attributes.push_back(ints_attribute("kernel_shape", m.kernel));
+  n.attributes.push_back(ints_attribute("strides", m.strides));
+  n.attributes.push_back(ints_attribute("pads", m.pads));
+  n.attributes.push_back(ints_attribute("dilations", m.dilations));
+  n.attributes.push_back(int_attribute("group", m.depthwise ? m.out_channels : 1));
+  n.attributes.push_back(int_attribute("out_channels", m.out_channels));
+  if (!m.activation.empty()) {
+    Attribute activation;
+    activation.name = "activation";
+    activation.type = AttrType::kString;
+    activation.s = m.activation;
+    n.attributes.push_back(activation);
+    if (!m.activation_params.empty()) {
+      Attribute params;
+      params.name = "activation_params";
+      params.type = AttrType::kFloats;
+      params.floats = m.activation_params;
+      n.attributes.push_back(params);
+    }
+  }
+  return n;
+}
+
+size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset) {
+  std::vector<Node> nodes;
+  nodes.reserve(graph.nodes.size());
+  size_t converted = 0;
+  for (Node& node : graph.nodes) {
+    std::optional<ConvMatch> m = match_conv(graph, node);
+    if (!m) {
+      nodes.push_back(std::move(node));
+      continue;
+    }
+    const std::string& weight_name = node.inputs[1];
+    const std::string prepared = fresh_initializer_name(graph, weight_name + (m->depthwise ? "/hwc" : "/packed_hwc"));
+    const mx::array& w = graph.initializers.at(weight_name).tensor();
+    mx::array converted_weight =
+        m->depthwise ? kernels::depthwise_weight_nhwc(w, mx::Device::cpu) : kernels::pack_conv_weight_nhwc(w);
+    converted_weight.eval();
+    graph.initializers.insert_or_assign(prepared, Value(converted_weight));
+    const std::string x = names.fresh(node.inputs[0] + "/nhwc");
+    const std::string y = names.fresh(node.outputs[0] + "/nhwc");
+    nodes.push_back(transpose_node(node.inputs[0], x, kToChannelsLast, onnx_opset));
+    nodes.push_back(conv_nhwc_node(node, *m, x, prepared, y));
+    nodes.push_back(transpose_node(y, node.outputs[0], kToChannelsFirst, onnx_opset));
+    ++converted;
+  }
+  graph.nodes = std::move(nodes);
+  return converted;
+}
+
+// ---- step 2: moving the transposes back to channels-first past other ops ----
+
+bool is_transpose(const Node& node, const std::vector<int64_t>& perm) {
+  if (!is_onnx_op(node, "Transpose") || node.inputs.size() != 1 || node.outputs.size() != 1) return false;
+  const Attribute* p = node.find_attribute("perm");
+  return p != nullptr && p->ints == perm;
+}
+
+bool is_unary_elementwise(const Node& node) {
+  static const std::unordered_set<std::string> ops = {
+      "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu", "Selu", "Celu",
+      "Gelu", "Erf", "Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Softplus", "Softsign", "Mish",
+      "Identity", "ThresholdedRelu", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos"};
+  return node.domain.empty() && ops.contains(node.op_type) && node.outputs.size() == 1;
+}
+
+bool is_binary_elementwise(const Node& node) {
+  static const std::unordered_set<std::string> ops = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum",
+                                                      "PRelu"};
+  return node.domain.empty() && ops.contains(node.op_type) && node.inputs.size() == 2 && node.outputs.size() == 1;
+}
+
+// Where a channels-first transpose of A moved past `node`: it now reads A and
+// writes a fresh channels-last value, transposed back into its old output.
+void move_transpose_after(Graph& graph, size_t node, ValueNames& names, int64_t onnx_opset) {
+  Node& moved = graph.nodes[node];
+  const std::string output = moved.outputs[0];
+  moved.outputs[0] = names.fresh(output + "/nhwc");
+  Node back = transpose_node(moved.outputs[0], output, kToChannelsFirst, onnx_opset);
+  graph.nodes.insert(graph.nodes.begin() + static_cast<std::ptrdiff_t>(node) + 1, std::move(back));
+}
+
+// A constant operand of a binary op whose other operand becomes channels-last:
+// padded to rank 4 (numpy broadcasting aligns trailing axes) and transposed.
+std::optional<std::string> channels_last_constant(Graph& graph, const GraphIndex& index, const std::string& name) {
+  std::optional<mx::array> k = index.constant(name);
+  if (!k || k->ndim() > 4) return std::nullopt;
+  if (k->size() == 1) return name;  // a scalar broadcasts the same in any layout
+  mx::Shape shape = k->shape();
+  shape.insert(shape.begin(), 4 - shape.size(), 1);
+  mx::array moved = mx::contiguous(mx::transpose(mx::reshape(*k, shape), {0, 2, 3, 1}));
+  moved.eval();
+  const std::string fresh = fresh_initializer_name(graph, name + "/nhwc");
+  graph.initializers.insert_or_assign(fresh, Value(moved));
+  return fresh;
+}
+
+// ReduceMean over the spatial axes of a channels-last value, keeping them.
+Node spatial_mean(const Node& pool, Graph& graph, const std::string& input, int64_t onnx_opset) {
+  Node mean;
+  mean.op_type = "ReduceMean";
+  mean.opset = static_cast<int>(onnx_opset);
+  mean.name = (pool.name.empty() ? pool.outputs[0] : pool.name) + "/nhwc";
+  mean.inputs = {input};
+  mean.outputs = pool.outputs;
+  mean.attributes.push_back(int_attribute("keepdims", 1));
+  if (onnx_opset >= 18) {  // axes became an input
+    const std::string axes = fresh_initializer_name(graph, mean.name + "/axes");
+    mx::array spatial_axes = mx::astype(mx::array({1, 2}), mx::int64);
+    spatial_axes.eval();
+    graph.initializers.insert_or_assign(axes, Value(spatial_axes));
+    mean.inputs.push_back(axes);
+  } else {
+    mean.attributes.push_back(ints_attribute("axes", {1, 2}));
+  }
+  return mean;
+}
+
+// One rewrite of step 2 at some transpose, or false when none applies.
+bool sink_one_transpose(Graph& graph, ValueNames& names, int64_t onnx_opset) {
+  const GraphIndex index(graph);
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (!is_transpose(graph.nodes[i], kToChannelsFirst)) continue;
+    const std::string value = graph.nodes[i].outputs[0];
+    const std::string channels_last = graph.nodes[i].inputs[0];
+    for (size_t reader : index.consumers(value)) {
+      Node& node = graph.nodes[reader];
+      const auto reads = std::count(node.inputs.begin(), node.inputs.end(), value);
+      if (is_transpose(node, kToChannelsLast)) {
+        node.op_type = "Identity";
+        node.name += kLayoutIdentity;
+        node.attributes.clear();
+        node.inputs[0] = channels_last;
+        return true;
+      }
+      if (is_unary_elementwise(node) && node.inputs[0] == value && reads == 1) {
+        node.inputs[0] = channels_last;
+        move_transpose_after(graph, reader, names, onnx_opset);
+        return true;
+      }
+      if (is_binary_elementwise(node)) {
+        std::array<std::optional<std::string>, 2> moved;
+        for (size_t k = 0; k < 2; ++k) {
+          const std::string& in = node.inputs[k];
+          if (in == value) {
+            moved[k] = channels_last;
+          } else if (std::optional<size_t> p = index.producer(in); p && is_transpose(graph.nodes[*p], kToChannelsFirst)) {
+            moved[k] = graph.nodes[*p].inputs[0];
+          } else {
+            moved[k] = channels_last_constant(graph, index, in);
+          }
+        }
+        if (!moved[0] || !moved[1]) continue;
+        node.inputs = {*moved[0], *moved[1]};
+        move_transpose_after(graph, reader, names, onnx_opset);
+        return true;
+      }
+      if (is_onnx_op(node, "MaxPool") && node.inputs.size() == 1 && node.outputs.size() == 1) {
+        node.op_type = "MaxPoolNhwc";
+        node.domain = kDomain;
+        node.opset = 1;
+        node.inputs[0] = channels_last;
+        move_transpose_after(graph, reader, names, onnx_opset);
+        return true;
+      }
+      if (is_onnx_op(node, "GlobalAveragePool") && node.inputs.size() == 1 && node.outputs.size() == 1) {
+        node = spatial_mean(node, graph, channels_last, onnx_opset);
+        move_transpose_after(graph, reader, names, onnx_opset);
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Points the readers of each Identity that step 2 made at its input, where
+// they read it directly (not from inside a subgraph) and it is no graph
+// output; the Identity is then unread.
+void bypass_identities(Graph& graph) {
+  const GraphIndex index(graph);
+  for (const Node& identity : graph.nodes) {
+    if (!is_onnx_op(identity, "Identity") || !identity.name.ends_with(kLayoutIdentity)) continue;
+    const std::string& value = identity.outputs[0];
+    if (index.is_graph_output(value)) continue;
+    const std::vector<size_t>& readers = index.consumers(value);
+    auto direct = [&](size_t r) {
+      const Node& node = graph.nodes[r];
+      const bool has_subgraph = std::any_of(node.attributes.begin(), node.attributes.end(), [](const Attribute& a) {
+        return a.type == AttrType::kGraph || a.type == AttrType::kGraphs;
+      });
+      return !has_subgraph && std::find(node.inputs.begin(), node.inputs.end(), value) != node.inputs.end();
+    };
+    if (!std::all_of(readers.begin(), readers.end(), direct)) continue;
+    for (size_t r : readers) {
+      std::replace(graph.nodes[r].inputs.begin(), graph.nodes[r].inputs.end(), value, identity.inputs[0]);
+    }
+  }
+}
+
+// Removes the transposes (and the Identity nodes step 2 made) that nothing reads.
+void remove_unread_layout_nodes(Graph& graph) {
+  for (bool changed = true; changed;) {
+    const GraphIndex index(graph);
+    std::vector<bool> removed(graph.nodes.size(), false);
+    changed = false;
+    for (size_t i = 0; i < graph.nodes.size(); ++i) {
+      const Node& node = graph.nodes[i];
+      const bool layout = is_onnx_op(node, "Transpose") || is_onnx_op(node, "Identity");
+      if (layout && node.outputs.size() == 1 && index.consumers(node.outputs[0]).empty() &&
+          !index.is_graph_output(node.outputs[0])) {
+        removed[i] = changed = true;
+      }
+    }
+    if (changed) erase_nodes(graph, removed);
+  }
+}
+
+}  // namespace
+
+size_t channels_last_convs(Graph& graph) {
+  if (mx::default_device() != mx::Device::cpu) return 0;
+  auto onnx = graph.opsets.find("");
+  const int64_t onnx_opset = onnx == graph.opsets.end() ? 0 : onnx->second;
+  if (onnx_opset < 1) return 0;
+  ValueNames names(graph);
+  const size_t converted = convert_convolutions(graph, names, onnx_opset);
+  if (converted == 0) return 0;
+  while (sink_one_transpose(graph, names, onnx_opset)) {
+  }
+  bypass_identities(graph);
+  remove_unread_layout_nodes(graph);
+  import_domain(graph, kDomain, 1);
+  return converted;
+}
+
+}  // namespace transmuter

@@ -1,0 +1,247 @@
+// The channels-last convolution kernels (group 1 on the packed GEMM, depthwise
+// vectorized across channels) against mx::conv_general written out here:
+// kernel sizes, strides, dilations, asymmetric pads, channel counts that are
+// no multiple of the SIMD width, batches, bias and activations; gradients;
+// mx::compile; argument checks.
+#include "kernels/cpu/conv_nhwc.h"
+
+#include <gtest/gtest.h>
+#include <mlx/primitives.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "support/random_arrays.h"
+
+namespace transmuter::kernels {
+namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
+
+// The kernels sum each output's taps in another order than MLX's convolution
+// (bias first, K in slices, fused multiply-adds). With unit-scale inputs and
+// at most a few hundred taps the float32 rounding differences stay within a
+// few 1e-6; a wrong tap or channel moves the result by ~0.1 or more.
+constexpr float kTolerance = 2e-5f;
+
+// y (not yet evaluated) is one of the NHWC kernels' outputs.
+bool from_kernel(const mx::array& y) {
+  if (!y.has_primitive()) return false;
+  const std::string name = y.primitive().name();
+  return name == "transmuter::ConvNhwc" || name == "transmuter::DepthwiseConvNhwc";
+}
+
+mx::array activate(const mx::array& y, const NhwcConvOptions& o) {
+  switch (o.activation) {
+    case ConvActivation::kRelu:
+      return mx::maximum(y, mx::array(0.0f));
+    case ConvActivation::kClip:
+      return mx::clip(y, mx::array(o.clip_min), mx::array(o.clip_max));
+    case ConvActivation::kHardSwish:
+      return y * mx::clip(y / 6.0f + 0.5f, mx::array(0.0f), mx::array(1.0f));
+    case ConvActivation::kNone:
+      break;
+  }
+  return y;
+}
+
+// x [N, H, W, C], w in ONNX's layout [M, C / groups, kH, kW].
+mx::array expected(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                   const NhwcConvOptions& o, int groups) {
+  mx::array y = mx::conv_general(x, mx::transpose(w, {0, 2, 3, 1}), {o.strides[0], o.strides[1]},
+                                 {o.pads_begin[0], o.pads_begin[1]}, {o.pads_end[0], o.pads_end[1]},
+                                 {o.dilations[0], o.dilations[1]}, {}, groups, false);
+  if (bias) y = y + *bias;
+  return activate(y, o);
+}
+
+struct Case {
+  int batch, channels, out_channels, height, width, kernel_h, kernel_w;
+  std::array<int, 2> strides, dilations, pads_begin, pads_end;
+  bool bias;
+  ConvActivation activation = ConvActivation::kNone;
+
+  NhwcConvOptions options() const {
+    return {.kernel = {kernel_h, kernel_w},
+            .strides = strides,
+            .pads_begin = pads_begin,
+            .pads_end = pads_end,
+            .dilations = dilations,
+            .activation = activation,
+            .clip_min = -0.25f,
+            .clip_max = 0.75f};
+  }
+};
+
+std::string describe(const Case& c) {
+  return "x [" + std::to_string(c.batch) + "," + std::to_string(c.height) + "," + std::to_string(c.width) + "," +
+         std::to_string(c.channels) + "] kernel " + std::to_string(c.kernel_h) + "x" + std::to_string(c.kernel_w) +
+         " -> " + std::to_string(c.out_channels) + " channels, activation " +
+         std::to_string(static_cast<int>(c.activation));
+}
+
+TEST(ConvNhwcKernel, Group1MatchesTheConvolution) {
+  const std::vector<Case> cases = {
+      // pointwise: the image is the product's left-hand side in place
+      {2, 16, 24, 7, 9, 1, 1, {1, 1}, {1, 1}, {0, 0}, {0, 0}, true, ConvActivation::kRelu},
+      {1, 3, 40, 5, 5, 1, 1, {1, 1}, {1, 1}, {0, 0}, {0, 0}, false},
+      // pointwise with stride 2 (unfolded)
+      {1, 8, 17, 9, 10, 1, 1, {2, 2}, {1, 1}, {0, 0}, {0, 0}, true, ConvActivation::kHardSwish},
+      // 3x3 same padding, channel counts off the SIMD width
+      {2, 5, 13, 8, 11, 3, 3, {1, 1}, {1, 1}, {1, 1}, {1, 1}, true, ConvActivation::kClip},
+      // ResNet's stem: 7x7 stride 2 over 3 channels
+      {1, 3, 8, 23, 19, 7, 7, {2, 2}, {1, 1}, {3, 3}, {3, 3}, true, ConvActivation::kRelu},
+      // asymmetric pads, dilation, rectangular kernel, more than 256 taps deep
+      {1, 40, 33, 9, 12, 3, 4, {1, 2}, {2, 1}, {2, 0}, {1, 3}, false},
+      // a kernel wider than the image (every column a border column)
+      {1, 2, 4, 3, 4, 5, 5, {1, 1}, {1, 1}, {2, 2}, {2, 2}, true},
+  };
+  for (const Case& c : cases) {
+    mx::array x = random_array({c.batch, c.height, c.width, c.channels}, 11);
+    mx::array w = random_array({c.out_channels, c.channels, c.kernel_h, c.kernel_w}, 12);
+    std::optional<mx::array> bias;
+    if (c.bias) bias = random_array({c.out_channels}, 13);
+    const NhwcConvOptions o = c.options();
+    mx::array y = conv2d_nhwc(x, pack_conv_weight_nhwc(w), bias, c.out_channels, o, mx::Device::cpu);
+    EXPECT_TRUE(from_kernel(y)) << describe(c);
+    mx::array want = expected(x, w, bias, o, 1);
+    ASSERT_EQ(y.shape(), want.shape()) << describe(c);
+    EXPECT_LT(max_abs_diff(y, want), kTolerance) << describe(c);
+    EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f) << describe(c);  // not vacuous
+  }
+}
+
+TEST(ConvNhwcKernel, DepthwiseMatchesTheConvolution) {
+  const std::vector<Case> cases = {
+      {2, 16, 16, 9, 13, 3, 3, {1, 1}, {1, 1}, {1, 1}, {1, 1}, true, ConvActivation::kHardSwish},
+      {1, 13, 13, 10, 11, 3, 3, {2, 2}, {1, 1}, {1, 1}, {1, 1}, false, ConvActivation::kRelu},
+      {1, 20, 20, 7, 17, 5, 5, {1, 1}, {1, 1}, {2, 2}, {2, 2}, true, ConvActivation::kClip},
+      {2, 3, 3, 8, 9, 3, 2, {1, 2}, {2, 1}, {2, 0}, {1, 1}, true},
+      {1, 9, 9, 4, 3, 7, 7, {1, 1}, {1, 1}, {3, 3}, {3, 3}, false},  // wider than the image
+  };
+  for (const Case& c : cases) {
+    mx::array x = random_array({c.batch, c.height, c.width, c.channels}, 21);
+    mx::array w = random_array({c.channels, 1, c.kernel_h, c.kernel_w}, 22);
+    std::optional<mx::array> bias;
+    if (c.bias) bias = random_array({c.channels}, 23);
+    const NhwcConvOptions o = c.options();
+    mx::array y = depthwise_conv_nhwc(x, depthwise_weight_nhwc(w), bias, o, mx::Device::cpu);
+    EXPECT_TRUE(from_kernel(y)) << describe(c);
+    mx::array want = expected(x, w, bias, o, c.channels);
+    ASSERT_EQ(y.shape(), want.shape()) << describe(c);
+    EXPECT_LT(max_abs_diff(y, want), kTolerance) << describe(c);
+    EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f) << describe(c);
+  }
+}
+
+// Large enough to split across the kernel threads and to unfold in several
+// passes of rows: the same values.
+TEST(ConvNhwcKernel, ThreadedAndMultiPassMatch) {
+  mx::array x = random_array({2, 40, 44, 48}, 31);
+  mx::array w = random_array({64, 48, 3, 3}, 32);
+  mx::array bias = random_array({64}, 33);
+  const NhwcConvOptions o{.kernel = {3, 3}, .pads_begin = {1, 1}, .pads_end = {1, 1}};
+  // 432 taps deep: outputs up to ~70, rounding differences up to ~1e-4
+  // (float32's epsilon times the magnitude of the partial sums).
+  mx::array want = expected(x, w, bias, o, 1);
+  const float scale = mx::max(mx::abs(want)).item<float>();
+  EXPECT_LT(max_abs_diff(conv2d_nhwc(x, pack_conv_weight_nhwc(w), bias, 64, o, mx::Device::cpu), want),
+            4e-6f * scale);
+  mx::array wd = random_array({48, 1, 3, 3}, 34);
+  EXPECT_LT(max_abs_diff(depthwise_conv_nhwc(x, depthwise_weight_nhwc(wd), {}, o, mx::Device::cpu),
+                         expected(x, wd, {}, o, 48)),
+            kTolerance);
+}
+
+// Gradients come from the reference composition (conv_general over the
+// unpacked weight): equal to the independent composition's, for x, the
+// prepared weight and the bias.
+TEST(ConvNhwcKernel, GradientsEqualThoseOfTheComposition) {
+  mx::array x = random_array({2, 6, 7, 5}, 41);
+  mx::array w = random_array({4, 5, 3, 3}, 42);
+  mx::array bias = random_array({4}, 43);
+  const NhwcConvOptions o{.kernel = {3, 3},
+                          .strides = {2, 1},
+                          .pads_begin = {1, 0},
+                          .pads_end = {0, 1},
+                          .activation = ConvActivation::kHardSwish};
+  mx::array weights = random_array(expected(x, w, bias, o, 1).shape(), 44);
+  // The packed weight is a function of w; differentiate through the packing
+  // of the reference (unpack_gemm_rhs is differentiable) by comparing with
+  // the gradient of w itself mapped the same way.
+  mx::array packed = pack_conv_weight_nhwc(w);
+  auto kernel_loss = [&](const std::vector<mx::array>& p) {
+    return std::vector<mx::array>{mx::sum(conv2d_nhwc(p[0], p[1], p[2], 4, o, mx::Device::cpu) * weights)};
+  };
+  auto reference_loss = [&](const std::vector<mx::array>& p) {
+    return std::vector<mx::array>{mx::sum(expected(p[0], p[1], p[2], o, 1) * weights)};
+  };
+  auto [_, got] = mx::vjp(kernel_loss, {x, packed, bias}, {mx::array(1.0f)});
+  auto [__, want] = mx::vjp(reference_loss, {x, w, bias}, {mx::array(1.0f)});
+  EXPECT_LT(max_abs_diff(got[0], want[0]), 1e-4f);
+  EXPECT_LT(max_abs_diff(got[2], want[2]), 1e-4f);
+  // d/d(packed) is d/dw in the packed layout.
+  EXPECT_LT(max_abs_diff(got[1], pack_conv_weight_nhwc(want[1])), 1e-4f);
+
+  mx::array wd = random_array({5, 1, 3, 3}, 45);
+  mx::array bd = random_array({5}, 46);
+  mx::array weights_d = random_array(expected(x, wd, bd, o, 5).shape(), 47);
+  auto [___, got_d] = mx::vjp(
+      [&](const std::vector<mx::array>& p) {
+        return std::vector<mx::array>{mx::sum(depthwise_conv_nhwc(p[0], p[1], p[2], o, mx::Device::cpu) * weights_d)};
+      },
+      {x, depthwise_weight_nhwc(wd), bd}, {mx::array(1.0f)});
+  auto [____, want_d] = mx::vjp(
+      [&](const std::vector<mx::array>& p) {
+        return std::vector<mx::array>{mx::sum(expected(p[0], p[1], p[2], o, 5) * weights_d)};
+      },
+      {x, wd, bd}, {mx::array(1.0f)});
+  EXPECT_LT(max_abs_diff(got_d[0], want_d[0]), 1e-4f);
+  EXPECT_LT(max_abs_diff(got_d[1], depthwise_weight_nhwc(want_d[1])), 1e-4f);
+  EXPECT_LT(max_abs_diff(got_d[2], want_d[2]), 1e-4f);
+}
+
+TEST(ConvNhwcKernel, RunsInsideCompile) {
+  mx::array x = random_array({1, 10, 12, 8}, 51);
+  mx::array w = random_array({12, 8, 3, 3}, 52);
+  const NhwcConvOptions o{.kernel = {3, 3}, .strides = {2, 2}, .pads_begin = {1, 1}, .pads_end = {1, 1}};
+  mx::array packed = pack_conv_weight_nhwc(w);
+  auto f = mx::compile([o](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{conv2d_nhwc(mx::multiply(in[0], mx::array(2.0f)), in[1], {}, 12, o, mx::Device::cpu)};
+  });
+  EXPECT_LT(max_abs_diff(f({x, packed})[0], expected(x * 2.0f, w, {}, o, 1)), kTolerance);
+}
+
+TEST(ConvNhwcKernel, MismatchedArgumentsAreRefused) {
+  mx::array x = random_array({1, 5, 5, 4}, 61);
+  mx::array packed = pack_conv_weight_nhwc(random_array({6, 4, 3, 3}, 62));
+  const NhwcConvOptions o{.kernel = {3, 3}};
+  auto message = [](auto f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // A window of another depth than the packed weight's.
+  EXPECT_NE(message([&] { conv2d_nhwc(random_array({1, 5, 5, 3}, 63), packed, {}, 6, o); })
+                .find("does not match 6 output channels over a window of 27 values"),
+            std::string::npos);
+  EXPECT_NE(message([&] { conv2d_nhwc(x, packed, random_array({5}, 64), 6, o); }).find("bias must be float32 [6]"),
+            std::string::npos);
+  const NhwcConvOptions too_big{.kernel = {7, 7}};
+  EXPECT_NE(message([&] { depthwise_conv_nhwc(x, random_array({7, 7, 4}, 65), {}, too_big); })
+                .find("window does not fit the input"),
+            std::string::npos);
+  EXPECT_NE(message([&] { depthwise_conv_nhwc(x, random_array({3, 3, 5}, 66), {}, o); })
+                .find("depthwise weight must be float32 [3, 3, 4]"),
+            std::string::npos);
+  const NhwcConvOptions zero_stride{.kernel = {3, 3}, .strides = {0, 1}};
+  EXPECT_NE(message([&] { conv2d_nhwc(x, packed, {}, 6, zero_stride); }).find("positive kernel, strides"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace transmuter::kernels

@@ -1,0 +1,155 @@
+// channels_last_convs: convolutions run channels-last (ai.transmuter ConvNhwc),
+// the layout flows through activations, residual adds, constant broadcasts,
+// MaxPool and GlobalAveragePool, so that only the transposes at the borders
+// remain; values equal the unrewritten graph's. Near misses stay NCHW.
+#include <gtest/gtest.h>
+
+#include <mlx/mlx.h>
+
+#include "support/expect_error.h"
+#include "support/graph_builder.h"
+#include "support/op_test_support.h"
+#include "transmuter/runtime.h"
+
+namespace transmuter {
+namespace {
+
+using testing::GraphBuilder;
+using testing::int_attr;
+using testing::ints_attr;
+using testing::string_attr;
+
+mx::array uniform(mx::Shape shape, uint64_t seed) {
+  return mx::random::uniform(-1.0f, 1.0f, shape, mx::float32, mx::random::key(seed));
+}
+
+// x [2, 3, 12, 14] -> Conv 3x3 -> Relu -> MaxPool 3x3/2 = p -> depthwise 3x3 ->
+// HardSwish -> Conv 1x1 -> Add p (residual) -> Mul K [8, 1, 1] -> Relu ->
+// GlobalAveragePool -> Flatten = y
+GraphBuilder small_cnn(int64_t opset) {
+  GraphBuilder b(opset);
+  b.input("x", OnnxType::kFloat, {2, 3, 12, 14})
+      .initializer("W1", uniform({8, 3, 3, 3}, 1))
+      .initializer("B1", uniform({8}, 2))
+      .initializer("Wd", uniform({8, 1, 3, 3}, 3))
+      .initializer("Bd", uniform({8}, 4))
+      .initializer("W2", uniform({8, 8, 1, 1}, 5))
+      .initializer("K", uniform({8, 1, 1}, 6))
+      .node("Conv", {"x", "W1", "B1"}, {"c1"}, {ints_attr("pads", {1, 1, 1, 1})})
+      .node("Relu", {"c1"}, {"r1"})
+      .node("MaxPool", {"r1"}, {"p"},
+            {ints_attr("kernel_shape", {3, 3}), ints_attr("strides", {2, 2}), ints_attr("pads", {1, 1, 1, 1})})
+      .node("Conv", {"p", "Wd", "Bd"}, {"d"}, {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", 8)})
+      .node("HardSwish", {"d"}, {"h"})
+      .node("Conv", {"h", "W2"}, {"e"})
+      .node("Add", {"e", "p"}, {"a"})
+      .node("Mul", {"a", "K"}, {"m"})
+      .node("Relu", {"m"}, {"r2"})
+      .node("GlobalAveragePool", {"r2"}, {"g"})
+      .node("Flatten", {"g"}, {"y"});
+  return b.output("y");
+}
+
+mx::array run_output(const Model& model, const std::string& input, const mx::array& x, const std::string& output) {
+  return run(model, model.params(), {{input, x}}, {mx::Device::cpu}).tensor(output);
+}
+
+float max_abs_diff(const mx::array& a, const mx::array& b) { return mx::max(mx::abs(a - b)).item<float>(); }
+
+TEST(ChannelsLastConvs, ACnnRunsChannelsLastWithTheSameValues) {
+  for (int64_t opset : {14, 18}) {  // ReduceMean's axes: an attribute, then an input
+    GraphBuilder b = small_cnn(opset);
+    Model nhwc = b.build();
+    Model plain = b.build({.run_passes = false});
+    const auto& applied = nhwc.passes_applied();
+    EXPECT_NE(std::find(applied.begin(), applied.end(), "channels_last_convs"), applied.end());
+    const auto histogram = nhwc.op_histogram();
+    EXPECT_EQ(histogram.at("ai.transmuter.ConvNhwc"), 3u) << opset;
+    EXPECT_EQ(histogram.at("ai.transmuter.MaxPoolNhwc"), 1u) << opset;
+    EXPECT_EQ(histogram.at("ReduceMean"), 1u) << opset;
+    // Only the borders: into channels-last at x, back after the mean.
+    EXPECT_EQ(histogram.at("Transpose"), 2u) << opset;
+    EXPECT_EQ(histogram.count("Identity"), 0u) << opset;
+    mx::array x = uniform({2, 3, 12, 14}, 7) * 2.0f;
+    mx::array want = run_output(plain, "x", x, "y");
+    ASSERT_EQ(want.shape(), (mx::Shape{2, 8}));
+    // Sums of at most 27 products in another order: ~1e-6 on values ~1.
+    EXPECT_LT(max_abs_diff(run_output(nhwc, "x", x, "y"), want), 1e-5f) << opset;
+    EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.05f);  // not vacuous
+  }
+}
+
+TEST(ChannelsLastConvs, TurnedOffItLeavesTheConvs) {
+  Model model = small_cnn(18).build(testing::passes_except("channels_last_convs"));
+  EXPECT_EQ(model.op_histogram().count("ai.transmuter.ConvNhwc"), 0u);
+}
+
+// Convolutions the pass does not take stay as they are, and the graph's
+// values with them.
+TEST(ChannelsLastConvs, NearMissesStay) {
+  GraphBuilder b(18);
+  b.input("x", OnnxType::kFloat, {1, 4, 9, 9})
+      .input("Wi", OnnxType::kFloat, {4, 4, 3, 3})
+      .initializer("W", uniform({4, 4, 3, 3}, 11))
+      .initializer("Wg", uniform({4, 2, 3, 3}, 12))
+      .node("Conv", {"x", "W"}, {"same"}, {string_attr("auto_pad", "SAME_UPPER")})  // pads depend on the input
+      .node("Conv", {"same", "Wg"}, {"grouped"}, {int_attr("group", 2)})           // 2 channels per group
+      .node("Conv", {"grouped", "Wi"}, {"y"})                                      // weight not constant
+      .output("y");
+  Model model = b.build();
+  EXPECT_EQ(model.op_histogram().at("Conv"), 3u);
+  EXPECT_EQ(model.op_histogram().count("ai.transmuter.ConvNhwc"), 0u);
+}
+
+// A conv output that is also a graph output keeps its channels-first value;
+// an add with an operand of unknown layout stays channels-first.
+TEST(ChannelsLastConvs, ValuesReadOutsideTheRegionStayChannelsFirst) {
+  GraphBuilder b(18);
+  b.input("x", OnnxType::kFloat, {1, 5, 6, 7})
+      .input("z", OnnxType::kFloat, {1, 6, 6, 7})
+      .initializer("W", uniform({6, 5, 1, 1}, 21))
+      .node("Conv", {"x", "W"}, {"c"})
+      .node("Add", {"c", "z"}, {"a"})
+      .node("Sigmoid", {"a"}, {"s"})
+      .output("c")
+      .output("s");
+  GraphBuilder plain_b = b;
+  Model nhwc = b.build();
+  Model plain = plain_b.build({.run_passes = false});
+  EXPECT_EQ(nhwc.op_histogram().at("ai.transmuter.ConvNhwc"), 1u);
+  mx::array x = uniform({1, 5, 6, 7}, 22);
+  mx::array z = uniform({1, 6, 6, 7}, 23);
+  Inputs in = {{"x", x}, {"z", z}};
+  Outputs got = run(nhwc, nhwc.params(), in, {mx::Device::cpu});
+  Outputs want = run(plain, plain.params(), in, {mx::Device::cpu});
+  for (const char* name : {"c", "s"}) {
+    ASSERT_EQ(got.tensor(name).shape(), want.tensor(name).shape()) << name;
+    EXPECT_LT(max_abs_diff(got.tensor(name), want.tensor(name)), 1e-5f) << name;
+  }
+}
+
+// The node the pass makes, fed what it does not accept: an error naming it.
+TEST(ChannelsLastConvs, ConvNhwcRefusesInconsistentArguments) {
+  auto message_for = [](int64_t group, int64_t out_channels, mx::array w) {
+    GraphBuilder b(18);
+    b.input("x", OnnxType::kFloat, {1, 5, 5, 4})
+        .initializer("W", w)
+        .domain_node("ai.transmuter", 1, "ConvNhwc", {"x", "W"}, {"y"},
+                     {ints_attr("kernel_shape", {3, 3}), int_attr("group", group),
+                      int_attr("out_channels", out_channels)})
+        .output("y");
+    Model model = b.build({.run_passes = false});
+    return testing::error_of<OpError>(
+        [&] { run(model, model.params(), {{"x", uniform({1, 5, 5, 4}, 31)}}, {mx::Device::cpu}); });
+  };
+  std::string grouped = message_for(2, 4, uniform({3, 3, 4}, 32));
+  EXPECT_NE(grouped.find("ConvNhwc"), std::string::npos) << grouped;
+  EXPECT_NE(grouped.find("group must be 1 or the channel count 4"), std::string::npos) << grouped;
+  std::string depthwise = message_for(4, 4, uniform({3, 3, 5}, 33));
+  EXPECT_NE(depthwise.find("depthwise weight must be float32 [3, 3, 4]"), std::string::npos) << depthwise;
+  std::string packed = message_for(1, 6, uniform({3, 3, 4}, 34));
+  EXPECT_NE(packed.find("packed convolution weight does not match 6 output channels"), std::string::npos) << packed;
+}
+
+}  // namespace
+}  // namespace transmuter
