@@ -2,7 +2,9 @@
 // (OpenBLAS sgemm, which packs the weights on every call) on the products of
 // the benchmarked encoders, alternating the two call by call.
 //
-// usage: gemm_bench [--runs N] [--packed-only] [MxKxN ...]
+// usage: gemm_bench [--runs N] [--packed-only] [--direct] [MxKxN ...]
+// --direct calls the kernel (run_gemm) on raw buffers, without MLX's graph
+// and evaluation around it: the kernel's own speed on small products.
 // Prints per shape: median milliseconds of each, their ratio (packed / mlx),
 // GFLOPS of the packed kernel (at the median and at the fastest call), and the max abs difference of the results.
 #include <algorithm>
@@ -42,6 +44,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   int runs = 30;
   bool packed_only = false;  // no OpenBLAS call in between (its threads spin after each call)
+  bool direct = false;
   std::vector<Shape> shapes;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -49,10 +52,12 @@ int main(int argc, char** argv) {
       runs = std::atoi(argv[++i]);
     } else if (arg == "--packed-only") {
       packed_only = true;
+    } else if (arg == "--direct") {
+      direct = packed_only = true;
     } else {
       Shape s{};
       if (std::sscanf(arg.c_str(), "%dx%dx%d", &s.m, &s.k, &s.n) != 3) {
-        std::fprintf(stderr, "usage: gemm_bench [--runs N] [--packed-only] [MxKxN ...]\n");
+        std::fprintf(stderr, "usage: gemm_bench [--runs N] [--packed-only] [--direct] [MxKxN ...]\n");
         return 2;
       }
       shapes.push_back(s);
@@ -81,9 +86,18 @@ int main(int argc, char** argv) {
       mx::array y_mlx = mx::matmul(a, b), y_packed = tk::packed_matmul(a, packed, std::nullopt, s.n);
       diff = mx::max(mx::abs(mx::subtract(y_mlx, y_packed))).item<float>();
     }
+    std::vector<float> y(static_cast<size_t>(s.m) * s.n);
+    tk::GemmArgs g;
+    g.a = a.data<float>();
+    g.lda = g.k = s.k;
+    g.packed = packed.data<float>();
+    g.y = y.data();
+    g.ldy = g.n = s.n;
+    g.m = s.m;
     for (int r = 0; r < runs + 3; ++r) {
       const double t_mlx = packed_only ? 0.0 : seconds_of([&] { mx::eval(mx::matmul(a, b)); });
-      const double t_packed = seconds_of([&] { mx::eval(tk::packed_matmul(a, packed, std::nullopt, s.n)); });
+      const double t_packed = direct ? seconds_of([&] { tk::run_gemm(g); })
+                                     : seconds_of([&] { mx::eval(tk::packed_matmul(a, packed, std::nullopt, s.n)); });
       if (r >= 3) {
         mlx_times.push_back(t_mlx);
         packed_times.push_back(t_packed);
