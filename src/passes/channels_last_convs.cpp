@@ -208,6 +208,7 @@ Node conv_nhwc_node(const Node& conv, const ConvMatch& m, const std::string& x, 
 }
 
 size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset) {
+  const GraphIndex index(graph);  // who reads each weight, before the rewrite
   std::vector<Node> nodes;
   nodes.reserve(graph.nodes.size());
   size_t converted = 0;
@@ -224,6 +225,12 @@ size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset)
         m->depthwise ? kernels::depthwise_weight_nhwc(w, mx::Device::cpu) : kernels::pack_conv_weight_nhwc(w);
     converted_weight.eval();
     graph.initializers.insert_or_assign(prepared, Value(converted_weight));
+    // The stored weight goes at once when this conv alone read it, so that
+    // the load's peak holds one layer's weight twice, not the model's.
+    const bool read_once = std::count(node.inputs.begin(), node.inputs.end(), weight_name) == 1;
+    if (read_once && index.consumers(weight_name).size() == 1 && !index.is_graph_output(weight_name)) {
+      drop_weight(graph, weight_name);
+    }
     const std::string x = names.fresh(node.inputs[0] + "/nhwc");
     const std::string y = names.fresh(node.outputs[0] + "/nhwc");
     nodes.push_back(transpose_node(node.inputs[0], x, kToChannelsLast, onnx_opset));

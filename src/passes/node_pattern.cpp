@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "graph/subgraphs.h"
+#include "onnx/mapped_file.h"
 #include "transmuter/error.h"
 
 namespace transmuter {
@@ -110,6 +112,15 @@ int64_t int_attribute_or(const Node& node, const std::string& name, int64_t fall
 float float_attribute_or(const Node& node, const std::string& name, float fallback) {
   const Attribute* a = node.find_attribute(name);
   return a != nullptr && a->type == AttrType::kFloat ? a->f : fallback;
+}
+
+void drop_weight(Graph& graph, const std::string& name) {
+  auto it = graph.initializers.find(name);
+  if (it == graph.initializers.end() || !it->second.is_tensor()) return;
+  const mx::array& w = it->second.tensor();
+  const std::span<const uint8_t> bytes(w.data<uint8_t>(), w.nbytes());
+  graph.initializers.erase(it);
+  if (!release_if_file_backed(bytes)) mx::clear_cache();
 }
 
 std::string fresh_initializer_name(const Graph& graph, const std::string& base) {

@@ -55,6 +55,13 @@ float float_attribute_or(const Node& node, const std::string& name, float fallba
 /** `base`, or `base_1`, `base_2`... : the first name no initializer has. */
 std::string fresh_initializer_name(const Graph& graph, const std::string& base);
 
+/** Erases the initializer `name` (a weight a pass replaced by a prepared copy,
+ * which nothing reads any more) and gives its memory back: the file pages
+ * that preparing it read when it aliases the model file (they refault from
+ * the file should anything read them again), else its buffer (MLX's cache is
+ * cleared so the next preparation does not hold both). */
+void drop_weight(Graph& graph, const std::string& name);
+
 /** True for `op_type` of the default ONNX domain. */
 bool is_onnx_op(const Node& node, std::string_view op_type);
 

@@ -27,12 +27,10 @@
 // unpack the weight on every call.
 #include <algorithm>
 #include <map>
-#include <span>
 #include <optional>
 #include <utility>
 
 #include "kernels/cpu/gemm.h"
-#include "onnx/mapped_file.h"
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 #include "transmuter/error.h"
@@ -203,23 +201,6 @@ bool only_packed_reads(const GraphIndex& index, const std::vector<ProductMatch>&
     ++products;
   }
   return index.consumers(weight).size() == products && !index.is_graph_output(weight);
-}
-
-// Erases a stored weight that only packed products read, and gives its memory
-// back: the file pages that packing read when it aliases the model file (they
-// refault from the file should anything read them again), else its buffer.
-void drop_weight(Graph& graph, const std::string& name) {
-  auto it = graph.initializers.find(name);
-  if (it == graph.initializers.end() || !it->second.is_tensor()) return;
-  const mx::array& w = it->second.tensor();
-  const std::span<const uint8_t> bytes(w.data<uint8_t>(), w.nbytes());
-  graph.initializers.erase(it);
-  if (!release_if_file_backed(bytes)) {
-    // A copy made at load (the weight was misaligned in the file) went back
-    // to MLX's buffer cache; hand it to the system before the next packing
-    // allocates as much again.
-    mx::clear_cache();
-  }
 }
 
 }  // namespace
