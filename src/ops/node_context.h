@@ -39,6 +39,12 @@ class HostReadMemo {
   void remember(size_t node, size_t input, const std::vector<int64_t>& values) { ints_[{node, input}] = values; }
   void remember(size_t node, size_t input, const std::vector<double>& values) { doubles_[{node, input}] = values; }
   size_t size() const { return ints_.size() + doubles_.size(); }
+  /** The remembered outputs of a node (evaluated tensors), or nullptr. */
+  const std::vector<Value>* outputs(size_t node) const {
+    auto it = outputs_.find(node);
+    return it == outputs_.end() ? nullptr : &it->second;
+  }
+  void remember_outputs(size_t node, std::vector<Value> values) { outputs_[node] = std::move(values); }
 
  private:
   using Key = std::pair<size_t, size_t>;  // node index, input index
@@ -49,6 +55,7 @@ class HostReadMemo {
   }
   std::map<Key, std::vector<int64_t>> ints_;
   std::map<Key, std::vector<double>> doubles_;
+  std::map<size_t, std::vector<Value>> outputs_;
 };
 
 /** Where the host reads of one node come from and go to (all null: every

@@ -52,6 +52,13 @@ SegmentLayout plan_segments(const BoundGraph& graph, const std::set<std::string>
  * signature (runtime/host_reads.h). */
 std::vector<std::vector<bool>> signature_determined_inputs(const BoundGraph& graph);
 
+/** By node of the top-level graph: true when every output of the node is a
+ * tensor that depends only on the input signature and the initializers, and
+ * the node is deterministic (no random or other eager-only op, no subgraph,
+ * no input computed by a node that is not so): an eager run may keep its
+ * outputs and later runs with that signature skip it. */
+std::vector<bool> signature_determined_nodes(const BoundGraph& graph);
+
 /** Key of an input signature: names, dtypes, shapes (kinds and sizes of
  * non-tensors), and the values of `static_inputs`. */
 std::string signature_of(const Inputs& inputs, const std::set<std::string>& static_inputs);

@@ -29,7 +29,8 @@ class HostReadCache {
  public:
   static constexpr size_t kCapacity = 16;
 
-  explicit HostReadCache(const BoundGraph& graph) : rememberable_(signature_determined_inputs(graph)) {}
+  explicit HostReadCache(const BoundGraph& graph)
+      : rememberable_(signature_determined_inputs(graph)), replayable_(signature_determined_nodes(graph)) {}
 
   /** The memo of `signature`, or null when none is kept. */
   std::shared_ptr<const HostReadMemo> find(const std::string& signature);
@@ -37,10 +38,13 @@ class HostReadCache {
   void insert(const std::string& signature, std::shared_ptr<const HostReadMemo> memo);
   /** Which inputs of each node may be remembered. */
   const std::vector<std::vector<bool>>& rememberable() const { return rememberable_; }
+  /** Which nodes' outputs may be remembered (signature_determined_nodes). */
+  const std::vector<bool>& replayable() const { return replayable_; }
   size_t size() const;
 
  private:
   const std::vector<std::vector<bool>> rememberable_;
+  const std::vector<bool> replayable_;
   mutable std::mutex mutex_;
   std::list<std::pair<std::string, std::shared_ptr<const HostReadMemo>>> entries_;  // most recent first
 };

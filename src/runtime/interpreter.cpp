@@ -100,6 +100,24 @@ void carry_element_types(const std::vector<const Value*>& inputs, OpOutputs& out
   }
 }
 
+// Keeps the (evaluated) outputs of node n for the next runs with this
+// signature, when they are all tensors of at most kMaxRememberedOutputBytes.
+void remember_outputs(const Node& node, size_t n, const Environment& env, HostReadMemo& memo) {
+  std::vector<Value> kept;
+  std::vector<mx::array> arrays;
+  size_t bytes = 0;
+  for (const std::string& name : node.outputs) {
+    const Value* v = env.find(name);
+    if (v == nullptr || !v->is_tensor()) return;
+    bytes += v->tensor().nbytes();
+    if (bytes > kMaxRememberedOutputBytes) return;
+    kept.push_back(*v);
+    arrays.push_back(v->tensor());
+  }
+  mx::eval(arrays);
+  memo.remember_outputs(n, std::move(kept));
+}
+
 }  // namespace
 
 void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec) {
@@ -109,6 +127,13 @@ void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& e
   const uint64_t limit = exec.memory_limit != 0 ? exec.memory_limit : physical_memory_bytes();
   for (size_t n = begin; n < end; ++n) {
     const Node& node = graph.node(n);
+    const bool replayable = exec.replayable != nullptr && (*exec.replayable)[n];
+    if (replayable && exec.replay_reads != nullptr) {
+      if (const std::vector<Value>* kept = exec.replay_reads->outputs(n)) {
+        for (size_t i = 0; i < kept->size(); ++i) env.set(node.outputs[i], (*kept)[i]);
+        continue;
+      }
+    }
     const OpRow* row = graph.rows[n];
     if (row == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
     std::vector<const Value*> inputs = gather_inputs(node, *row, env);
@@ -128,6 +153,7 @@ void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& e
       // Optional outputs the op did not produce stay unbound unless named.
       if (!node.outputs[i].empty()) env.set(node.outputs[i], Value());
     }
+    if (replayable && exec.record_reads != nullptr) remember_outputs(node, n, env, *exec.record_reads);
   }
 }
 

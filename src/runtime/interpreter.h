@@ -60,7 +60,14 @@ struct Execution {
   const HostReadMemo* replay_reads = nullptr;
   HostReadMemo* record_reads = nullptr;
   const std::vector<std::vector<bool>>* rememberable = nullptr;
+  // Nodes whose outputs depend only on the signature (by node): taken from
+  // `replay_reads` without running the node when it holds them, else stored
+  // in `record_reads` (up to kMaxRememberedOutputBytes per node).
+  const std::vector<bool>* replayable = nullptr;
 };
+
+/** Outputs larger than this are computed on every run (memory over speed). */
+inline constexpr size_t kMaxRememberedOutputBytes = size_t{256} << 10;
 
 /** Runs nodes [begin, end) of `graph`, reading and writing `env`. */
 void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec);

@@ -79,6 +79,7 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
     exec.replay_reads = replay.get();
     exec.record_reads = record.get();
     exec.rememberable = &host_reads.rememberable();
+    exec.replayable = &host_reads.replayable();
   }
   Environment env;
   bind_initializers(graph, &params, env);

@@ -258,4 +258,32 @@ std::vector<std::vector<bool>> signature_determined_inputs(const BoundGraph& bou
   return determined;
 }
 
+std::vector<bool> signature_determined_nodes(const BoundGraph& bound) {
+  const Graph& graph = *bound.graph;
+  FlagScope scope;
+  for (const ValueInfo& in : graph.inputs) scope.set(in.name, {true, false, !is_plain_tensor(in)});
+  classify_nodes(bound, scope);
+  std::unordered_set<std::string> always_computed;  // outputs of the nodes that must run every time
+  std::vector<bool> determined(graph.nodes.size(), false);
+  for (size_t n = 0; n < graph.nodes.size(); ++n) {
+    const Node& node = graph.nodes[n];
+    const OpRow* row = bound.rows[n];
+    bool has_bodies = false;
+    for_each_subgraph(node, [&has_bodies](const Graph&) { has_bodies = true; });
+    bool ok = row != nullptr && !row->eager_only && !has_bodies && !node.outputs.empty();
+    for (const std::string& out : node.outputs) {
+      const ValueFlags f = out.empty() ? ValueFlags{true, false, false} : scope.get(out);
+      ok = ok && !f.traced && !f.non_tensor;
+    }
+    // A shape-reading node (Shape, Size) needs only its input's shape, which
+    // the classification found determined by the signature.
+    const std::vector<std::string> reads = node_reads(node);
+    const size_t first_read = row != nullptr && row->reads_only_shapes ? 1 : 0;
+    for (size_t r = first_read; r < reads.size(); ++r) ok = ok && !always_computed.contains(reads[r]);
+    determined[n] = ok;
+    if (!ok) always_computed.insert(node.outputs.begin(), node.outputs.end());
+  }
+  return determined;
+}
+
 }  // namespace transmuter

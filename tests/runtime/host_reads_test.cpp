@@ -5,6 +5,7 @@
 #include <mlx/mlx.h>
 
 #include "ops/node_context.h"
+#include "runtime/compiler.h"
 #include "runtime/model_state.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
@@ -15,6 +16,7 @@ namespace {
 
 using testing::GraphBuilder;
 using testing::int_attr;
+using testing::ints_attr;
 
 // y = Reshape(x, [Shape(x)[i], -1]), the PyTorch export pattern; z =
 // Reshape(x, t) with t an input (data).
@@ -95,6 +97,47 @@ TEST(HostReads, OldSignaturesAreDropped) {
   }
   EXPECT_EQ(model.internal_state().host_reads->size(), HostReadCache::kCapacity);
   EXPECT_EQ(run_counted(model, model.params(), {1, 2, 2}, {1, 4}).evaluations, 3u);  // dropped, read again
+}
+
+// The nodes of the shape chain compute values of the signature alone: a run
+// with a known signature skips them and takes their remembered outputs.
+TEST(HostReads, ShapeChainNodesAreReplayedNotRun) {
+  Model model = shape_chain_model();
+  EXPECT_EQ(signature_determined_nodes(*model.internal_state().bound),
+            (std::vector<bool>{true, true, true, true, false, false}));  // Shape Gather Unsqueeze Concat | Reshapes
+  run_counted(model, model.params(), {2, 3, 4}, {4, 6});
+  // Replayed: the Reshape of y gets the remembered shape [2, -1] without a read.
+  Result second = run_counted(model, model.params(), {2, 3, 4}, {3, 8});
+  EXPECT_EQ(second.y, (mx::Shape{2, 12}));
+  EXPECT_EQ(second.z, (mx::Shape{3, 8}));
+}
+
+// Random ops (and what they feed) are never remembered: each run draws anew.
+// A remembered output above the size limit is computed again each run.
+TEST(HostReads, RandomAndLargeOutputsAreComputedEveryRun) {
+  GraphBuilder b;
+  b.input("x", OnnxType::kFloat, {-1, -1})
+      .node("RandomUniform", {}, {"r"}, {ints_attr("shape", {4})})
+      .node("Neg", {"r"}, {"noise"})
+      .node("Shape", {"x"}, {"s"})
+      .node("ConstantOfShape", {"s"}, {"ones"}, {testing::tensor_attr("value", Value(mx::array({1.0f})))})
+      .node("Add", {"x", "ones"}, {"y"})
+      .output("noise")
+      .output("y");
+  Model model = b.build();
+  EXPECT_EQ(signature_determined_nodes(*model.internal_state().bound),
+            (std::vector<bool>{false, false, true, true, false}));
+  // 300 x 300 floats (352 KiB): more than a remembered output may hold.
+  Inputs inputs{{"x", mx::zeros({300, 300})}};
+  Outputs first = run(model, model.params(), inputs, {mx::Device::cpu});
+  Outputs second = run(model, model.params(), inputs, {mx::Device::cpu});
+  EXPECT_FALSE(mx::array_equal(first.tensor("noise"), second.tensor("noise")).item<bool>());
+  EXPECT_TRUE(mx::array_equal(second.tensor("y"), mx::ones({300, 300})).item<bool>());
+  // Small enough to be remembered, and still right on replay.
+  Inputs small{{"x", mx::full({3, 5}, 2.0f)}};
+  run(model, model.params(), small, {mx::Device::cpu});
+  EXPECT_TRUE(mx::array_equal(run(model, model.params(), small, {mx::Device::cpu}).tensor("y"), mx::full({3, 5}, 3.0f))
+                  .item<bool>());
 }
 
 }  // namespace
