@@ -32,6 +32,10 @@
 // Transposes nothing reads any more are removed. What remains are the copies
 // at the region's borders (the graph input, ops with no channels-last form).
 //
+// Step 3: ConvNhwc (group 1, no activation) -> Add(., Z) [-> Relu], a ResNet
+// or MobileNetV2 block's shortcut, becomes ConvNhwc(X, W', B, Z) [Relu]: the
+// residual is added in the GEMM's epilogue.
+//
 // A convolution is converted when: its weight is a float32 4-D initializer,
 // its bias absent or a float32 [M] initializer, auto_pad NOTSET or VALID, and
 // group is 1 or depthwise (group == M, one input channel per group);
@@ -409,6 +413,49 @@ void remove_unread_layout_nodes(Graph& graph) {
   }
 }
 
+// ---- step 3: residual adds into the convolution's epilogue ----
+
+// ConvNhwc (group 1, no activation) -> Add(., Z) [-> Relu] becomes one
+// ConvNhwc with Z as its fourth input [and activation Relu], at the place of
+// the last node it replaces (after Z's producer).
+size_t fuse_residual_adds(Graph& graph) {
+  const GraphIndex index(graph);
+  std::vector<bool> removed(graph.nodes.size(), false);
+  size_t fused_count = 0;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& conv = graph.nodes[i];
+    if (conv.domain != kDomain || conv.op_type != "ConvNhwc" || conv.inputs.size() > 3 ||
+        int_attribute_or(conv, "group", 1) != 1 || conv.find_attribute("activation") != nullptr) {
+      continue;
+    }
+    std::optional<size_t> add = sole_consumer(index, conv.outputs[0]);
+    if (!add || removed[*add] || !is_onnx_op(graph.nodes[*add], "Add") || graph.nodes[*add].outputs.size() != 1) continue;
+    std::optional<std::string> residual = other_input(graph.nodes[*add], conv.outputs[0]);
+    if (!residual || *residual == conv.outputs[0] || index.constant(*residual)) continue;
+    size_t last = *add;
+    std::optional<size_t> relu = sole_consumer(index, graph.nodes[*add].outputs[0]);
+    const bool with_relu = relu && is_onnx_op(graph.nodes[*relu], "Relu") && graph.nodes[*relu].outputs.size() == 1;
+    if (with_relu) last = *relu;
+    Node fused = conv;
+    fused.inputs.resize(3);  // an absent bias stays "" before Z
+    fused.inputs.push_back(*residual);
+    fused.outputs = graph.nodes[last].outputs;
+    if (with_relu) {
+      Attribute activation;
+      activation.name = "activation";
+      activation.type = AttrType::kString;
+      activation.s = "Relu";
+      fused.attributes.push_back(activation);
+      removed[*add] = true;
+    }
+    graph.nodes[last] = std::move(fused);
+    removed[i] = true;
+    ++fused_count;
+  }
+  if (fused_count > 0) erase_nodes(graph, removed);
+  return fused_count;
+}
+
 }  // namespace
 
 size_t channels_last_convs(Graph& graph) {
@@ -423,6 +470,7 @@ size_t channels_last_convs(Graph& graph) {
   }
   bypass_identities(graph);
   remove_unread_layout_nodes(graph);
+  fuse_residual_adds(graph);
   import_domain(graph, kDomain, 1);
   return converted;
 }

@@ -25,7 +25,8 @@ mx::array uniform(mx::Shape shape, uint64_t seed) {
 
 // x [2, 3, 12, 14] -> Conv 3x3 -> Relu -> MaxPool 3x3/2 = p -> depthwise 3x3 ->
 // HardSwish -> Conv 1x1 -> Add p (residual) -> Mul K [8, 1, 1] -> Relu ->
-// GlobalAveragePool -> Flatten = y
+// GlobalAveragePool -> Flatten = y; then z = Relu(Conv 1x1 (y's Mul input m)
+// + m), a shortcut with the Relu fused too.
 GraphBuilder small_cnn(int64_t opset) {
   GraphBuilder b(opset);
   b.input("x", OnnxType::kFloat, {2, 3, 12, 14})
@@ -46,8 +47,12 @@ GraphBuilder small_cnn(int64_t opset) {
       .node("Mul", {"a", "K"}, {"m"})
       .node("Relu", {"m"}, {"r2"})
       .node("GlobalAveragePool", {"r2"}, {"g"})
-      .node("Flatten", {"g"}, {"y"});
-  return b.output("y");
+      .node("Flatten", {"g"}, {"y"})
+      .initializer("W3", uniform({8, 8, 1, 1}, 8))
+      .node("Conv", {"m", "W3"}, {"f"})
+      .node("Add", {"f", "m"}, {"fm"})
+      .node("Relu", {"fm"}, {"z"});
+  return b.output("y").output("z");
 }
 
 mx::array run_output(const Model& model, const std::string& input, const mx::array& x, const std::string& output) {
@@ -64,18 +69,23 @@ TEST(ChannelsLastConvs, ACnnRunsChannelsLastWithTheSameValues) {
     const auto& applied = nhwc.passes_applied();
     EXPECT_NE(std::find(applied.begin(), applied.end(), "channels_last_convs"), applied.end());
     const auto histogram = nhwc.op_histogram();
-    EXPECT_EQ(histogram.at("ai.transmuter.ConvNhwc"), 3u) << opset;
+    EXPECT_EQ(histogram.at("ai.transmuter.ConvNhwc"), 4u) << opset;
+    EXPECT_EQ(histogram.at("Relu"), 1u) << opset;  // the one before the mean; the shortcut's is fused
     EXPECT_EQ(histogram.at("ai.transmuter.MaxPoolNhwc"), 1u) << opset;
     EXPECT_EQ(histogram.at("ReduceMean"), 1u) << opset;
-    // Only the borders: into channels-last at x, back after the mean.
-    EXPECT_EQ(histogram.at("Transpose"), 2u) << opset;
+    // Only the borders: into channels-last at x, back after the mean and at z.
+    EXPECT_EQ(histogram.at("Transpose"), 3u) << opset;
     EXPECT_EQ(histogram.count("Identity"), 0u) << opset;
+    EXPECT_EQ(histogram.count("Add"), 0u) << opset;  // the shortcut runs in the 1x1 conv's epilogue
     mx::array x = uniform({2, 3, 12, 14}, 7) * 2.0f;
     mx::array want = run_output(plain, "x", x, "y");
     ASSERT_EQ(want.shape(), (mx::Shape{2, 8}));
     // Sums of at most 27 products in another order: ~1e-6 on values ~1.
     EXPECT_LT(max_abs_diff(run_output(nhwc, "x", x, "y"), want), 1e-5f) << opset;
     EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.05f);  // not vacuous
+    mx::array want_z = run_output(plain, "x", x, "z");
+    EXPECT_LT(max_abs_diff(run_output(nhwc, "x", x, "z"), want_z), 1e-5f) << opset;
+    EXPECT_GT(mx::max(want_z).item<float>(), 0.05f);
   }
 }
 

@@ -18,8 +18,9 @@ namespace transmuter::kernels {
 struct NhwcConvArgs {
   const float* x;     // [N, in_h, in_w, C]
   const float* w;     // depthwise: [kernel_h, kernel_w, C]; group 1: packed panels
-  const float* bias;  // [out_channels] or null
-  float* y;           // [N, out_h, out_w, out_channels]
+  const float* bias;      // [out_channels] or null
+  const float* residual;  // y's shape, added before the activation (group 1), or null
+  float* y;               // [N, out_h, out_w, out_channels]
   int64_t batch, channels, out_channels;
   int64_t in_h, in_w, out_h, out_w;
   int64_t kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left;
@@ -243,6 +244,7 @@ GemmArgs product_of(const NhwcConvArgs& a, const float* rows, int64_t lda, int64
   g.lda = lda;
   g.packed = a.w;
   g.col_bias = a.bias;
+  g.residual = a.residual != nullptr ? a.residual + first_position * a.out_channels : nullptr;
   g.y = a.y + first_position * a.out_channels;
   g.ldy = g.n = a.out_channels;
   g.m = count;
@@ -316,12 +318,18 @@ NhwcConvArgs args_of(const NhwcConvOptions& o, const mx::array& x, const mx::arr
 
 class NhwcConvKernel : public CpuKernel {
  public:
-  NhwcConvKernel(mx::Stream stream, Reference reference, NhwcConvOptions options, bool depthwise)
-      : CpuKernel(stream, std::move(reference)), options_(options), depthwise_(depthwise) {}
+  NhwcConvKernel(mx::Stream stream, Reference reference, NhwcConvOptions options, bool depthwise, bool has_bias,
+                 bool has_residual)
+      : CpuKernel(stream, std::move(reference)),
+        options_(options),
+        depthwise_(depthwise),
+        has_bias_(has_bias),
+        has_residual_(has_residual) {}
   const char* name() const override { return depthwise_ ? "transmuter::DepthwiseConvNhwc" : "transmuter::ConvNhwc"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const NhwcConvKernel*>(&other);
-    return o != nullptr && o->options_ == options_ && o->depthwise_ == depthwise_;
+    return o != nullptr && o->options_ == options_ && o->depthwise_ == depthwise_ && o->has_bias_ == has_bias_ &&
+           o->has_residual_ == has_residual_;
   }
 
  protected:
@@ -329,7 +337,8 @@ class NhwcConvKernel : public CpuKernel {
     NhwcConvArgs a = args_of(options_, in[0], out[0], options_.kernel[0], options_.kernel[1]);
     a.x = in[0].data<float>();
     a.w = in[1].data<float>();
-    a.bias = in.size() > 2 ? in[2].data<float>() : nullptr;
+    a.bias = has_bias_ ? in[2].data<float>() : nullptr;
+    a.residual = has_residual_ ? in.back().data<float>() : nullptr;
     a.y = out[0].data<float>();
     if (depthwise_) return [a] { run_depthwise_nhwc(a); };
     return [a] { run_conv2d_nhwc(a); };
@@ -337,7 +346,7 @@ class NhwcConvKernel : public CpuKernel {
 
  private:
   NhwcConvOptions options_;
-  bool depthwise_;
+  bool depthwise_, has_bias_, has_residual_;
 };
 
 mx::array activate(const mx::array& v, const NhwcConvOptions& o, mx::Stream s) {
@@ -356,13 +365,15 @@ mx::array activate(const mx::array& v, const NhwcConvOptions& o, mx::Stream s) {
   return v;
 }
 
-// x [N, H, W, C] with an MLX-layout weight [M, kH, kW, C / groups].
-mx::array reference_conv(const std::vector<mx::array>& in, const mx::array& weight, int groups,
-                         const NhwcConvOptions& o, mx::Stream s) {
+// x = in[0] [N, H, W, C] with an MLX-layout weight [M, kH, kW, C / groups],
+// + the bias in[2] when given, + the residual (the last input) when given.
+mx::array reference_conv(const std::vector<mx::array>& in, const mx::array& weight, int groups, bool has_bias,
+                         bool has_residual, const NhwcConvOptions& o, mx::Stream s) {
   mx::array y = mx::conv_general(in[0], weight, {o.strides[0], o.strides[1]}, {o.pads_begin[0], o.pads_begin[1]},
                                  {o.pads_end[0], o.pads_end[1]}, {o.dilations[0], o.dilations[1]}, {}, groups, false,
                                  s);
-  if (in.size() > 2) y = mx::add(y, in[2], s);
+  if (has_bias) y = mx::add(y, in[2], s);
+  if (has_residual) y = mx::add(y, in.back(), s);
   return activate(y, o, s);
 }
 
@@ -389,17 +400,19 @@ void check_bias(const std::optional<mx::array>& bias, int64_t m) {
   }
 }
 
-std::vector<mx::array> operands(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias) {
+std::vector<mx::array> operands(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                                const std::optional<mx::array>& residual) {
   std::vector<mx::array> inputs = {x, w};
   if (bias) inputs.push_back(*bias);
+  if (residual) inputs.push_back(*residual);
   return inputs;
 }
 
 mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, const mx::Shape& shape,
-                     const NhwcConvOptions& o, bool depthwise, mx::Stream stream) {
+                     const NhwcConvOptions& o, bool depthwise, bool has_bias, bool has_residual, mx::Stream stream) {
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
-        return std::make_shared<NhwcConvKernel>(kernel_stream, reference, o, depthwise);
+        return std::make_shared<NhwcConvKernel>(kernel_stream, reference, o, depthwise, has_bias, has_residual);
       },
       reference, std::move(inputs), {shape}, {mx::float32}, stream)[0];
 }
@@ -452,7 +465,7 @@ mx::array depthwise_weight_nhwc(const mx::array& w, mx::StreamOrDevice s) {
 }
 
 mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::optional<mx::array>& bias, int64_t m,
-                      const NhwcConvOptions& o, mx::StreamOrDevice s) {
+                      const NhwcConvOptions& o, mx::StreamOrDevice s, const std::optional<mx::array>& residual) {
   check_options(o);
   check_bias(bias, m);
   if (x.dtype() != mx::float32 || x.ndim() != 4) throw std::invalid_argument("convolution input must be float32 [N, H, W, C]");
@@ -464,15 +477,25 @@ mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::op
   const mx::Stream stream = mx::to_stream(s);
   const mx::Shape shape = output_shape(x, m, o);
   const int channels = x.shape(3);
-  Reference reference = [o, m, channels, stream](const std::vector<mx::array>& in) {
+  const bool has_bias = bias.has_value();
+  // A residual that broadcasts (not of the output's shape) is added by MLX.
+  const bool fused_residual = residual && residual->shape() == shape && residual->dtype() == mx::float32;
+  Reference reference = [o, m, channels, has_bias, fused_residual, stream](const std::vector<mx::array>& in) {
     // packed -> [kH * kW * C, M] -> [kH, kW, C, M] -> [M, kH, kW, C]
     mx::array rows = unpack_gemm_rhs(in[1], m, stream);
     mx::array w = mx::reshape(rows, {o.kernel[0], o.kernel[1], channels, static_cast<int>(m)}, stream);
-    return std::vector<mx::array>{reference_conv(in, mx::transpose(w, {3, 0, 1, 2}, stream), 1, o, stream)};
+    return std::vector<mx::array>{
+        reference_conv(in, mx::transpose(w, {3, 0, 1, 2}, stream), 1, has_bias, fused_residual, o, stream)};
   };
-  std::vector<mx::array> inputs = operands(x, packed, bias);
+  if (residual && !fused_residual) {
+    NhwcConvOptions linear = o;
+    linear.activation = ConvActivation::kNone;
+    mx::array y = conv2d_nhwc(x, packed, bias, m, linear, s);
+    return activate(mx::add(y, *residual, stream), o, stream);
+  }
+  std::vector<mx::array> inputs = operands(x, packed, bias, fused_residual ? residual : std::nullopt);
   if (!is_cpu_stream(stream) || x.size() == 0) return reference(inputs)[0];
-  return run_kernel(std::move(inputs), reference, shape, o, false, stream);
+  return run_kernel(std::move(inputs), reference, shape, o, false, has_bias, fused_residual, stream);
 }
 
 mx::array depthwise_conv_nhwc(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
@@ -488,14 +511,15 @@ mx::array depthwise_conv_nhwc(const mx::array& x, const mx::array& w, const std:
   check_bias(bias, c);
   const mx::Stream stream = mx::to_stream(s);
   const mx::Shape shape = output_shape(x, c, o);
-  Reference reference = [o, stream](const std::vector<mx::array>& in) {
+  const bool has_bias = bias.has_value();
+  Reference reference = [o, has_bias, stream](const std::vector<mx::array>& in) {
     // [kH, kW, C] -> [C, kH, kW, 1]
     mx::array weight = mx::expand_dims(mx::transpose(in[1], {2, 0, 1}, stream), 3, stream);
-    return std::vector<mx::array>{reference_conv(in, weight, in[0].shape(3), o, stream)};
+    return std::vector<mx::array>{reference_conv(in, weight, in[0].shape(3), has_bias, false, o, stream)};
   };
-  std::vector<mx::array> inputs = operands(x, w, bias);
+  std::vector<mx::array> inputs = operands(x, w, bias, std::nullopt);
   if (!is_cpu_stream(stream) || x.size() == 0) return reference(inputs)[0];
-  return run_kernel(std::move(inputs), reference, shape, o, true, stream);
+  return run_kernel(std::move(inputs), reference, shape, o, true, has_bias, false, stream);
 }
 
 }  // namespace transmuter::kernels

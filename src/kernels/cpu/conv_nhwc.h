@@ -56,11 +56,14 @@ mx::array pack_conv_weight_nhwc(const mx::array& w);
 mx::array depthwise_weight_nhwc(const mx::array& w, mx::StreamOrDevice s = {});
 
 /** Group-1 convolution: x float32 [N, H, W, C], packed from
- * pack_conv_weight_nhwc of an [M, C, kH, kW] weight, bias [M] or none.
+ * pack_conv_weight_nhwc of an [M, C, kH, kW] weight, bias [M] or none, and a
+ * residual added before the activation (a ResNet block's shortcut: in the
+ * GEMM's epilogue when it has the output's shape, else broadcast by MLX).
  * Returns [N, oH, oW, M]. Throws std::invalid_argument when the shapes do not
  * agree or the output would be empty. */
 mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::optional<mx::array>& bias, int64_t m,
-                      const NhwcConvOptions& options, mx::StreamOrDevice s = {});
+                      const NhwcConvOptions& options, mx::StreamOrDevice s = {},
+                      const std::optional<mx::array>& residual = std::nullopt);
 
 /** Depthwise convolution: x float32 [N, H, W, C], w [kH, kW, C], bias [C] or
  * none. Returns [N, oH, oW, C]. Throws std::invalid_argument as above. */

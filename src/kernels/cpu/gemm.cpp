@@ -69,10 +69,16 @@ struct RowSegment {
   }
 };
 
-// y[R rows, segment] = start + a[R rows, 0..depth) @ b[0..depth, segment),
-// with b's rows `ldb` apart; start is y itself (accumulate), or the column
-// bias plus the row bias (each zero when null). kMaskedB: b holds only the
-// segment's columns (an unpacked matrix's last columns), read masked.
+// Where a tile's accumulators start: y itself (a later K slice), else the
+// column bias + the row bias + the residual (each zero when null; the
+// residual has y's row stride and is y's shape).
+struct TileStart {
+  const float* col_bias;
+  const float* row_bias;
+  const float* residual;
+  bool accumulate;
+};
+
 // max(v, 0), clip or HardSwish on the finished accumulators (GemmArgs::conv_activation).
 struct Clamp {
   ConvActivation kind = ConvActivation::kNone;
@@ -93,24 +99,35 @@ struct Clamp {
   }
 };
 
+// y[R rows, segment] = start + a[R rows, 0..depth) @ b[0..depth, segment),
+// with b's rows `ldb` apart (TileStart). kMaskedB: b holds only the
+// segment's columns (an unpacked matrix's last columns), read masked.
 template <int R, bool kMaskedB>
 HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y, int64_t ldy,
-                     const RowSegment& segment, const float* col_bias, const float* row_bias, bool accumulate,
-                     const Clamp* clamp) {
+                     const RowSegment& segment, const TileStart& start, const Clamp* clamp) {
   const D d;
   const size_t lanes = hn::Lanes(d);
   V lo[R], hi[R];
-  if (accumulate) {
+  if (start.accumulate) {
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) segment.load(y + r * ldy, lo[r], hi[r]);
   } else {
     V start_lo = hn::Zero(d), start_hi = hn::Zero(d);
-    if (col_bias != nullptr) segment.load(col_bias, start_lo, start_hi);
+    if (start.col_bias != nullptr) segment.load(start.col_bias, start_lo, start_hi);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      const V row = hn::Set(d, row_bias != nullptr ? row_bias[r] : 0.0f);
+      const V row = hn::Set(d, start.row_bias != nullptr ? start.row_bias[r] : 0.0f);
       lo[r] = hn::Add(start_lo, row);
       hi[r] = hn::Add(start_hi, row);
+    }
+    if (start.residual != nullptr) {
+#pragma GCC unroll 6
+      for (int r = 0; r < R; ++r) {
+        V res_lo, res_hi;
+        segment.load(start.residual + r * ldy, res_lo, res_hi);
+        lo[r] = hn::Add(lo[r], res_lo);
+        hi[r] = hn::Add(hi[r], res_hi);
+      }
     }
   }
 #pragma GCC unroll 4
@@ -142,15 +159,15 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
 
 template <bool kMaskedB>
 void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
-              int64_t ldy, const RowSegment& segment, const float* col_bias, const float* row_bias, bool accumulate,
+              int64_t ldy, const RowSegment& segment, const TileStart& start,
               const Clamp* clamp) {
   switch (rows) {
-    case 6: return Tile<6, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
-    case 5: return Tile<5, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
-    case 4: return Tile<4, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
-    case 3: return Tile<3, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
-    case 2: return Tile<2, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
-    default: return Tile<1, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, col_bias, row_bias, accumulate, clamp);
+    case 6: return Tile<6, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 5: return Tile<5, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 4: return Tile<4, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 3: return Tile<3, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 2: return Tile<2, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    default: return Tile<1, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
   }
 }
 
@@ -172,16 +189,17 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
       for (int64_t p = panel0; p < panel0 + panels; ++p) {
         const int64_t col0 = p * width;
         const RowSegment segment(std::min(width, g.n - col0));
-        const float* col_bias = g.col_bias != nullptr ? g.col_bias + col0 : nullptr;
+        const TileStart start{g.col_bias != nullptr ? g.col_bias + col0 : nullptr, row_bias,
+                              g.residual != nullptr ? g.residual + r * g.ldy + col0 : nullptr, k0 > 0};
         if (g.packed != nullptr) {  // zero-padded panels: full loads
           TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0, g.ldy,
-                          segment, col_bias, row_bias, k0 > 0, last);
+                          segment, start, last);
         } else if (segment.full) {
           TileRows<false>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy, segment,
-                          col_bias, row_bias, k0 > 0, last);
+                          start, last);
         } else {
           TileRows<true>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy, segment,
-                         col_bias, row_bias, k0 > 0, last);
+                         start, last);
         }
       }
     }

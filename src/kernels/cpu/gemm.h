@@ -77,7 +77,7 @@ bool batched_matmul_fits(const mx::array& a, const mx::array& b, mx::StreamOrDev
 mx::array batched_matmul(const mx::array& a, const mx::array& b, mx::StreamOrDevice s = {});
 
 /** The kernel underneath, for other kernels (conv2d): y = act(a @ B +
- * col_bias + row_bias), float32, B packed (pack_gemm_rhs's layout) or a
+ * col_bias + row_bias + residual), float32, B packed (pack_gemm_rhs's layout) or a
  * strided row-major matrix. Runs on the calling thread and the kernel pool. */
 struct GemmArgs {
   const float* a = nullptr;  // [m, k], row stride lda
@@ -87,6 +87,7 @@ struct GemmArgs {
   int64_t ldb = 0;
   const float* col_bias = nullptr;  // [n] or null
   const float* row_bias = nullptr;  // [m] or null
+  const float* residual = nullptr;  // [m, n] added before the activation (row stride ldy), or null
   float* y = nullptr;               // [m, n], row stride ldy
   int64_t ldy = 0;
   int64_t m = 0, k = 0, n = 0;

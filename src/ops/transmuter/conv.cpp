@@ -9,6 +9,8 @@
 //             (float32 [panels, kH * kW * C, P]);
 //   group C:  (depthwise, out_channels == C) W is float32 [kH, kW, C].
 //   B (optional) float32 [out_channels].
+//   Z (optional, group 1) float32, added to conv + B before the activation
+//   (a residual; in the kernel's epilogue when it has Y's shape).
 //   Attributes: kernel_shape [kH, kW], strides, pads [top, left, bottom,
 //   right], dilations (as ONNX Conv's, defaults 1 / 0), group, out_channels,
 //   activation ("" | "Relu" | "Clip" | "HardSwish") and activation_params
@@ -67,6 +69,7 @@ OpOutputs conv_nhwc(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   const mx::array& w = ctx.input(1);
   std::optional<mx::array> bias = ctx.optional_input(2);
+  std::optional<mx::array> residual = ctx.optional_input(3);
   const kernels::NhwcConvOptions options = read_options(ctx);
   const int64_t out_channels = ctx.required_int("out_channels");
   const int64_t group = ctx.attr_int("group", 1);
@@ -77,8 +80,11 @@ OpOutputs conv_nhwc(NodeContext& ctx) {
     throw ctx.error("group must be 1 or the channel count ", x.shape(3), " with as many outputs, got group ", group,
                     " and out_channels ", out_channels);
   }
+  if (residual && (group != 1 || residual->dtype() != mx::float32)) {
+    throw ctx.error("Z must be float32 and goes with group 1 only, got ", residual->dtype(), " with group ", group);
+  }
   try {
-    if (group == 1) return {kernels::conv2d_nhwc(x, w, bias, out_channels, options, ctx.stream())};
+    if (group == 1) return {kernels::conv2d_nhwc(x, w, bias, out_channels, options, ctx.stream(), residual)};
     return {kernels::depthwise_conv_nhwc(x, w, bias, options, ctx.stream())};
   } catch (const std::invalid_argument& e) {
     throw ctx.error(e.what());

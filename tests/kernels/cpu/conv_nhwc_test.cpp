@@ -135,6 +135,37 @@ TEST(ConvNhwcKernel, DepthwiseMatchesTheConvolution) {
   }
 }
 
+// A residual added before the activation: in the GEMM's epilogue when it has
+// the output's shape, broadcast by MLX otherwise; gradients reach it.
+TEST(ConvNhwcKernel, ResidualIsAddedBeforeTheActivation) {
+  mx::array x = random_array({2, 6, 7, 12}, 71);
+  mx::array w = random_array({20, 12, 3, 3}, 72);
+  mx::array bias = random_array({20}, 73);
+  const NhwcConvOptions o{.kernel = {3, 3}, .pads_begin = {1, 1}, .pads_end = {1, 1}, .activation = ConvActivation::kRelu};
+  NhwcConvOptions linear = o;
+  linear.activation = ConvActivation::kNone;
+  const mx::array packed = pack_conv_weight_nhwc(w);
+  for (const mx::Shape& shape : {mx::Shape{2, 6, 7, 20}, mx::Shape{1, 1, 7, 20}}) {
+    mx::array z = random_array(shape, 74);
+    mx::array y = conv2d_nhwc(x, packed, bias, 20, o, mx::Device::cpu, z);
+    EXPECT_EQ(from_kernel(y), shape == mx::Shape({2, 6, 7, 20}));
+    mx::array want = mx::maximum(expected(x, w, bias, linear, 1) + z, mx::array(0.0f));
+    ASSERT_EQ(y.shape(), want.shape());
+    EXPECT_LT(max_abs_diff(y, want), kTolerance);
+    EXPECT_GT(mx::sum(mx::abs(want)).item<float>(), 1.0f);
+  }
+  mx::array z = random_array({2, 6, 7, 20}, 75);
+  mx::array weights = random_array({2, 6, 7, 20}, 76);
+  auto [_, grads] = mx::vjp(
+      [&](const std::vector<mx::array>& p) {
+        return std::vector<mx::array>{mx::sum(conv2d_nhwc(p[0], packed, bias, 20, o, mx::Device::cpu, p[1]) * weights)};
+      },
+      {x, z}, {mx::array(1.0f)});
+  // d/dZ is the weights where the pre-activation is positive.
+  mx::array positive = mx::greater(expected(x, w, bias, linear, 1) + z, mx::array(0.0f));
+  EXPECT_LT(max_abs_diff(grads[1], mx::where(positive, weights, mx::array(0.0f))), 1e-6f);
+}
+
 // Large enough to split across the kernel threads and to unfold in several
 // passes of rows: the same values.
 TEST(ConvNhwcKernel, ThreadedAndMultiPassMatch) {
