@@ -13,6 +13,10 @@
 //         |                                  of fuse_gelu, or ONNX Gelu)
 //         Y
 //
+//   Without a GELU, a Mul by a constant [N] (layer scale) after the bias is
+//   folded into W' and the bias, and an Add of a computed value Z (the
+//   block's shortcut) becomes the residual input: PackedMatMul(X, W', b', Z).
+//
 //      Gemm(A, B, [C]) with alpha 1, beta 1, transA 0, B float32 2-D
 //      (transB picks its layout), C absent or float32 [N] / [1, N]
 //                                          =>  PackedMatMul(A, B', [C as [N]])
@@ -52,6 +56,8 @@ struct ProductMatch {
   std::optional<std::string> bias;   // a float32 [N] initializer
   std::optional<mx::array> bias_reshaped;  // Gemm's [1, N] C, flattened
   std::string activation;            // "", "gelu", "gelu_tanh"
+  std::optional<mx::array> column_scale;  // a Mul by a constant [N] after the bias (layer scale), folded in
+  std::optional<std::string> residual;    // an Add of a computed value last (no activation)
 };
 
 const mx::array* float32_initializer(const Graph& graph, const std::string& name) {
@@ -147,6 +153,43 @@ bool take_activation(const Graph& graph, const GraphIndex& index, const std::str
   return true;
 }
 
+// A constant with n elements along its last axis only ([n], [1, n], ...).
+std::optional<mx::array> column_vector(const GraphIndex& index, const std::string& name, int64_t n) {
+  std::optional<mx::array> c = index.constant(name);
+  if (!c || c->dtype() != mx::float32 || c->ndim() < 1 || c->shape(-1) != n || static_cast<int64_t>(c->size()) != n) {
+    return std::nullopt;
+  }
+  return mx::reshape(*c, {static_cast<int>(n)});
+}
+
+// Extends a match without activation by a Mul with a constant [N] (ConvNeXt's
+// and CaiT's layer scale: folded into the packed weight and the bias) and an
+// Add of a computed value after it (the block's shortcut: the epilogue's
+// residual).
+void take_scale_and_residual(const Graph& graph, const GraphIndex& index, std::string value, ProductMatch& m) {
+  std::optional<size_t> reader = sole_consumer(index, value);
+  if (reader && is_onnx_op(graph.nodes[*reader], "Mul") && graph.nodes[*reader].outputs.size() == 1) {
+    std::optional<std::string> other = other_input(graph.nodes[*reader], value);
+    if (other && *other != value) {
+      if (std::optional<mx::array> scale = column_vector(index, *other, m.n)) {
+        m.column_scale = scale;
+        m.swallowed.push_back(*reader);
+        m.last = *reader;
+        value = graph.nodes[*reader].outputs[0];
+        reader = sole_consumer(index, value);
+      }
+    }
+  }
+  if (reader && is_onnx_op(graph.nodes[*reader], "Add") && graph.nodes[*reader].outputs.size() == 1) {
+    std::optional<std::string> other = other_input(graph.nodes[*reader], value);
+    if (other && *other != value && !index.constant(*other) && *other != m.a) {
+      m.residual = *other;
+      m.swallowed.push_back(*reader);
+      m.last = *reader;
+    }
+  }
+}
+
 // Extends a MatMul match by the bias Add and the GELU after it, when present.
 void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m) {
   std::string value = graph.nodes[m.product].outputs[0];
@@ -162,7 +205,8 @@ void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m)
       }
     }
   }
-  take_activation(graph, index, value, m);
+  if (take_activation(graph, index, value, m)) return;
+  take_scale_and_residual(graph, index, value, m);
 }
 
 Node packed_node(const ProductMatch& m, const Node& product, const Node& last, const std::string& packed,
@@ -173,7 +217,8 @@ Node packed_node(const ProductMatch& m, const Node& product, const Node& last, c
   fused.opset = 1;
   fused.name = (product.name.empty() ? last.outputs[0] : product.name) + "/packed";
   fused.inputs = {m.a, packed};
-  if (bias) fused.inputs.push_back(*bias);
+  if (bias || m.residual) fused.inputs.push_back(bias.value_or(""));
+  if (m.residual) fused.inputs.push_back(*m.residual);
   fused.outputs = last.outputs;
   Attribute n;
   n.name = "n";
@@ -227,17 +272,27 @@ size_t pack_matmul_weights(Graph& graph) {
   for (const ProductMatch& m : matches) pending[m.weight]++;
   std::vector<bool> removed(graph.nodes.size(), false);
   for (const ProductMatch& m : matches) {
-    std::string& packed = packed_names[{m.weight, m.transposed}];
+    std::string scaled_packed;  // a product with a layer scale has a packed weight of its own
+    std::string& packed = m.column_scale ? scaled_packed : packed_names[{m.weight, m.transposed}];
     if (packed.empty()) {
       packed = fresh_initializer_name(graph, m.weight + "/packed");
-      graph.initializers[packed] =
-          Value(kernels::pack_gemm_rhs(graph.initializers.at(m.weight).tensor(), m.transposed));
+      mx::array w = graph.initializers.at(m.weight).tensor();
+      if (m.column_scale) {
+        w = mx::multiply(w, m.transposed ? mx::reshape(*m.column_scale, {-1, 1}) : *m.column_scale);
+      }
+      graph.initializers[packed] = Value(kernels::pack_gemm_rhs(w, m.transposed));
     }
     if (--pending[m.weight] == 0 && only_packed_reads(index, matches, m.weight)) drop_weight(graph, m.weight);
     std::optional<std::string> bias = m.bias;
     if (m.bias_reshaped) {
       bias = fresh_initializer_name(graph, *m.bias + "/row");
       graph.initializers[*bias] = Value(*m.bias_reshaped);
+    }
+    if (bias && m.column_scale) {
+      mx::array scaled = mx::multiply(graph.initializers.at(*bias).tensor(), *m.column_scale);
+      scaled.eval();
+      bias = fresh_initializer_name(graph, *bias + "/scaled");
+      graph.initializers[*bias] = Value(scaled);
     }
     Node fused = packed_node(m, graph.nodes[m.product], graph.nodes[m.last], packed, bias);
     for (size_t s : m.swallowed) removed[s] = true;

@@ -210,5 +210,37 @@ TEST(PackMatmulWeights, PassesByName) {
   }
 }
 
+// ConvNeXt's block end: MatMul -> bias -> Mul(gamma [N]) -> Add(shortcut).
+// The layer scale folds into the packed weight and bias, the shortcut becomes
+// the epilogue's residual; with a shortcut that broadcasts, MLX adds it.
+TEST(PackMatmulWeights, LayerScaleAndShortcutJoinTheProduct) {
+  for (const mx::Shape& z_shape : {mx::Shape{2, 5, 6}, mx::Shape{1, 1, 6}}) {
+    GraphBuilder b;
+    b.input("x", OnnxType::kFloat, {2, 5, 8})
+        .input("z", OnnxType::kFloat, std::vector<int64_t>(z_shape.begin(), z_shape.end()))
+        .initializer("W", random_array({8, 6}, 31))
+        .initializer("bias", random_array({6}, 32))
+        .initializer("gamma", random_array({6}, 33))
+        .node("MatMul", {"x", "W"}, {"mm"})
+        .node("Add", {"bias", "mm"}, {"h"})
+        .node("Mul", {"h", "gamma"}, {"scaled"})
+        .node("Add", {"z", "scaled"}, {"y"})
+        .output("y");
+    Model packed = b.build();
+    Model plain = b.build({.run_passes = false});
+    EXPECT_EQ(packed.op_histogram(), (std::map<std::string, size_t>{{"ai.transmuter.PackedMatMul", 1}}));
+    Inputs in = {{"x", random_array({2, 5, 8}, 34)}, {"z", random_array(z_shape, 35)}};
+    mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("y");
+    EXPECT_LT(max_abs_diff(run(packed, packed.params(), in, {mx::Device::cpu}).tensor("y"), want), 1e-5f);
+    EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 1.0f);
+  }
+  // After a GELU the Mul and Add stay (the residual would go after the activation).
+  GraphBuilder g = dense_gelu();
+  g.initializer("gamma", random_array({40}, 36)).node("Mul", {"y", "gamma"}, {"ys"}).output("ys");
+  Model model = g.build();
+  EXPECT_EQ(model.op_histogram().at("Mul"), 1u);
+  expect_same_outputs(g, "x", random_array({2, 5, 8}, 37), "ys");
+}
+
 }  // namespace
 }  // namespace transmuter

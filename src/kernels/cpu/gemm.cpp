@@ -267,12 +267,18 @@ namespace {
 
 class PackedMatmulKernel : public CpuKernel {
  public:
-  PackedMatmulKernel(mx::Stream stream, Reference reference, int64_t n, bool has_bias, Activation activation)
-      : CpuKernel(stream, std::move(reference)), n_(n), has_bias_(has_bias), activation_(activation) {}
+  PackedMatmulKernel(mx::Stream stream, Reference reference, int64_t n, bool has_bias, bool has_residual,
+                     Activation activation)
+      : CpuKernel(stream, std::move(reference)),
+        n_(n),
+        has_bias_(has_bias),
+        has_residual_(has_residual),
+        activation_(activation) {}
   const char* name() const override { return "transmuter::PackedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PackedMatmulKernel*>(&other);
-    return o != nullptr && o->n_ == n_ && o->has_bias_ == has_bias_ && o->activation_ == activation_;
+    return o != nullptr && o->n_ == n_ && o->has_bias_ == has_bias_ && o->has_residual_ == has_residual_ &&
+           o->activation_ == activation_;
   }
 
  protected:
@@ -281,6 +287,7 @@ class PackedMatmulKernel : public CpuKernel {
     g.a = in[0].data<float>();
     g.packed = in[1].data<float>();
     g.col_bias = has_bias_ ? in[2].data<float>() : nullptr;
+    g.residual = has_residual_ ? in.back().data<float>() : nullptr;
     g.y = out[0].data<float>();
     g.k = g.lda = in[1].shape(1);
     g.n = g.ldy = n_;
@@ -291,7 +298,7 @@ class PackedMatmulKernel : public CpuKernel {
 
  private:
   int64_t n_;
-  bool has_bias_;
+  bool has_bias_, has_residual_;
   Activation activation_;
 };
 
@@ -445,18 +452,32 @@ bool packed_rhs_fits(const mx::array& packed, int64_t n) {
 }
 
 mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::optional<mx::array>& bias, int64_t n,
-                        Activation activation, mx::StreamOrDevice s) {
+                        Activation activation, mx::StreamOrDevice s, const std::optional<mx::array>& residual) {
   const mx::Stream stream = mx::to_stream(s);
   const bool has_bias = bias.has_value();
-  Reference reference = [n, has_bias, activation, stream](const std::vector<mx::array>& in) {
+  if (residual) {
+    mx::Shape out_shape = a.shape();
+    if (!out_shape.empty()) out_shape.back() = static_cast<int>(n);
+    // A residual of another shape (broadcast) or dtype is an MLX add.
+    if (residual->shape() != out_shape || residual->dtype() != mx::float32 || activation != Activation::kIdentity) {
+      if (activation != Activation::kIdentity) {
+        throw std::invalid_argument("packed_matmul: a residual goes with no activation only");
+      }
+      return mx::add(packed_matmul(a, packed, bias, n, activation, s), *residual, stream);
+    }
+  }
+  const bool has_residual = residual.has_value();
+  Reference reference = [n, has_bias, has_residual, activation, stream](const std::vector<mx::array>& in) {
     mx::array product = mx::matmul(in[0], unpack_gemm_rhs(in[1], n, stream), stream);
     std::optional<mx::array> b;
     if (has_bias) b = in[2];
-    if (!b && activation == Activation::kIdentity) return std::vector<mx::array>{product};
-    return std::vector<mx::array>{bias_activation(product, b, activation, stream)};
+    if (b || activation != Activation::kIdentity) product = bias_activation(product, b, activation, stream);
+    if (has_residual) product = mx::add(product, in.back(), stream);
+    return std::vector<mx::array>{product};
   };
   std::vector<mx::array> inputs = {a, packed};
   if (bias) inputs.push_back(*bias);
+  if (residual) inputs.push_back(*residual);
   const bool fits = is_cpu_stream(stream) && a.dtype() == mx::float32 && a.ndim() >= 1 && a.size() > 0 &&
                     packed_rhs_fits(packed, n) && a.shape(-1) == packed.shape(1) &&
                     (!bias || (bias->dtype() == mx::float32 && bias->ndim() == 1 && bias->shape(0) == n));
@@ -465,7 +486,7 @@ mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::
   shape.back() = static_cast<int>(n);
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
-        return std::make_shared<PackedMatmulKernel>(kernel_stream, reference, n, has_bias, activation);
+        return std::make_shared<PackedMatmulKernel>(kernel_stream, reference, n, has_bias, has_residual, activation);
       },
       reference, inputs, {shape}, {mx::float32}, stream)[0];
 }

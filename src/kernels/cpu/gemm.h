@@ -56,13 +56,16 @@ mx::array unpack_gemm_rhs(const mx::array& packed, int64_t n, mx::StreamOrDevice
  * (float32, 3-D, panel width gemm_panel_width(), enough panels for n). */
 bool packed_rhs_fits(const mx::array& packed, int64_t n);
 
-/** act(a @ B + bias) with B given packed. a: float32 [..., K] (rank >= 1);
- * bias: float32 [n] or none. Returns a's leading axes + [n]. On a CPU stream
- * with arguments that fit, the kernel above; otherwise (and for gradients) the
- * reference composition. Throws std::invalid_argument (from MLX) when K does
- * not match. */
+/** act(a @ B + bias) [+ residual] with B given packed. a: float32 [..., K]
+ * (rank >= 1); bias: float32 [n] or none; residual (with no activation only):
+ * added in the epilogue when it has the output's shape (a layer-scale block's
+ * shortcut), else by MLX with broadcasting. Returns a's leading axes + [n]. On
+ * a CPU stream with arguments that fit, the kernel above; otherwise (and for
+ * gradients) the reference composition. Throws std::invalid_argument (from
+ * MLX) when K does not match. */
 mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::optional<mx::array>& bias,
-                        int64_t n, Activation activation = Activation::kIdentity, mx::StreamOrDevice s = {});
+                        int64_t n, Activation activation = Activation::kIdentity, mx::StreamOrDevice s = {},
+                        const std::optional<mx::array>& residual = std::nullopt);
 
 /** True when batched_matmul() runs the kernel: a CPU stream, float32 a [..., M, K]
  * and b [..., K, N] (rank >= 2, leading axes broadcastable, non-empty) with

@@ -4,8 +4,9 @@
 //
 //   A [..., K] float32; packed: B [K, n] in the CPU GEMM's panel layout
 //   (src/kernels/cpu/gemm.h: float32 [ceil(n / P), K, P]); bias (optional)
-//   float32 [n]; attributes n (int, required) and activation ("" none,
-//   "gelu" erf form, "gelu_tanh"). Y [..., n].
+//   float32 [n]; residual (optional, no activation only) float32, added last
+//   (in the epilogue when it has Y's shape); attributes n (int, required) and
+//   activation ("" none, "gelu" erf form, "gelu_tanh"). Y [..., n].
 #include <optional>
 #include <string>
 
@@ -42,7 +43,12 @@ OpOutputs packed_matmul(NodeContext& ctx) {
   if (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != n)) {
     throw ctx.error("bias must be float32 [", n, "], got ", bias->dtype(), " ", bias->shape());
   }
-  return {kernels::packed_matmul(a, packed, bias, n, parse_activation(ctx), ctx.stream())};
+  std::optional<mx::array> residual = ctx.optional_input(3);
+  const kernels::Activation activation = parse_activation(ctx);
+  if (residual && (residual->dtype() != mx::float32 || activation != kernels::Activation::kIdentity)) {
+    throw ctx.error("residual must be float32 and goes with no activation, got ", residual->dtype());
+  }
+  return {kernels::packed_matmul(a, packed, bias, n, activation, ctx.stream(), residual)};
 }
 
 }  // namespace

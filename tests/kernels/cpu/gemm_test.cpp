@@ -97,6 +97,30 @@ TEST(PackedGemm, BiasAndActivationEpilogues) {
             kTolerance);
 }
 
+// A residual (the output's shape) starts the accumulators with the bias;
+// one that broadcasts is added by MLX; its gradient is the cotangent.
+TEST(PackedGemm, ResidualIsAddedInTheEpilogue) {
+  mx::array a = random_array({3, 13, 300}, 61);  // K over one 256-deep slice
+  mx::array b = random_array({300, 37}, 62);
+  mx::array bias = random_array({37}, 63);
+  const mx::array packed = pack_gemm_rhs(b, false);
+  for (const mx::Shape& shape : {mx::Shape{3, 13, 37}, mx::Shape{13, 37}}) {
+    mx::array z = random_array(shape, 64);
+    mx::array got = packed_matmul(a, packed, bias, 37, Activation::kIdentity, mx::Device::cpu, z);
+    EXPECT_LT(max_abs_diff(got, mx::matmul(a, b) + bias + z), kTolerance);
+  }
+  mx::array z = random_array({3, 13, 37}, 65);
+  mx::array weights = random_array({3, 13, 37}, 66);
+  auto [_, grads] = mx::vjp(
+      [&](const std::vector<mx::array>& p) {
+        return std::vector<mx::array>{
+            mx::sum(packed_matmul(p[0], packed, bias, 37, Activation::kIdentity, mx::Device::cpu, p[1]) * weights)};
+      },
+      {a, z}, {mx::array(1.0f)});
+  EXPECT_LT(max_abs_diff(grads[1], weights), 1e-6f);
+  EXPECT_LT(max_abs_diff(grads[0], mx::matmul(weights, mx::transpose(b))), kTolerance);
+}
+
 TEST(PackedGemm, ThreadedBlocksCoverLargeProducts) {
   // Several row blocks (96 rows) and panel blocks (4 panels): every task's
   // share of the output must be written once.
