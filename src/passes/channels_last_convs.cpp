@@ -28,6 +28,7 @@
 //                                      padded to rank 4 and transposed
 //   GlobalAveragePool(T)           =>  Transpose(0,3,1,2)(ReduceMean(A, axes 1, 2))
 //   MaxPool(T) (no Indices)        =>  Transpose(0,3,1,2)(ai.transmuter MaxPoolNhwc(A))
+//   Concat(T1, T2, ..., axis 1)    =>  Transpose(0,3,1,2)(Concat(A1, A2, ..., axis 3))
 //
 // Transposes nothing reads any more are removed. What remains are the copies
 // at the region's borders (the graph input, ops with no channels-last form).
@@ -43,6 +44,7 @@
 // the default device at load is the CPU: the packed weights are this CPU's.
 #include <algorithm>
 #include <array>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -213,6 +215,7 @@ Node conv_nhwc_node(const Node& conv, const ConvMatch& m, const std::string& x, 
 
 size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset) {
   const GraphIndex index(graph);  // who reads each weight, before the rewrite
+  std::map<std::string, std::string> channels_last_inputs;  // input -> its channels-last copy
   std::vector<Node> nodes;
   nodes.reserve(graph.nodes.size());
   size_t converted = 0;
@@ -235,9 +238,13 @@ size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset)
     if (read_once && index.consumers(weight_name).size() == 1 && !index.is_graph_output(weight_name)) {
       drop_weight(graph, weight_name);
     }
-    const std::string x = names.fresh(node.inputs[0] + "/nhwc");
+    // Convolutions reading the same input share its channels-last copy.
+    std::string& x = channels_last_inputs[node.inputs[0]];
+    if (x.empty()) {
+      x = names.fresh(node.inputs[0] + "/nhwc");
+      nodes.push_back(transpose_node(node.inputs[0], x, kToChannelsLast, onnx_opset));
+    }
     const std::string y = names.fresh(node.outputs[0] + "/nhwc");
-    nodes.push_back(transpose_node(node.inputs[0], x, kToChannelsLast, onnx_opset));
     nodes.push_back(conv_nhwc_node(node, *m, x, prepared, y));
     nodes.push_back(transpose_node(y, node.outputs[0], kToChannelsFirst, onnx_opset));
     ++converted;
@@ -352,6 +359,24 @@ bool sink_one_transpose(Graph& graph, ValueNames& names, int64_t onnx_opset) {
         node.inputs = {*moved[0], *moved[1]};
         move_transpose_after(graph, reader, names, onnx_opset);
         return true;
+      }
+      if (is_onnx_op(node, "Concat") && node.outputs.size() == 1) {
+        // Every input channels-first through such a transpose, along channels.
+        const int64_t axis = int_attribute_or(node, "axis", 0);
+        std::vector<std::string> moved;
+        for (const std::string& in : node.inputs) {
+          std::optional<size_t> p = index.producer(in);
+          if (!p || !is_transpose(graph.nodes[*p], kToChannelsFirst)) break;
+          moved.push_back(graph.nodes[*p].inputs[0]);
+        }
+        if ((axis == 1 || axis == -3) && moved.size() == node.inputs.size()) {
+          node.inputs = moved;
+          for (Attribute& a : node.attributes) {
+            if (a.name == "axis") a.i = 3;
+          }
+          move_transpose_after(graph, reader, names, onnx_opset);
+          return true;
+        }
       }
       if (is_onnx_op(node, "MaxPool") && node.inputs.size() == 1 && node.outputs.size() == 1) {
         node.op_type = "MaxPoolNhwc";

@@ -138,6 +138,32 @@ TEST(ChannelsLastConvs, ValuesReadOutsideTheRegionStayChannelsFirst) {
   }
 }
 
+// Concat along channels of channels-last values stays channels-last; along
+// another axis it gets the channels-first inputs. Same values either way.
+TEST(ChannelsLastConvs, ConcatAlongChannelsStaysChannelsLast) {
+  for (int64_t axis : {1, -3, 2}) {
+    GraphBuilder b(18);
+    b.input("x", OnnxType::kFloat, {1, 3, 6, 6})
+        .initializer("Wa", uniform({4, 3, 3, 3}, 41))
+        .initializer("Wb", uniform({3, 3, 1, 1}, 42))
+        .initializer("Wc", uniform({5, 7, 1, 1}, 43))
+        .node("Conv", {"x", "Wa"}, {"a"}, {ints_attr("pads", {1, 1, 1, 1})})
+        .node("Conv", {"x", "Wb"}, {"b"});
+    if (axis == 2) {
+      b.node("Concat", {"a", "a"}, {"c"}, {int_attr("axis", axis)}).node("Relu", {"c"}, {"y"}).output("y");
+    } else {
+      b.node("Concat", {"a", "b"}, {"c"}, {int_attr("axis", axis)}).node("Conv", {"c", "Wc"}, {"y"}).output("y");
+    }
+    Model nhwc = b.build();
+    Model plain = b.build({.run_passes = false});
+    if (axis != 2) EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 2u) << axis;  // x in, y out
+    mx::array x = uniform({1, 3, 6, 6}, 44);
+    mx::array want = run_output(plain, "x", x, "y");
+    EXPECT_LT(max_abs_diff(run_output(nhwc, "x", x, "y"), want), 1e-5f) << axis;
+    EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f);
+  }
+}
+
 // The node the pass makes, fed what it does not accept: an error naming it.
 TEST(ChannelsLastConvs, ConvNhwcRefusesInconsistentArguments) {
   auto message_for = [](int64_t group, int64_t out_channels, mx::array w) {
