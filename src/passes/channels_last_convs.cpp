@@ -65,22 +65,6 @@ const std::vector<int64_t> kToChannelsFirst = {0, 3, 1, 2};
 // Names the Identity nodes that replace a pair of transposes that cancel.
 constexpr std::string_view kLayoutIdentity = "/cancelled_transposes";
 
-Attribute ints_attribute(const std::string& name, std::vector<int64_t> values) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kInts;
-  a.ints = std::move(values);
-  return a;
-}
-
-Attribute int_attribute(const std::string& name, int64_t value) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kInt;
-  a.i = value;
-  return a;
-}
-
 // Value names are unique in a graph; new ones get a suffix none has.
 class ValueNames {
  public:
@@ -197,18 +181,8 @@ Node conv_nhwc_node(const Node& conv, const ConvMatch& m, const std::string& x, 
   n.attributes.push_back(int_attribute("group", m.depthwise ? m.out_channels : 1));
   n.attributes.push_back(int_attribute("out_channels", m.out_channels));
   if (!m.activation.empty()) {
-    Attribute activation;
-    activation.name = "activation";
-    activation.type = AttrType::kString;
-    activation.s = m.activation;
-    n.attributes.push_back(activation);
-    if (!m.activation_params.empty()) {
-      Attribute params;
-      params.name = "activation_params";
-      params.type = AttrType::kFloats;
-      params.floats = m.activation_params;
-      n.attributes.push_back(params);
-    }
+    n.attributes.push_back(string_attribute("activation", m.activation));
+    if (!m.activation_params.empty()) n.attributes.push_back(floats_attribute("activation_params", m.activation_params));
   }
   return n;
 }
@@ -466,11 +440,7 @@ size_t fuse_residual_adds(Graph& graph) {
     fused.inputs.push_back(*residual);
     fused.outputs = graph.nodes[last].outputs;
     if (with_relu) {
-      Attribute activation;
-      activation.name = "activation";
-      activation.type = AttrType::kString;
-      activation.s = "Relu";
-      fused.attributes.push_back(activation);
+      fused.attributes.push_back(string_attribute("activation", "Relu"));
       removed[*add] = true;
     }
     graph.nodes[last] = std::move(fused);

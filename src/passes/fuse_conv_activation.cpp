@@ -86,18 +86,8 @@ size_t fuse_conv_activation(Graph& graph) {
     fused.domain = kMicrosoftDomain;
     fused.opset = 1;
     fused.outputs = graph.nodes[act].outputs;
-    Attribute name;
-    name.name = "activation";
-    name.type = AttrType::kString;
-    name.s = activation->first;
-    fused.attributes.push_back(name);
-    if (!activation->second.empty()) {
-      Attribute params;
-      params.name = "activation_params";
-      params.type = AttrType::kFloats;
-      params.floats = activation->second;
-      fused.attributes.push_back(params);
-    }
+    fused.attributes.push_back(string_attribute("activation", activation->first));
+    if (!activation->second.empty()) fused.attributes.push_back(floats_attribute("activation_params", activation->second));
     // The fused node takes the activation's place: everything reading its
     // output comes after it, and the Conv's inputs come before the Conv.
     graph.nodes[act] = std::move(fused);

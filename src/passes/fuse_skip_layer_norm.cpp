@@ -53,27 +53,6 @@ namespace {
 
 constexpr const char* kMicrosoftDomain = "com.microsoft";
 
-Attribute float_attribute(const std::string& name, float value) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kFloat;
-  a.f = value;
-  return a;
-}
-
-Attribute int_attribute(const std::string& name, int64_t value) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kInt;
-  a.i = value;
-  return a;
-}
-
-int64_t attribute_int(const Node& node, const std::string& name, int64_t fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kInt ? a->i : fallback;
-}
-
 // A float 1-D constant of `size` elements (any size when size < 0).
 std::optional<int> vector_constant(const GraphIndex& index, const std::string& name, int size = -1) {
   std::optional<mx::array> c = index.constant(name);
@@ -86,7 +65,7 @@ std::optional<int> vector_constant(const GraphIndex& index, const std::string& n
 // before opset 18, as a constant input from 18).
 bool is_last_axis_mean(const Node& node, const GraphIndex& index, const std::string& input) {
   if (!is_onnx_op(node, "ReduceMean") || node.inputs.empty() || node.inputs[0] != input) return false;
-  if (attribute_int(node, "keepdims", 1) != 1) return false;
+  if (int_attribute_or(node, "keepdims", 1) != 1) return false;
   std::vector<int64_t> axes;
   if (node.opset < 18) {
     const Attribute* a = node.find_attribute("axes");
@@ -283,7 +262,7 @@ struct Normalization {
 std::optional<Normalization> last_axis_normalization(const Node& node, const GraphIndex& index) {
   const bool layer = is_onnx_op(node, "LayerNormalization");
   const bool rms = node.op_type == "SimplifiedLayerNormalization" && node.domain == kMicrosoftDomain;
-  if ((!layer && !rms) || node.inputs.size() < 2 || attribute_int(node, "axis", -1) != -1) return std::nullopt;
+  if ((!layer && !rms) || node.inputs.size() < 2 || int_attribute_or(node, "axis", -1) != -1) return std::nullopt;
   for (size_t o = 1; o < node.outputs.size(); ++o) {
     if (!node.outputs[o].empty()) return std::nullopt;  // statistics requested
   }

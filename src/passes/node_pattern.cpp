@@ -123,6 +123,46 @@ void drop_weight(Graph& graph, const std::string& name) {
   if (!release_if_file_backed(bytes)) mx::clear_cache();
 }
 
+Attribute int_attribute(const std::string& name, int64_t value) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kInt;
+  a.i = value;
+  return a;
+}
+
+Attribute ints_attribute(const std::string& name, std::vector<int64_t> values) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kInts;
+  a.ints = std::move(values);
+  return a;
+}
+
+Attribute float_attribute(const std::string& name, float value) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kFloat;
+  a.f = value;
+  return a;
+}
+
+Attribute floats_attribute(const std::string& name, std::vector<float> values) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kFloats;
+  a.floats = std::move(values);
+  return a;
+}
+
+Attribute string_attribute(const std::string& name, std::string value) {
+  Attribute a;
+  a.name = name;
+  a.type = AttrType::kString;
+  a.s = std::move(value);
+  return a;
+}
+
 std::string fresh_initializer_name(const Graph& graph, const std::string& base) {
   std::string name = base;
   for (int i = 1; graph.initializers.contains(name); ++i) name = str(base, "_", i);

@@ -52,6 +52,13 @@ std::optional<size_t> sole_consumer(const GraphIndex& index, const std::string& 
 int64_t int_attribute_or(const Node& node, const std::string& name, int64_t fallback);
 float float_attribute_or(const Node& node, const std::string& name, float fallback);
 
+/** Attributes of the nodes a pass makes. */
+Attribute int_attribute(const std::string& name, int64_t value);
+Attribute ints_attribute(const std::string& name, std::vector<int64_t> values);
+Attribute float_attribute(const std::string& name, float value);
+Attribute floats_attribute(const std::string& name, std::vector<float> values);
+Attribute string_attribute(const std::string& name, std::string value);
+
 /** `base`, or `base_1`, `base_2`... : the first name no initializer has. */
 std::string fresh_initializer_name(const Graph& graph, const std::string& base);
 

@@ -220,18 +220,8 @@ Node packed_node(const ProductMatch& m, const Node& product, const Node& last, c
   if (bias || m.residual) fused.inputs.push_back(bias.value_or(""));
   if (m.residual) fused.inputs.push_back(*m.residual);
   fused.outputs = last.outputs;
-  Attribute n;
-  n.name = "n";
-  n.type = AttrType::kInt;
-  n.i = m.n;
-  fused.attributes.push_back(n);
-  if (!m.activation.empty()) {
-    Attribute activation;
-    activation.name = "activation";
-    activation.type = AttrType::kString;
-    activation.s = m.activation;
-    fused.attributes.push_back(activation);
-  }
+  fused.attributes.push_back(int_attribute("n", m.n));
+  if (!m.activation.empty()) fused.attributes.push_back(string_attribute("activation", m.activation));
   return fused;
 }
 

@@ -2,45 +2,18 @@
 
 #include "ops/node_context.h"
 #include "ops/registry.h"
+#include "passes/node_pattern.h"
 #include "transmuter/error.h"
 
 namespace transmuter::testing {
 
-Attribute int_attr(const std::string& name, int64_t v) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kInt;
-  a.i = v;
-  return a;
-}
-Attribute float_attr(const std::string& name, float v) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kFloat;
-  a.f = v;
-  return a;
-}
-Attribute string_attr(const std::string& name, const std::string& v) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kString;
-  a.s = v;
-  return a;
-}
-Attribute ints_attr(const std::string& name, std::vector<int64_t> v) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kInts;
-  a.ints = std::move(v);
-  return a;
-}
-Attribute floats_attr(const std::string& name, std::vector<float> v) {
-  Attribute a;
-  a.name = name;
-  a.type = AttrType::kFloats;
-  a.floats = std::move(v);
-  return a;
-}
+// The passes' attribute builders (src/passes/node_pattern.h), under the
+// short names the tests use.
+Attribute int_attr(const std::string& name, int64_t v) { return int_attribute(name, v); }
+Attribute float_attr(const std::string& name, float v) { return float_attribute(name, v); }
+Attribute string_attr(const std::string& name, const std::string& v) { return string_attribute(name, v); }
+Attribute ints_attr(const std::string& name, std::vector<int64_t> v) { return ints_attribute(name, std::move(v)); }
+Attribute floats_attr(const std::string& name, std::vector<float> v) { return floats_attribute(name, std::move(v)); }
 Attribute strings_attr(const std::string& name, std::vector<std::string> v) {
   Attribute a;
   a.name = name;
