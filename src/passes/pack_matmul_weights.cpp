@@ -153,13 +153,12 @@ bool take_activation(const Graph& graph, const GraphIndex& index, const std::str
   return true;
 }
 
-// A constant with n elements along its last axis only ([n], [1, n], ...).
+// A float32 constant [n]. (Not [1, n]: broadcasting it could raise the
+// rank of a 1-D product's output, which the folded product would not.)
 std::optional<mx::array> column_vector(const GraphIndex& index, const std::string& name, int64_t n) {
   std::optional<mx::array> c = index.constant(name);
-  if (!c || c->dtype() != mx::float32 || c->ndim() < 1 || c->shape(-1) != n || static_cast<int64_t>(c->size()) != n) {
-    return std::nullopt;
-  }
-  return mx::reshape(*c, {static_cast<int>(n)});
+  if (!c || c->dtype() != mx::float32 || c->ndim() != 1 || c->shape(0) != n) return std::nullopt;
+  return c;
 }
 
 // Extends a match without activation by a Mul with a constant [N] (ConvNeXt's
