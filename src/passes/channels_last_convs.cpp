@@ -26,9 +26,10 @@
 //                                  =>  Transpose(0,3,1,2)(B(A, A2))
 //   B(T, K), K a constant          =>  Transpose(0,3,1,2)(B(A, K')), K' = K
 //                                      padded to rank 4 and transposed
-//   GlobalAveragePool(T)           =>  Transpose(0,3,1,2)(ReduceMean(A, axes 1, 2))
+//   GlobalAveragePool(T)           =>  Transpose(0,3,1,2)(ai.transmuter GlobalAveragePoolNhwc(A))
 //   MaxPool(T) (no Indices)        =>  Transpose(0,3,1,2)(ai.transmuter MaxPoolNhwc(A))
 //   Concat(T1, T2, ..., axis 1)    =>  Transpose(0,3,1,2)(Concat(A1, A2, ..., axis 3))
+//   Reduce*(T, axes, keepdims 1)   =>  Transpose(0,3,1,2)(Reduce*(A, the axes renumbered))
 //
 // Transposes nothing reads any more are removed. What remains are the copies
 // at the region's borders (the graph input, ops with no channels-last form).
@@ -274,25 +275,49 @@ std::optional<std::string> channels_last_constant(Graph& graph, const GraphIndex
   return fresh;
 }
 
-// ReduceMean over the spatial axes of a channels-last value, keeping them.
-Node spatial_mean(const Node& pool, Graph& graph, const std::string& input, int64_t onnx_opset) {
-  Node mean;
-  mean.op_type = "ReduceMean";
-  mean.opset = static_cast<int>(onnx_opset);
-  mean.name = (pool.name.empty() ? pool.outputs[0] : pool.name) + "/nhwc";
-  mean.inputs = {input};
-  mean.outputs = pool.outputs;
-  mean.attributes.push_back(int_attribute("keepdims", 1));
-  if (onnx_opset >= 18) {  // axes became an input
-    const std::string axes = fresh_initializer_name(graph, mean.name + "/axes");
-    mx::array spatial_axes = mx::astype(mx::array({1, 2}), mx::int64);
-    spatial_axes.eval();
-    graph.initializers.insert_or_assign(axes, Value(spatial_axes));
-    mean.inputs.push_back(axes);
-  } else {
-    mean.attributes.push_back(ints_attribute("axes", {1, 2}));
+bool is_reduction(const Node& node) {
+  static const std::unordered_set<std::string> ops = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
+                                                      "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare"};
+  return node.domain.empty() && ops.contains(node.op_type) && !node.inputs.empty() && node.outputs.size() == 1;
+}
+
+// The axes a reduction reads: its attribute (before the opset that made it
+// an input: 18, ReduceSum 13) or its constant second input; nullopt when
+// they are computed or absent (all axes, or none with noop_with_empty_axes).
+std::optional<std::vector<int64_t>> reduction_axes(const Node& node, const GraphIndex& index) {
+  if (const Attribute* a = node.find_attribute("axes"); a != nullptr && a->type == AttrType::kInts) return a->ints;
+  if (node.inputs.size() < 2 || node.inputs[1].empty()) return std::nullopt;
+  std::optional<mx::array> axes = index.constant(node.inputs[1]);
+  if (!axes || axes->ndim() != 1 || !mx::issubdtype(axes->dtype(), mx::integer)) return std::nullopt;
+  mx::array values = mx::astype(*axes, mx::int64);
+  values.eval();
+  return std::vector<int64_t>(values.data<int64_t>(), values.data<int64_t>() + values.size());
+}
+
+// A reduction over given axes of a rank-4 value that keeps them: its output
+// is rank 4 too, so it can run channels-last with the axes renumbered.
+bool reduces_rank_four_kept(const Node& node, const GraphIndex& index) {
+  if (int_attribute_or(node, "keepdims", 1) != 1) return false;
+  std::optional<std::vector<int64_t>> axes = reduction_axes(node, index);
+  return axes && !axes->empty() &&
+         std::all_of(axes->begin(), axes->end(), [](int64_t a) { return a >= -4 && a < 4; });
+}
+
+// Renumbers the axes from NCHW to NHWC (N 0 -> 0, C 1 -> 3, H 2 -> 1, W 3 -> 2).
+void remap_reduction_axes(Graph& graph, Node& node, const GraphIndex& index) {
+  std::vector<int64_t> axes = *reduction_axes(node, index);
+  for (int64_t& a : axes) a = std::array<int64_t, 4>{0, 3, 1, 2}[static_cast<size_t>((a + 4) % 4)];
+  for (Attribute& attribute : node.attributes) {
+    if (attribute.name == "axes") {
+      attribute.ints = axes;
+      return;
+    }
   }
-  return mean;
+  const std::string name = fresh_initializer_name(graph, node.inputs[1] + "/nhwc");
+  mx::array values(axes.data(), {static_cast<int>(axes.size())}, mx::int64);
+  values.eval();
+  graph.initializers.insert_or_assign(name, Value(values));
+  node.inputs[1] = name;
 }
 
 // One rewrite of step 2 at some transpose, or false when none applies.
@@ -352,16 +377,19 @@ bool sink_one_transpose(Graph& graph, ValueNames& names, int64_t onnx_opset) {
           return true;
         }
       }
-      if (is_onnx_op(node, "MaxPool") && node.inputs.size() == 1 && node.outputs.size() == 1) {
-        node.op_type = "MaxPoolNhwc";
-        node.domain = kDomain;
-        node.opset = 1;
+      if (is_reduction(node) && reduces_rank_four_kept(node, index)) {
+        remap_reduction_axes(graph, node, index);
         node.inputs[0] = channels_last;
         move_transpose_after(graph, reader, names, onnx_opset);
         return true;
       }
-      if (is_onnx_op(node, "GlobalAveragePool") && node.inputs.size() == 1 && node.outputs.size() == 1) {
-        node = spatial_mean(node, graph, channels_last, onnx_opset);
+      // Pools with a channels-last twin (ai.transmuter, same attributes).
+      for (const char* pool : {"MaxPool", "GlobalAveragePool"}) {
+        if (!is_onnx_op(node, pool) || node.inputs.size() != 1 || node.outputs.size() != 1) continue;
+        node.op_type = std::string(pool) + "Nhwc";
+        node.domain = kDomain;
+        node.opset = 1;
+        node.inputs[0] = channels_last;
         move_transpose_after(graph, reader, names, onnx_opset);
         return true;
       }

@@ -62,7 +62,7 @@ mx::array run_output(const Model& model, const std::string& input, const mx::arr
 float max_abs_diff(const mx::array& a, const mx::array& b) { return mx::max(mx::abs(a - b)).item<float>(); }
 
 TEST(ChannelsLastConvs, ACnnRunsChannelsLastWithTheSameValues) {
-  for (int64_t opset : {14, 18}) {  // ReduceMean's axes: an attribute, then an input
+  for (int64_t opset : {14, 18}) {
     GraphBuilder b = small_cnn(opset);
     Model nhwc = b.build();
     Model plain = b.build({.run_passes = false});
@@ -72,7 +72,7 @@ TEST(ChannelsLastConvs, ACnnRunsChannelsLastWithTheSameValues) {
     EXPECT_EQ(histogram.at("ai.transmuter.ConvNhwc"), 4u) << opset;
     EXPECT_EQ(histogram.at("Relu"), 1u) << opset;  // the one before the mean; the shortcut's is fused
     EXPECT_EQ(histogram.at("ai.transmuter.MaxPoolNhwc"), 1u) << opset;
-    EXPECT_EQ(histogram.at("ReduceMean"), 1u) << opset;
+    EXPECT_EQ(histogram.at("ai.transmuter.GlobalAveragePoolNhwc"), 1u) << opset;
     // Only the borders: into channels-last at x, back after the mean and at z.
     EXPECT_EQ(histogram.at("Transpose"), 3u) << opset;
     EXPECT_EQ(histogram.count("Identity"), 0u) << opset;
@@ -161,6 +161,41 @@ TEST(ChannelsLastConvs, ConcatAlongChannelsStaysChannelsLast) {
     mx::array want = run_output(plain, "x", x, "y");
     EXPECT_LT(max_abs_diff(run_output(nhwc, "x", x, "y"), want), 1e-5f) << axis;
     EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f);
+  }
+}
+
+// A reduction that keeps its axes runs channels-last with them renumbered
+// (axes an attribute before opset 18, an input from 18); one that drops
+// them stays channels-first. Same values.
+TEST(ChannelsLastConvs, ReductionsKeepingTheirAxesFollowTheLayout) {
+  for (int64_t opset : {17, 18}) {
+    for (int64_t keepdims : {1, 0}) {
+      GraphBuilder b(opset);
+      b.input("x", OnnxType::kFloat, {2, 3, 5, 6}).initializer("W", uniform({4, 3, 1, 1}, 51));
+      b.node("Conv", {"x", "W"}, {"c"});
+      if (opset >= 18) {
+        b.initializer("axes", mx::array({int64_t{2}, int64_t{-1}}));
+        b.node("ReduceMean", {"c", "axes"}, {"m"}, {int_attr("keepdims", keepdims)});
+      } else {
+        b.node("ReduceMean", {"c"}, {"m"}, {ints_attr("axes", {2, -1}), int_attr("keepdims", keepdims)});
+      }
+      if (keepdims == 1) {  // [2, 4, 1, 1] into another conv
+        b.initializer("W2", uniform({5, 4, 1, 1}, 53)).node("Conv", {"m", "W2"}, {"y"});
+      } else {
+        b.node("Identity", {"m"}, {"y"});
+      }
+      b.output("y");
+      Model nhwc = b.build();
+      Model plain = b.build({.run_passes = false});
+      // Kept: the mean and the second conv run channels-last, one transpose in, one out.
+      if (keepdims == 1) EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 2u) << opset;
+      mx::array x = uniform({2, 3, 5, 6}, 52);
+      mx::array want = run_output(plain, "x", x, "y");
+      mx::array got = run_output(nhwc, "x", x, "y");
+      ASSERT_EQ(got.shape(), want.shape()) << opset << " keepdims " << keepdims;
+      EXPECT_LT(max_abs_diff(got, want), 1e-5f) << opset << " keepdims " << keepdims;
+      EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.05f);
+    }
   }
 }
 

@@ -417,7 +417,52 @@ mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, 
       reference, std::move(inputs), {shape}, {mx::float32}, stream)[0];
 }
 
+// Sums each image's positions row by row into a channel-long accumulator
+// (a loop the compiler vectorizes), then scales by 1 / positions.
+class SpatialMeanKernel : public CpuKernel {
+ public:
+  using CpuKernel::CpuKernel;
+  const char* name() const override { return "transmuter::SpatialMeanNhwc"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const SpatialMeanKernel*>(&other) != nullptr;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const float* x = in[0].data<float>();
+    float* y = out[0].data<float>();
+    const int64_t batch = in[0].shape(0), positions = int64_t{in[0].shape(1)} * in[0].shape(2),
+                  channels = in[0].shape(3);
+    return [x, y, batch, positions, channels] {
+      parallel_for(batch, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t n = begin; n < end; ++n) {
+          float* acc = y + n * channels;
+          std::fill(acc, acc + channels, 0.0f);
+          const float* image = x + n * positions * channels;
+          for (int64_t p = 0; p < positions; ++p) {
+            const float* row = image + p * channels;
+            for (int64_t c = 0; c < channels; ++c) acc[c] += row[c];
+          }
+          const float scale = 1.0f / static_cast<float>(positions);
+          for (int64_t c = 0; c < channels; ++c) acc[c] *= scale;
+        }
+      });
+    };
+  }
+};
+
 }  // namespace
+
+mx::array spatial_mean_nhwc(const mx::array& x, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{mx::mean(in[0], {1, 2}, true, stream)};
+  };
+  if (x.ndim() != 4 || x.dtype() != mx::float32 || x.size() == 0 || !is_cpu_stream(stream)) return reference({x})[0];
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) { return std::make_shared<SpatialMeanKernel>(kernel_stream, reference); },
+      reference, {x}, {{x.shape(0), 1, 1, x.shape(3)}}, {mx::float32}, stream)[0];
+}
 
 int64_t conv_output_length(int64_t in, int kernel, int stride, int pad_begin, int pad_end, int dilation) {
   const int64_t span = static_cast<int64_t>(dilation) * (kernel - 1) + 1;

@@ -70,6 +70,12 @@ mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::op
 mx::array depthwise_conv_nhwc(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                               const NhwcConvOptions& options, mx::StreamOrDevice s = {});
 
+/** The mean over the spatial axes of x float32 [N, H, W, C], kept:
+ * [N, 1, 1, C] (GlobalAveragePool in channels-last; MLX reduces these
+ * non-adjacent-to-the-end axes through a generic strided loop, 8 % of
+ * PP-LCNet rec). Gradients are mx::mean's. */
+mx::array spatial_mean_nhwc(const mx::array& x, mx::StreamOrDevice s = {});
+
 /** Output length of one spatial axis; <= 0 when the window does not fit. */
 int64_t conv_output_length(int64_t in, int kernel, int stride, int pad_begin, int pad_end, int dilation);
 

@@ -91,11 +91,24 @@ OpOutputs conv_nhwc(NodeContext& ctx) {
   }
 }
 
+// GlobalAveragePoolNhwc (ai.transmuter, since 1): X [N, H, W, C] -> the mean
+// over H and W, [N, 1, 1, C]. Other ranks and dtypes: the mean over the axes
+// between the first and the last.
+OpOutputs global_average_pool_nhwc(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  if (x.ndim() < 3) throw ctx.error("X must have rank >= 3 ([N, D..., C]), got ", x.ndim());
+  if (x.ndim() == 4) return {kernels::spatial_mean_nhwc(x, ctx.stream())};
+  std::vector<int> axes;
+  for (int i = 1; i + 1 < static_cast<int>(x.ndim()); ++i) axes.push_back(i);
+  return {mx::mean(x, axes, true, ctx.stream())};
+}
+
 }  // namespace
 
 void register_transmuter_conv(OpRegistry& r) {
   r.add({
       {"ConvNhwc", kTransmuter, 1, kOpen, conv_nhwc},
+      {"GlobalAveragePoolNhwc", kTransmuter, 1, kOpen, global_average_pool_nhwc},
   });
 }
 

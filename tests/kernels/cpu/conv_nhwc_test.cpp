@@ -233,6 +233,25 @@ TEST(ConvNhwcKernel, GradientsEqualThoseOfTheComposition) {
   EXPECT_LT(max_abs_diff(got_d[2], want_d[2]), 1e-4f);
 }
 
+TEST(ConvNhwcKernel, SpatialMeanMatchesMlxMean) {
+  for (const mx::Shape& shape : {mx::Shape{3, 5, 7, 13}, mx::Shape{1, 1, 1, 40}, mx::Shape{2, 14, 14, 96}}) {
+    mx::array x = random_array(shape, 81);
+    mx::array y = spatial_mean_nhwc(x, mx::Device::cpu);
+    EXPECT_TRUE(y.has_primitive() && std::string(y.primitive().name()) == "transmuter::SpatialMeanNhwc");
+    mx::array want = mx::mean(x, {1, 2}, true);
+    ASSERT_EQ(y.shape(), want.shape());
+    EXPECT_LT(max_abs_diff(y, want), 1e-6f);
+  }
+  mx::array x = random_array({2, 3, 4, 5}, 82);
+  mx::array weights = random_array({2, 1, 1, 5}, 83);
+  auto [_, grads] = mx::vjp(
+      [&](const std::vector<mx::array>& p) {
+        return std::vector<mx::array>{mx::sum(spatial_mean_nhwc(p[0], mx::Device::cpu) * weights)};
+      },
+      {x}, {mx::array(1.0f)});
+  EXPECT_LT(max_abs_diff(grads[0], mx::broadcast_to(weights / 12.0f, {2, 3, 4, 5})), 1e-6f);
+}
+
 TEST(ConvNhwcKernel, RunsInsideCompile) {
   mx::array x = random_array({1, 10, 12, 8}, 51);
   mx::array w = random_array({12, 8, 3, 3}, 52);
