@@ -119,6 +119,11 @@ TEST(ConvNhwcKernel, DepthwiseMatchesTheConvolution) {
       {1, 20, 20, 7, 17, 5, 5, {1, 1}, {1, 1}, {2, 2}, {2, 2}, true, ConvActivation::kClip},
       {2, 3, 3, 8, 9, 3, 2, {1, 2}, {2, 1}, {2, 0}, {1, 1}, true},
       {1, 9, 9, 4, 3, 7, 7, {1, 1}, {1, 1}, {3, 3}, {3, 3}, false},  // wider than the image
+      // rows with 8- and 4-column interior blocks: 7 wide, 5 wide stride 2, 3 wide stride 2
+      {1, 24, 24, 9, 21, 7, 7, {1, 1}, {1, 1}, {3, 3}, {3, 3}, true, ConvActivation::kRelu},
+      {2, 16, 16, 11, 23, 5, 5, {2, 2}, {1, 1}, {2, 2}, {2, 2}, true},
+      {1, 12, 12, 8, 30, 3, 3, {2, 2}, {1, 1}, {0, 0}, {1, 1}, false, ConvActivation::kHardSwish},
+      {1, 16, 16, 6, 20, 3, 3, {1, 1}, {1, 2}, {1, 2}, {1, 2}, true},  // dilated
   };
   for (const Case& c : cases) {
     mx::array x = random_array({c.batch, c.height, c.width, c.channels}, 21);
