@@ -10,6 +10,8 @@
 
 #include <string>
 
+#include "support/conv_reference.h"
+
 namespace transmuter::kernels {
 namespace {
 
@@ -39,17 +41,7 @@ mx::array expected(const mx::array& x, const mx::array& w, const std::optional<m
                                  o.pads_begin, o.pads_end, o.dilations, {}, 1, false);
   y = mx::transpose(y, {0, 3, 1, 2});
   if (bias) y = y + mx::reshape(*bias, {-1, 1, 1});
-  switch (o.activation) {
-    case ConvActivation::kRelu:
-      return mx::maximum(y, mx::array(0.0f));
-    case ConvActivation::kClip:
-      return mx::clip(y, mx::array(o.clip_min), mx::array(o.clip_max));
-    case ConvActivation::kHardSwish:
-      return y * mx::clip(y / 6.0f + 0.5f, mx::array(0.0f), mx::array(1.0f));
-    case ConvActivation::kNone:
-      break;
-  }
-  return y;
+  return testing::apply_activation(y, o.activation, o.clip_min, o.clip_max);
 }
 
 struct Case {

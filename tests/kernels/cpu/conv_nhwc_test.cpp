@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "support/conv_reference.h"
 #include "support/random_arrays.h"
 
 namespace transmuter::kernels {
@@ -33,17 +34,7 @@ bool from_kernel(const mx::array& y) {
 }
 
 mx::array activate(const mx::array& y, const NhwcConvOptions& o) {
-  switch (o.activation) {
-    case ConvActivation::kRelu:
-      return mx::maximum(y, mx::array(0.0f));
-    case ConvActivation::kClip:
-      return mx::clip(y, mx::array(o.clip_min), mx::array(o.clip_max));
-    case ConvActivation::kHardSwish:
-      return y * mx::clip(y / 6.0f + 0.5f, mx::array(0.0f), mx::array(1.0f));
-    case ConvActivation::kNone:
-      break;
-  }
-  return y;
+  return testing::apply_activation(y, o.activation, o.clip_min, o.clip_max);
 }
 
 // x [N, H, W, C], w in ONNX's layout [M, C / groups, kH, kW].
