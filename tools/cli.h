@@ -2,8 +2,15 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace transmuter {
+namespace hub {
+struct HubOptions;
+}
+}  // namespace transmuter
 
 namespace transmuter::cli {
 
@@ -20,5 +27,13 @@ struct Args {
 
 /** `transmuter conformance ...`; returns the process exit code. */
 int conformance_main(const Args& args);
+
+/** Hub settings from the environment, with a progress bar on stderr when it is
+ * a terminal and --quiet is not given (tools/hub_commands.cpp). */
+std::shared_ptr<const hub::HubOptions> hub_options(const Args& args);
+/** `transmuter download hf://...`. */
+int download_main(const Args& args);
+/** `transmuter cache ls|rm ...`. */
+int cache_main(const Args& args);
 
 }  // namespace transmuter::cli

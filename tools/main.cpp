@@ -1,4 +1,4 @@
-// The `transmuter` command-line tool: info, run, bench, conformance.
+// The `transmuter` command-line tool: info, run, bench, conformance, download, cache.
 // The contract is in DESIGN.md ("The command-line contract").
 #include <unistd.h>
 
@@ -52,12 +52,19 @@ namespace {
 
 using cli::Args;
 
+// Options that take no value; they parse as "--name true".
+bool is_flag(const std::string& name) { return name == "quiet" || name == "revisions"; }
+
 Args parse_args(int argc, char** argv, int first) {
   Args args;
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--", 0) == 0) {
       std::string name = a.substr(2);
+      if (is_flag(name)) {
+        args.options.emplace(name, "true");
+        continue;
+      }
       if (i + 1 >= argc) throw Error(str("option --", name, " needs a value"));
       args.options.emplace(name, argv[++i]);
     } else {
@@ -99,6 +106,8 @@ std::string kind_text(const ValueInfo& info) {
 LoadOptions parse_load_options(const Args& args) {
   const std::string passes = args.get("passes", "default");
   LoadOptions options;
+  options.dtype = args.get("dtype", "fp32");
+  options.hub = cli::hub_options(args);
   options.run_passes = passes != "none";
   if (passes == "default" || passes == "none") return options;
   std::stringstream names(passes);
@@ -371,7 +380,11 @@ void usage() {
                "                 [--passes default|none|NAME,...] [--fuse auto|on|off]\n"
                "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
                "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
-               "                 [--expected FILE]\n";
+               "                 [--expected FILE]\n"
+               "  transmuter download hf://org/repo[@revision][/path] [--dtype fp32|fp16|q8|int8|uint8|q4|q4f16|bnb4] [--quiet]\n"
+               "  transmuter cache ls [--revisions]\n"
+               "  transmuter cache rm org/repo[@revision]\n"
+               "MODEL is a path or hf://org/repo[@revision][/path/in/repo.onnx] (with --dtype to pick the file).\n";
 }
 
 }  // namespace
@@ -389,6 +402,8 @@ int main(int argc, char** argv) {
     if (command == "bench") return bench_main(args);
     if (command == "conformance") return cli::conformance_main(args);
     if (command == "operators") return operators_main();
+    if (command == "download") return cli::download_main(args);
+    if (command == "cache") return cli::cache_main(args);
     usage();
     return 2;
   } catch (const std::exception& e) {

@@ -15,6 +15,10 @@
 
 namespace transmuter {
 
+namespace hub {
+struct HubOptions;
+}
+
 namespace mx = mlx::core;
 
 /** Trainable parameters: initializer name -> array. Arrays alias the model
@@ -30,6 +34,13 @@ struct LoadOptions {
    * docs/architecture.md lists them). Empty runs every pass. An unknown name
    * throws std::invalid_argument from load(). */
   std::vector<std::string> only_passes = {};
+  /** For an `hf://org/repo` source that names no file: which ONNX file of the
+   * repo to load, as transformers.js picks it (hub::onnx_file_candidates:
+   * fp32, fp16, q8, int8, uint8, q4, q4f16, bnb4). */
+  std::string dtype = "fp32";
+  /** Hub settings for hf:// sources (transmuter/hub.h); null takes them all
+   * from the environment, as huggingface_hub does. */
+  std::shared_ptr<const hub::HubOptions> hub = nullptr;
 };
 
 /** A loaded model. Immutable after load: a copy is a cheap handle to the same

@@ -3,6 +3,7 @@
 
 #include "transmuter/dtype.h"
 #include "transmuter/error.h"
+#include "transmuter/hub.h"  // hf:// sources (built in unless -DTRANSMUTER_HUB=OFF)
 #include "transmuter/model.h"
 #include "transmuter/operators.h"
 #include "transmuter/runtime.h"

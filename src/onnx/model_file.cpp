@@ -525,9 +525,9 @@ Value read_optional_proto(Bytes bytes, const MessagePath& path, const TensorSour
 
 }  // namespace
 
-ModelFile read_model_file(const fs::path& path) {
+ModelFile read_model_file(const fs::path& path, const fs::path& link_target_dir) {
   std::shared_ptr<MappedFile> file = MappedFile::open(path);
-  ExternalDataStore external(folder_of(path));
+  ExternalDataStore external(folder_of(path), link_target_dir);
   ModelProtoReader reader(TensorSource{{file, file->bytes(), /*file_mapping=*/true}, &external});
   MessagePath root(path.string());
   ModelFile model = reader.read_model(file->bytes(), root);

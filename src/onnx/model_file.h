@@ -30,9 +30,10 @@ struct ModelFile {
   std::filesystem::path path;                   // the model file ("" for bytes)
 };
 
-/** Maps `path` and parses it. External data is resolved next to the file.
+/** Maps `path` and parses it. External data is resolved next to the file;
+ * symlinks there may lead into `link_target_dir` (ExternalDataStore).
  * Throws ModelFormatError (naming the file and field) on malformed input. */
-ModelFile read_model_file(const std::filesystem::path& path);
+ModelFile read_model_file(const std::filesystem::path& path, const std::filesystem::path& link_target_dir = {});
 
 /** Parses model bytes held by the caller. External data locations resolve
  * inside `base_dir`. Initializers may alias `bytes` without a copy: pass in

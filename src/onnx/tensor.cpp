@@ -84,7 +84,8 @@ float float4e2m1_to_float(uint8_t bits) { return decode_finite(bits & 0x0F, 2, 1
 
 // ====================================================== external data files
 
-ExternalDataStore::ExternalDataStore(fs::path base_dir) : base_dir_(std::move(base_dir)) {}
+ExternalDataStore::ExternalDataStore(fs::path base_dir, fs::path link_target_dir)
+    : base_dir_(std::move(base_dir)), link_target_dir_(std::move(link_target_dir)) {}
 
 namespace {
 
@@ -114,6 +115,10 @@ fs::path ExternalDataStore::resolve(const std::string& location, const MessagePa
   // out of the folder resolves to its real target and fails the check below.
   const fs::path full = fs::weakly_canonical(folder / relative, ec);
   if (ec) path.fail(str("external data '", location, "': ", ec.message()));
+  if (!link_target_dir_.empty() && is_inside(folder, (folder / relative).lexically_normal())) {
+    const fs::path targets = fs::weakly_canonical(link_target_dir_, ec);
+    if (!ec && is_inside(targets, full)) return full;
+  }
   if (!is_inside(folder, full)) {
     path.fail(str("external data location '", location, "' resolves to '", full.string(),
                   "', outside the model's folder '", folder.string(), "'"));

@@ -28,8 +28,11 @@ namespace transmuter {
  * folder: absolute paths, `..` escapes and symlinks leading out are errors. */
 class ExternalDataStore {
  public:
-  /** An empty `base_dir` disables external data (every use is an error). */
-  explicit ExternalDataStore(std::filesystem::path base_dir);
+  /** An empty `base_dir` disables external data (every use is an error).
+   * A non-empty `link_target_dir` lets symlinks inside `base_dir` lead into that
+   * folder too (a hub snapshot's links into its repo's blobs/); the location
+   * itself must still stay inside `base_dir` before links are followed. */
+  explicit ExternalDataStore(std::filesystem::path base_dir, std::filesystem::path link_target_dir = {});
 
   struct Bytes {
     std::span<const uint8_t> bytes;
@@ -45,6 +48,7 @@ class ExternalDataStore {
   std::filesystem::path resolve(const std::string& location, const MessagePath& path);
 
   std::filesystem::path base_dir_;
+  std::filesystem::path link_target_dir_;
   std::map<std::filesystem::path, std::shared_ptr<const MappedFile>> files_;
 };
 

@@ -7,6 +7,9 @@
 #include "passes/pass_manager.h"
 #include "runtime/model_state.h"
 #include "transmuter/error.h"
+#if TRANSMUTER_WITH_HUB
+#include "transmuter/hub.h"
+#endif
 
 namespace transmuter {
 
@@ -36,11 +39,31 @@ Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const 
   return Model(state);
 }
 
+namespace {
+
+// The local file of a source: a path as it is, an hf:// source through the hub
+// cache (downloaded when missing), with the folder its symlinks lead into.
+struct LocalModel {
+  std::filesystem::path file;
+  std::filesystem::path link_target_dir;
+};
+
+LocalModel local_model(const std::string& source, const LoadOptions& options) {
+  if (!source.starts_with("hf://")) return {source, {}};
+#if TRANSMUTER_WITH_HUB
+  hub::ModelFiles files = hub::download_model(source, options.dtype, options.hub ? *options.hub : hub::HubOptions{});
+  return {files.model, files.blobs_dir};
+#else
+  (void)options;
+  throw Error(str(source, ": this build has no Hugging Face Hub client (configured with -DTRANSMUTER_HUB=OFF)"));
+#endif
+}
+
+}  // namespace
+
 Model load(const std::string& source, const LoadOptions& options) {
-  if (source.rfind("hf://", 0) == 0) {
-    throw Error(str(source, ": hf:// sources need the Hugging Face Hub client, which is not built yet"));
-  }
-  ModelFile file = read_model_file(std::filesystem::path(source));
+  const LocalModel local = local_model(source, options);
+  ModelFile file = read_model_file(local.file, local.link_target_dir);
   std::string producer = file.producer_name + (file.producer_version.empty() ? "" : " " + file.producer_version);
   return make_model(file.graph, source, options, file.ir_version, producer);
 }
