@@ -21,3 +21,12 @@ add_test(NAME cli_tests
   COMMAND ${TRANSMUTER_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_SOURCE_DIR}/tests/tools
   WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(cli_tests PROPERTIES ENVIRONMENT "TRANSMUTER_BIN=$<TARGET_FILE:transmuter_cli>" TIMEOUT 600)
+
+# The hub client against a fake Hugging Face Hub and CDN on 127.0.0.1 (tests/hub/fake_hub.py),
+# and the cache read both ways with the huggingface_hub package.
+if(TRANSMUTER_HUB)
+  add_test(NAME hub_tests
+    COMMAND ${TRANSMUTER_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_SOURCE_DIR}/tests/hub
+    WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(hub_tests PROPERTIES ENVIRONMENT "TRANSMUTER_BIN=$<TARGET_FILE:transmuter_cli>" TIMEOUT 900)
+endif()

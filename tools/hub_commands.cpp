@@ -68,13 +68,12 @@ int cache_ls(const Args& args) {
   for (const hub::CachedRepo& repo : repos) {
     total += repo.size_on_disk;
     if (!by_revision) {
-      size_t files = 0;
       std::vector<std::string> refs;
       for (const hub::CachedRevision& revision : repo.revisions) {
-        files += revision.file_count;
         refs.insert(refs.end(), revision.refs.begin(), revision.refs.end());
       }
-      std::cout << repo.repo_id << "  " << repo.repo_type << "  " << human_bytes(repo.size_on_disk) << "  " << files
+      std::cout << repo.repo_id << "  " << repo.repo_type << "  " << human_bytes(repo.size_on_disk) << "  "
+                << repo.file_count
                 << " files  refs: " << join(refs) << "  " << repo.path.string() << "\n";
       continue;
     }

@@ -130,6 +130,7 @@ struct CachedRepo {
   std::string repo_type;  // "model", "dataset", "space"
   std::filesystem::path path;
   uint64_t size_on_disk = 0;  // all of blobs/
+  size_t file_count = 0;      // distinct blobs its snapshots use (huggingface_hub's nb_files)
   std::vector<CachedRevision> revisions;
 };
 

@@ -90,14 +90,19 @@ CachedRepo scan_repo(const fs::path& cache_dir, const std::string& type, const s
   }
   const RepoFolder folder(cache_dir, repo_id);
   auto refs = refs_by_commit(folder);
+  std::set<fs::path> used;
   for (const fs::path& snapshot : snapshot_dirs(folder)) {
     CachedRevision revision;
     revision.commit = snapshot.filename().string();
     revision.snapshot = snapshot;
-    for (const fs::path& blob : blobs_of(snapshot, &revision.file_count)) revision.size_on_disk += size_of(blob);
+    for (const fs::path& blob : blobs_of(snapshot, &revision.file_count)) {
+      revision.size_on_disk += size_of(blob);
+      used.insert(blob);
+    }
     revision.refs = refs[revision.commit];
     repo.revisions.push_back(std::move(revision));
   }
+  repo.file_count = used.size();
   return repo;
 }
 

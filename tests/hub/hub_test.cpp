@@ -262,6 +262,7 @@ TEST(CacheScan, ListsReposRevisionsAndRemovesWhatNoOtherSnapshotUses) {
   EXPECT_EQ(repos[0].repo_id, "org/repo");
   EXPECT_EQ(repos[0].repo_type, "model");
   EXPECT_EQ(repos[0].size_on_disk, 15u);
+  EXPECT_EQ(repos[0].file_count, 3u);  // "shared" once
   ASSERT_EQ(repos[0].revisions.size(), 2u);
   EXPECT_EQ(repos[0].revisions[0].commit, old_commit);
   EXPECT_EQ(repos[0].revisions[0].refs, std::vector<std::string>{"v1"});
