@@ -31,7 +31,10 @@ struct FileRequest {
   const std::string& filename;
   const HubOptions& options;
 
-  bool token_sent() const { return !options.token->empty(); }
+  // Whether a request to `url` carried the token (only the endpoint's origin gets it).
+  bool token_sent(const std::string& url) const {
+    return !options.token->empty() && url_origin(url) == url_origin(options.endpoint);
+  }
 };
 
 // Hub metadata of one file at one revision (from the HEAD answer).
@@ -96,7 +99,7 @@ void sleep_before_retry(const HubOptions& options, int failures) {
   const std::string detail = answer.header("x-error-message");
   const std::string where = str(" (", url_for_messages(url), ", HTTP ", answer.status,
                                 detail.empty() ? "" : ": " + printable(detail), ")");
-  const bool token = request.token_sent();
+  const bool token = request.token_sent(url);
   const std::string& repo = request.repo_id;
   using Kind = HubError::Kind;
   if (code == "GatedRepo") {

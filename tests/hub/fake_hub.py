@@ -67,11 +67,15 @@ class Fault:
     fail_methods: tuple[str, ...] = ("HEAD", "GET")
     fail_server: str | None = None  # "hub" or "cdn" to act on one server only
     throttle_bps: int | None = None  # bytes per second of the body
+    stall_after: int | None = None  # send this many body bytes, then nothing for stall_seconds...
+    stall_seconds: float = 3.0
+    stall_times: int = 1  # ...for the first this many GETs (then the connection is closed)
     corrupt: bool = False  # same length, other bytes
     length_delta: int = 0  # serve this many bytes more (> 0) or fewer (< 0), Content-Length to match
     # counters, updated by the servers
     cuts_done: int = 0
     fails_done: int = 0
+    stalls_done: int = 0
 
 
 @dataclasses.dataclass
@@ -223,13 +227,23 @@ class _BaseHandler(http.server.BaseHTTPRequestHandler):
         if method == "HEAD":
             return
         limit = len(data)
-        cut = False
+        cut = stall = False
         if fault is not None and fault.cut_after is not None:
             with _FAULT_LOCK:
                 cut = fault.cuts_done < fault.cut_times
                 fault.cuts_done += cut
             if cut:
                 limit = min(limit, fault.cut_after)
+        if fault is not None and fault.stall_after is not None and not cut:
+            with _FAULT_LOCK:
+                stall = fault.stalls_done < fault.stall_times
+                fault.stalls_done += stall
+            if stall:  # a silent server: the client's timeout must end the attempt
+                self.wfile.write(data[: fault.stall_after])
+                self.wfile.flush()
+                time.sleep(fault.stall_seconds)
+                limit, cut = 0, True
+                data = b""
         self._write_throttled(data[:limit], fault.throttle_bps if fault else None)
         if cut:
             self.wfile.flush()

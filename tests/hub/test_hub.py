@@ -895,3 +895,24 @@ def test_run_by_dtype_downloads_once_then_runs_offline(hub, transmuter, model_re
     for attempt in ("first", "offline"):
         # float32 rounding of a 4-term dot product and an add: 1e-5 absolute.
         np.testing.assert_allclose(np.load(tmp_path / attempt / "Y.npy"), expected, rtol=0, atol=1e-5)
+
+
+def test_a_silent_server_times_out_and_the_download_resumes(hub, transmuter):
+    data = lfs_bytes(1_000_000, seed=40)
+    commit = hub.add_repo("org/repo", {"weights.bin": data})
+    hub.fault("weights.bin", stall_after=300_000, stall_seconds=4)
+    transmuter.download_ok("hf://org/repo/weights.bin", HF_HUB_DOWNLOAD_TIMEOUT="1")
+    assert_cached(transmuter, "org/repo", commit, "weights.bin", data, sha256_hex(data))
+    gets = cdn_gets(hub, "weights.bin")
+    assert len(gets) == 2 and range_start(gets[0]) is None
+    assert range_start(gets[1]) == 300_000  # resumed after the timeout, not restarted
+
+
+def test_an_unreachable_hub_falls_back_to_the_cache(hub, transmuter):
+    commit = hub.add_repo("org/repo", {"config.json": CONFIG})
+    transmuter.download_ok("hf://org/repo/config.json")
+    hub.stop()  # connections are refused from now on
+    [path] = transmuter.download_ok("hf://org/repo/config.json")
+    assert path == transmuter.snapshot("org/repo", commit, "config.json") and path.read_bytes() == CONFIG
+    result = failed(transmuter, "hf://org/repo/tokenizer.json")
+    assert "could not be reached" in result.stderr and "tokenizer.json" in result.stderr
