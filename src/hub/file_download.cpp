@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "hub/http.h"
 #include "hub/repo_paths.h"
@@ -203,9 +204,10 @@ CachedFile from_cache(const RepoFolder& folder, const FileRequest& request, HubE
 
 class OpenFile {
  public:
+  // Opens `path`, created when missing; what it holds is a download's start.
   explicit OpenFile(const fs::path& path) : path_(path) {
     fs::create_directories(path.parent_path());
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd_ < 0) throw Error(str("cannot create ", path.string(), ": ", std::strerror(errno)));
   }
   ~OpenFile() {
@@ -224,6 +226,20 @@ class OpenFile {
   }
   void truncate() {
     if (::ftruncate(fd_, 0) != 0 || ::lseek(fd_, 0, SEEK_SET) != 0) fail("cannot truncate");
+  }
+  // Feeds what the file holds to `consume` and leaves the offset at its end.
+  uint64_t read_all(Sha256& consume) {
+    char buffer[1 << 16];
+    uint64_t total = 0;
+    if (::lseek(fd_, 0, SEEK_SET) != 0) fail("cannot seek in");
+    while (true) {
+      const ssize_t got = ::read(fd_, buffer, sizeof(buffer));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) fail("cannot read");
+      if (got == 0) return total;
+      consume.update(buffer, static_cast<size_t>(got));
+      total += static_cast<uint64_t>(got);
+    }
   }
   // On disk before the rename makes it the blob: a crash never leaves a short blob.
   void sync_and_close() {
@@ -245,8 +261,12 @@ class OpenFile {
 // within the retries, checked against the hub's size and sha256.
 class BlobDownload {
  public:
+  // `temporary` may hold the start of the blob (a killed download's): it is resumed.
   BlobDownload(const fs::path& temporary, const FileMetadata& metadata, const FileRequest& request)
-      : file_(temporary), metadata_(metadata), request_(request) {}
+      : file_(temporary), metadata_(metadata), request_(request) {
+    written_ = file_.read_all(hash_);
+    if (metadata_.size && written_ > *metadata_.size) restart();
+  }
 
   void run(HttpClient& http) {
     const HubOptions& options = request_.options;
@@ -306,9 +326,7 @@ class BlobDownload {
   // A server may answer a Range request with the whole file (200): start over.
   void start_answer(const HttpResponse& answer) {
     if (answer.status == 200 && written_ > 0) {
-      file_.truncate();
-      hash_.reset();
-      written_ = 0;
+      restart();
     } else if (answer.status == 206) {
       const std::string range = answer.header("content-range");  // "bytes START-END/TOTAL"
       const size_t dash = range.find('-');
@@ -320,6 +338,12 @@ class BlobDownload {
                            " on, the server sent the range '", printable(range), "'"));
       }
     }
+  }
+
+  void restart() {
+    file_.truncate();
+    hash_.reset();
+    written_ = 0;
   }
 
   void receive(std::string_view chunk) {
@@ -363,15 +387,31 @@ class BlobDownload {
   std::string final_url_;
 };
 
-// Temporary files of this blob left by killed downloads. Only the lock holder
-// writes them, so under the lock every one is stale.
-void remove_stale_downloads(const fs::path& blob) {
+// Temporary files of this blob left by killed downloads: ours
+// (<etag>.<16 hex>.incomplete) and huggingface_hub's (<etag>.incomplete). Only
+// the holder of the blob's lock writes them, so under the lock every one is
+// stale. The longest becomes `temporary`, to be resumed; the others go.
+void adopt_stale_download(const fs::path& blob, const fs::path& temporary) {
+  const std::string etag = blob.filename().string();
   std::error_code error;
-  const std::string prefix = blob.filename().string() + ".";
+  std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(blob.parent_path(), error)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with(prefix) && name.ends_with(".incomplete") && name.size() == prefix.size() + 16 + 11) {
-      fs::remove(entry.path(), error);
+    const bool ours = name.size() == etag.size() + 1 + 16 + 11 && name.starts_with(etag + ".") &&
+                      name.ends_with(".incomplete");
+    if ((ours || name == etag + ".incomplete") && entry.is_regular_file(error)) stale.push_back(entry.path());
+  }
+  auto size = [](const fs::path& path) {
+    std::error_code ignored;
+    const uint64_t bytes = fs::file_size(path, ignored);
+    return ignored ? 0 : bytes;
+  };
+  std::sort(stale.begin(), stale.end(), [&](const fs::path& a, const fs::path& b) { return size(a) > size(b); });
+  for (size_t i = 0; i < stale.size(); ++i) {
+    if (i == 0) {
+      fs::rename(stale[i], temporary, error);
+    } else {
+      fs::remove(stale[i], error);
     }
   }
 }
@@ -383,14 +423,22 @@ void download_blob(HttpClient& http, const RepoFolder& folder, const FileMetadat
   FileLock lock(folder.lock_file(metadata.etag));
   if (fs::exists(blob)) return;  // another process downloaded it while we waited
   fs::create_directories(blob.parent_path());
-  remove_stale_downloads(blob);
   const fs::path temporary = temporary_sibling(blob, "incomplete");
+  adopt_stale_download(blob, temporary);
+  // A download that ran out of retries keeps its bytes for the next one to resume;
+  // bytes that failed a check, or a file that cannot be written, are dropped.
+  auto drop_temporary = [&] {
+    std::error_code ignored;
+    fs::remove(temporary, ignored);
+  };
   try {
     BlobDownload(temporary, metadata, request).run(http);
     fs::rename(temporary, blob);
+  } catch (const HubError& e) {
+    if (e.kind() != HubError::Kind::kNetwork) drop_temporary();
+    throw;
   } catch (...) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
+    drop_temporary();
     throw;
   }
 }

@@ -66,6 +66,7 @@ class Fault:
     fail_times: int = 1  # ...to the first this many requests (a large number: always)
     fail_methods: tuple[str, ...] = ("HEAD", "GET")
     fail_server: str | None = None  # "hub" or "cdn" to act on one server only
+    fail_after: int = 0  # let this many matching requests through before failing
     throttle_bps: int | None = None  # bytes per second of the body
     stall_after: int | None = None  # send this many body bytes, then nothing for stall_seconds...
     stall_seconds: float = 3.0
@@ -392,6 +393,9 @@ def _status_fault(fault: Fault | None, method: str, server: str) -> bool:
     if fault.fail_server is not None and fault.fail_server != server:
         return False
     with _FAULT_LOCK:
+        if fault.fail_after > 0:
+            fault.fail_after -= 1
+            return False
         if fault.fails_done >= fault.fail_times:
             return False
         fault.fails_done += 1

@@ -916,3 +916,70 @@ def test_an_unreachable_hub_falls_back_to_the_cache(hub, transmuter):
     assert path == transmuter.snapshot("org/repo", commit, "config.json") and path.read_bytes() == CONFIG
     result = failed(transmuter, "hf://org/repo/tokenizer.json")
     assert "could not be reached" in result.stderr and "tokenizer.json" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Resuming across processes: a left-over .incomplete file is the next download's start
+
+
+def test_a_killed_download_is_resumed_by_the_next_process(hub, transmuter):
+    data = lfs_bytes(1_000_000, seed=50)
+    commit = hub.add_repo("org/repo", {"weights.bin": data})
+    hub.fault("weights.bin", throttle_bps=400_000)
+    process = transmuter.popen("download", "hf://org/repo/weights.bin", "--quiet")
+    blobs = transmuter.repo_dir("org/repo") / "blobs"
+    for _ in range(200):  # at most 10 s for the first 200 kB
+        partial = list(blobs.glob("*.incomplete")) if blobs.exists() else []
+        if partial and partial[0].stat().st_size >= 200_000:
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=10)
+    [partial] = list(blobs.glob("*.incomplete"))
+    kept = partial.stat().st_size
+    assert 200_000 <= kept < len(data)
+    hub.clear_faults()
+    hub.reset_logs()
+    transmuter.download_ok("hf://org/repo/weights.bin", "--quiet")
+    assert_cached(transmuter, "org/repo", commit, "weights.bin", data, sha256_hex(data))
+    [get] = cdn_gets(hub, "weights.bin")
+    assert range_start(get) == kept
+    assert transmuter.incomplete_files() == []
+
+
+def test_huggingface_hubs_incomplete_file_is_resumed_and_a_bad_one_is_refused(hub, transmuter):
+    data = lfs_bytes(500_000, seed=51)
+    etag = sha256_hex(data)
+    commit = hub.add_repo("org/repo", {"weights.bin": data})
+    blobs = transmuter.repo_dir("org/repo") / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{etag}.incomplete").write_bytes(bytes(b ^ 1 for b in data[:100_000]))  # not the file's start
+    result = failed(transmuter, "hf://org/repo/weights.bin")
+    assert "sha256" in result.stderr
+    assert transmuter.incomplete_files() == []  # bad bytes are not kept for the next try
+    (blobs / f"{etag}.incomplete").write_bytes(data[:300_000])  # as huggingface_hub leaves it
+    hub.reset_logs()
+    transmuter.download_ok("hf://org/repo/weights.bin")
+    assert_cached(transmuter, "org/repo", commit, "weights.bin", data, etag)
+    [get] = cdn_gets(hub, "weights.bin")
+    assert range_start(get) == 300_000
+    assert transmuter.incomplete_files() == []
+
+
+def test_a_download_that_runs_out_of_retries_keeps_its_bytes_for_the_next_one(hub, transmuter):
+    data = lfs_bytes(800_000, seed=52)
+    commit = hub.add_repo("org/repo", {"weights.bin": data})
+    # The first GET is cut after 250 kB, every later one answers 503.
+    hub.fault("weights.bin", cut_after=250_000, fail_status=503, fail_times=10**9, fail_server="cdn",
+              fail_methods=("GET",), fail_after=1)
+    result = failed(transmuter, "hf://org/repo/weights.bin")
+    assert "503" in result.stderr
+    [partial] = transmuter.incomplete_files()
+    assert partial.stat().st_size == 250_000 and partial.read_bytes() == data[:250_000]
+    hub.clear_faults()
+    hub.reset_logs()
+    transmuter.download_ok("hf://org/repo/weights.bin")
+    assert_cached(transmuter, "org/repo", commit, "weights.bin", data, sha256_hex(data))
+    [get] = cdn_gets(hub, "weights.bin")
+    assert range_start(get) == 250_000
+    assert transmuter.incomplete_files() == []
