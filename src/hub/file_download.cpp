@@ -257,8 +257,9 @@ class OpenFile {
   int fd_ = -1;
 };
 
-// The bytes of one blob into a temporary file, resumed with Range after a cut
-// within the retries, checked against the hub's size and sha256.
+// The bytes of one blob into a temporary file, resumed with Range (after a cut
+// within the retries, or from a left-over file), checked against the hub's size
+// and sha256.
 class BlobDownload {
  public:
   // `temporary` may hold the start of the blob (a killed download's): it is resumed.
@@ -271,7 +272,9 @@ class BlobDownload {
   void run(HttpClient& http) {
     const HubOptions& options = request_.options;
     std::string last_problem;
-    for (int failures = 0;;) {
+    // A left-over file may already be whole (killed before its rename): check it as it is.
+    const bool whole = metadata_.size && written_ == *metadata_.size && written_ > 0;
+    for (int failures = 0; !whole;) {
       const uint64_t before = written_;
       try {
         const HttpResponse answer = get_following_redirects(http);

@@ -983,3 +983,16 @@ def test_a_download_that_runs_out_of_retries_keeps_its_bytes_for_the_next_one(hu
     [get] = cdn_gets(hub, "weights.bin")
     assert range_start(get) == 250_000
     assert transmuter.incomplete_files() == []
+
+
+def test_a_whole_left_over_file_is_checked_and_used_without_a_download(hub, transmuter):
+    data = lfs_bytes(200_000, seed=53)
+    etag = sha256_hex(data)
+    commit = hub.add_repo("org/repo", {"weights.bin": data})
+    blobs = transmuter.repo_dir("org/repo") / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{etag}.0123456789abcdef.incomplete").write_bytes(data)  # killed just before its rename
+    transmuter.download_ok("hf://org/repo/weights.bin")
+    assert_cached(transmuter, "org/repo", commit, "weights.bin", data, etag)
+    assert cdn_gets(hub, "weights.bin") == []
+    assert transmuter.incomplete_files() == []
