@@ -62,6 +62,10 @@ struct HubOptions {
   std::optional<double> download_timeout_s;
   /** Seconds for the metadata (HEAD) request ($HF_HUB_ETAG_TIMEOUT, 10). */
   std::optional<double> etag_timeout_s;
+  /** A PEM file of the certificate authorities to trust instead of the system's:
+   * $CURL_CA_BUNDLE, $REQUESTS_CA_BUNDLE or $SSL_CERT_FILE (a proxy that re-signs
+   * TLS). Peers are verified either way. */
+  std::filesystem::path ca_bundle;
   /** Attempts after the first on 429/5xx answers, timeouts and cut connections. */
   int max_retries = 5;
   /** First wait between attempts, doubled each time up to 8 s

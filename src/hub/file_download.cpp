@@ -139,7 +139,8 @@ HttpResponse head_once(HttpClient& http, std::string& url, const HubOptions& opt
                                      .url = url,
                                      .headers = headers_for(url, options),
                                      .connect_timeout_s = *options.etag_timeout_s,
-                                     .timeout_s = *options.etag_timeout_s});
+                                     .timeout_s = *options.etag_timeout_s,
+                                     .ca_bundle = options.ca_bundle.string()});
     if (!is_redirect(answer) || !is_relative_location(answer.header("location"))) return answer;
     if (hop == kMaxRedirects) {
       throw HubError(HubError::Kind::kInvalidAnswer, str(url_for_messages(url), ": more than ", kMaxRedirects, " redirects"));
@@ -315,7 +316,8 @@ class BlobDownload {
                                        .headers = headers_for(url, request_.options),
                                        .connect_timeout_s = *request_.options.download_timeout_s,
                                        .timeout_s = *request_.options.download_timeout_s,
-                                       .range_start = written_},
+                                       .range_start = written_,
+                                       .ca_bundle = request_.options.ca_bundle.string()},
                                       sink);
       if (!is_redirect(answer)) return answer;
       if (hop == kMaxRedirects) {

@@ -136,6 +136,7 @@ HttpResponse HttpClient::send(const HttpRequest& request, const BodySink& sink) 
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 1L);
   curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (!request.ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, request.ca_bundle.c_str());
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error_text);
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, ms(request.connect_timeout_s));

@@ -35,6 +35,8 @@ struct HttpRequest {
   double timeout_s = 10;
   /** GET from this byte on (`Range: bytes=N-`); 0 asks for the whole body. */
   uint64_t range_start = 0;
+  /** PEM file of trusted certificate authorities; empty: the system's. */
+  std::string ca_bundle = {};
 };
 
 struct HttpResponse {

@@ -83,6 +83,9 @@ HubOptions HubOptions::resolved() const {
       out.cache_dir = hf_home() / "hub";
     }
   }
+  if (out.ca_bundle.empty()) {
+    out.ca_bundle = env("CURL_CA_BUNDLE").value_or(env("REQUESTS_CA_BUNDLE").value_or(env("SSL_CERT_FILE").value_or("")));
+  }
   if (!out.offline) out.offline = env_flag("HF_HUB_OFFLINE") || env_flag("TRANSFORMERS_OFFLINE");
   if (!out.download_timeout_s) out.download_timeout_s = env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10);
   if (!out.etag_timeout_s) out.etag_timeout_s = env_seconds("HF_HUB_ETAG_TIMEOUT", 10);

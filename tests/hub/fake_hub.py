@@ -25,6 +25,7 @@ import hashlib
 import http.server
 import secrets
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -297,6 +298,7 @@ class _ServerBase:
 
     def __init__(self) -> None:
         self.log = RequestLog()
+        self.tls: ssl.SSLContext | None = None  # set before start() to serve https
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -307,11 +309,13 @@ class _ServerBase:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host_in_urls}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host_in_urls}:{self.port}"
 
     def start(self) -> "_ServerBase":
         handler = type(f"{type(self).__name__}Handler", (_BaseHandler,), {"owner": self})
         self._server = _Server(("127.0.0.1", 0), handler)
+        if self.tls is not None:
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self

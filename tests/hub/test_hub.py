@@ -996,3 +996,40 @@ def test_a_whole_left_over_file_is_checked_and_used_without_a_download(hub, tran
     assert_cached(transmuter, "org/repo", commit, "weights.bin", data, etag)
     assert cdn_gets(hub, "weights.bin") == []
     assert transmuter.incomplete_files() == []
+
+
+# ------------------------------------------------------------------------------------------------
+# TLS: peers are verified; a custom CA bundle is honoured
+
+
+def test_tls_peers_are_verified_and_a_ca_bundle_is_honoured(transmuter, tmp_path):
+    import ssl
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    secure = FakeHub()
+    secure.tls = context
+    secure.start()
+    try:
+        commit = secure.add_repo("org/repo", {"config.json": CONFIG})
+        source = "hf://org/repo/config.json"
+        result = failed(transmuter, source, HF_ENDPOINT=secure.url)  # self-signed: not trusted
+        assert "certificate" in result.stderr.lower(), result.stderr
+        assert not transmuter.repo_dir("org/repo").joinpath("blobs").exists() or not any(
+            transmuter.repo_dir("org/repo").joinpath("blobs").iterdir()
+        )
+        bundles = ("CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")  # in the order they are read
+        unset = {name: None for name in bundles}
+        result = failed(transmuter, source, HF_ENDPOINT=secure.url, **unset)  # the system's CAs only
+        assert "certificate" in result.stderr.lower(), result.stderr
+        for variable in bundles:
+            [path] = transmuter.download_ok(source, HF_ENDPOINT=secure.url, **dict(unset, **{variable: str(cert)}))
+            assert path == transmuter.snapshot("org/repo", commit, "config.json") and path.read_bytes() == CONFIG
+    finally:
+        secure.stop()
