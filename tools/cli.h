@@ -36,4 +36,8 @@ int download_main(const Args& args);
 /** `transmuter cache ls|rm ...`. */
 int cache_main(const Args& args);
 
+/** `transmuter tokenize MODEL_OR_FOLDER [TEXT...]`: JSON lines of ids, tokens, byte offsets
+ * (tools/text_commands.cpp). */
+int tokenize_main(const Args& args);
+
 }  // namespace transmuter::cli

@@ -1,4 +1,4 @@
-// The `transmuter` command-line tool: info, run, bench, conformance, download, cache.
+// The `transmuter` command-line tool: info, run, bench, conformance, download, cache, tokenize.
 // The contract is in DESIGN.md ("The command-line contract").
 #include <unistd.h>
 
@@ -53,7 +53,9 @@ namespace {
 using cli::Args;
 
 // Options that take no value; they parse as "--name true".
-bool is_flag(const std::string& name) { return name == "quiet" || name == "revisions"; }
+bool is_flag(const std::string& name) {
+  return name == "quiet" || name == "revisions" || name == "no-special-tokens";
+}
 
 Args parse_args(int argc, char** argv, int first) {
   Args args;
@@ -384,6 +386,7 @@ void usage() {
                "  transmuter download hf://org/repo[@revision][/path] [--dtype fp32|fp16|q8|int8|uint8|q4|q4f16|bnb4] [--quiet]\n"
                "  transmuter cache ls [--revisions]\n"
                "  transmuter cache rm org/repo[@revision]\n"
+               "  transmuter tokenize MODEL_OR_FOLDER [TEXT...] [--pair TEXT] [--no-special-tokens]   (text from stdin if none)\n"
                "MODEL is a path or hf://org/repo[@revision][/path/in/repo.onnx] (with --dtype to pick the file).\n";
 }
 
@@ -404,6 +407,7 @@ int main(int argc, char** argv) {
     if (command == "operators") return operators_main();
     if (command == "download") return cli::download_main(args);
     if (command == "cache") return cli::cache_main(args);
+    if (command == "tokenize") return cli::tokenize_main(args);
     usage();
     return 2;
   } catch (const std::exception& e) {

@@ -1,0 +1,89 @@
+// `transmuter tokenize`: Hugging Face tokenizers from the command line (docs/text.md).
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "transmuter/error.h"
+
+#if TRANSMUTER_WITH_TEXT
+#include "transmuter/text.h"
+
+namespace fs = std::filesystem;
+
+namespace transmuter::cli {
+namespace {
+
+// A JSON string: UTF-8 passes through, quotes, backslashes and control characters are escaped.
+void write_json_string(std::ostream& out, const std::string& s) {
+  static const char* kHex = "0123456789abcdef";
+  out << '"';
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out << '\\' << c;
+    } else if (c < 0x20) {
+      out << "\\u00" << kHex[c >> 4] << kHex[c & 15];
+    } else {
+      out << c;
+    }
+  }
+  out << '"';
+}
+
+void write_encoding(std::ostream& out, const text::Encoding& e) {
+  out << "{\"ids\": [";
+  for (size_t i = 0; i < e.size(); ++i) out << (i ? ", " : "") << e.ids[i];
+  out << "], \"tokens\": [";
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (i) out << ", ";
+    write_json_string(out, e.tokens[i]);
+  }
+  out << "], \"offsets\": [";
+  for (size_t i = 0; i < e.size(); ++i) out << (i ? ", " : "") << '[' << e.offsets[i].begin << ", " << e.offsets[i].end << ']';
+  out << "]}\n";
+}
+
+// A model file (model.onnx, tokenizer.json) stands for the folder that holds it.
+fs::path tokenizer_folder(const std::string& source) {
+  fs::path path(source);
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  if (!fs::is_directory(path, ec)) throw Error(str(source, ": no such file or folder"));
+  return path;
+}
+
+}  // namespace
+
+int tokenize_main(const Args& args) {
+  if (args.positional.empty())
+    throw Error("usage: transmuter tokenize MODEL_OR_FOLDER [TEXT...] [--pair TEXT] [--no-special-tokens]");
+  text::Tokenizer tokenizer = text::Tokenizer::from_folder(tokenizer_folder(args.positional[0]));
+  text::EncodeOptions options;
+  options.add_special_tokens = !args.has("no-special-tokens");
+  bool has_pair = args.has("pair");
+  std::string pair = args.get("pair", "");
+  auto tokenize = [&](const std::string& text) {
+    write_encoding(std::cout, has_pair ? tokenizer.encode_pair(text, pair, options) : tokenizer.encode(text, options));
+  };
+  if (args.positional.size() > 1) {
+    for (size_t i = 1; i < args.positional.size(); ++i) tokenize(args.positional[i]);
+  } else {
+    for (std::string line; std::getline(std::cin, line);) tokenize(line);
+  }
+  return 0;
+}
+
+}  // namespace transmuter::cli
+
+#else
+
+namespace transmuter::cli {
+
+int tokenize_main(const Args&) {
+  throw Error("tokenize: this transmuter is built without the text component (-DTRANSMUTER_TEXT=OFF)");
+}
+
+}  // namespace transmuter::cli
+
+#endif
