@@ -73,18 +73,17 @@ int cache_ls(const Args& args) {
         refs.insert(refs.end(), revision.refs.begin(), revision.refs.end());
       }
       std::cout << repo.repo_id << "  " << repo.repo_type << "  " << human_bytes(repo.size_on_disk) << "  "
-                << repo.file_count
-                << " files  refs: " << join(refs) << "  " << repo.path.string() << "\n";
+                << repo.file_count << " files  refs: " << join(refs) << "  " << repo.path.string() << "\n";
       continue;
     }
     for (const hub::CachedRevision& revision : repo.revisions) {
-      std::cout << repo.repo_id << "  " << revision.commit << "  " << human_bytes(revision.size_on_disk) << "  "
-                << revision.file_count << " files  refs: " << join(revision.refs) << "  "
+      std::cout << repo.repo_id << "  " << revision.commit << "  " << human_bytes(revision.size_on_disk)
+                << "  " << revision.file_count << " files  refs: " << join(revision.refs) << "  "
                 << revision.snapshot.string() << "\n";
     }
   }
-  std::cerr << repos.size() << " repo(s), " << human_bytes(total) << " in " << hub::HubOptions{}.resolved().cache_dir.string()
-            << "\n";
+  std::cerr << repos.size() << " repo(s), " << human_bytes(total) << " in "
+            << hub::HubOptions{}.resolved().cache_dir.string() << "\n";
   return 0;
 }
 
@@ -112,7 +111,8 @@ int download_main(const Args& args) {
   if (args.positional.size() != 1 || !hub::is_hub_source(args.positional[0])) {
     throw Error("usage: transmuter download hf://org/repo[@revision][/path] [--dtype D] [--quiet]");
   }
-  const hub::ModelFiles files = hub::download_model(args.positional[0], args.get("dtype", "fp32"), *hub_options(args));
+  const hub::ModelFiles files =
+      hub::download_model(args.positional[0], args.get("dtype", "fp32"), *hub_options(args));
   std::cout << files.model.string() << "\n";
   for (const auto& data : files.external_data) std::cout << data.string() << "\n";
   return 0;

@@ -21,13 +21,13 @@ class HubError : public Error {
   enum class Kind {
     kRepositoryNotFound,  // no such repo, or private and not visible with this token
     kRevisionNotFound,
-    kEntryNotFound,       // the revision exists, the file does not
-    kGatedRepo,           // the repo needs a token of a user who accepted its terms
-    kAccessDenied,        // any other 401/403
-    kOfflineMiss,         // offline mode, and the cache does not hold the file
-    kNetwork,             // no answer, timeouts, 5xx after every retry
-    kIntegrity,           // size or sha256 of the download differ from the hub's
-    kInvalidAnswer,       // the server sent an unsafe or malformed name, etag or commit
+    kEntryNotFound,  // the revision exists, the file does not
+    kGatedRepo,      // the repo needs a token of a user who accepted its terms
+    kAccessDenied,   // any other 401/403
+    kOfflineMiss,    // offline mode, and the cache does not hold the file
+    kNetwork,        // no answer, timeouts, 5xx after every retry
+    kIntegrity,      // size or sha256 of the download differ from the hub's
+    kInvalidAnswer,  // the server sent an unsafe or malformed name, etag or commit
   };
   HubError(Kind kind, const std::string& message) : Error(message), kind_(kind) {}
   Kind kind() const { return kind_; }
@@ -109,8 +109,8 @@ std::filesystem::path download_file(const std::string& repo_id, const std::strin
 struct ModelFiles {
   std::filesystem::path model;
   std::vector<std::filesystem::path> external_data;
-  std::string repo_path;  // the model's path inside the repo ("onnx/model_quantized.onnx")
-  std::string commit;     // the revision the files were taken at
+  std::string repo_path;            // the model's path inside the repo ("onnx/model_quantized.onnx")
+  std::string commit;               // the revision the files were taken at
   std::filesystem::path blobs_dir;  // where the snapshot's symlinks lead
 };
 
@@ -124,7 +124,7 @@ struct CachedRevision {
   std::string commit;
   std::vector<std::string> refs;  // branch or tag names pointing at it
   std::filesystem::path snapshot;
-  uint64_t size_on_disk = 0;       // its blobs, each counted once
+  uint64_t size_on_disk = 0;  // its blobs, each counted once
   size_t file_count = 0;
 };
 

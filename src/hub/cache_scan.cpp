@@ -4,8 +4,8 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <tuple>
 #include <system_error>
+#include <tuple>
 
 #include "hub/repo_paths.h"
 #include "transmuter/hub.h"
@@ -43,8 +43,8 @@ uint64_t size_of(const fs::path& file) {
 std::set<fs::path> blobs_of(const fs::path& snapshot, size_t* file_count = nullptr) {
   std::set<fs::path> blobs;
   std::error_code error;
-  for (auto it = fs::recursive_directory_iterator(snapshot, error); !error && it != fs::recursive_directory_iterator();
-       it.increment(error)) {
+  for (auto it = fs::recursive_directory_iterator(snapshot, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
     if (it->is_directory(error) && !it->is_symlink(error)) continue;
     if (file_count != nullptr) ++*file_count;
     std::error_code resolve_error;
@@ -59,8 +59,8 @@ std::map<std::string, std::vector<std::string>> refs_by_commit(const RepoFolder&
   std::map<std::string, std::vector<std::string>> refs;
   const fs::path refs_dir = folder.root() / "refs";
   std::error_code error;
-  for (auto it = fs::recursive_directory_iterator(refs_dir, error); !error && it != fs::recursive_directory_iterator();
-       it.increment(error)) {
+  for (auto it = fs::recursive_directory_iterator(refs_dir, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
     if (!it->is_regular_file(error)) continue;
     const std::string name = it->path().lexically_relative(refs_dir).generic_string();
     if (auto commit = folder.read_ref(name)) refs[*commit].push_back(name);
@@ -124,7 +124,8 @@ std::vector<CachedRepo> scan_cache(const HubOptions& options) {
   return repos;
 }
 
-uint64_t remove_from_cache(const std::string& repo_id, const std::string& revision, const HubOptions& options) {
+uint64_t remove_from_cache(const std::string& repo_id, const std::string& revision,
+                           const HubOptions& options) {
   check_repo_id(repo_id, "cache rm");
   const HubOptions resolved = options.resolved();
   const RepoFolder folder(resolved.cache_dir, repo_id);
@@ -141,10 +142,12 @@ uint64_t remove_from_cache(const std::string& repo_id, const std::string& revisi
   }
 
   check_revision(revision, "cache rm");
-  const std::optional<std::string> commit = is_commit_hash(revision) ? std::optional(revision) : folder.read_ref(revision);
+  const std::optional<std::string> commit =
+      is_commit_hash(revision) ? std::optional(revision) : folder.read_ref(revision);
   if (!commit || !fs::is_directory(folder.snapshot_dir(*commit))) {
-    throw HubError(HubError::Kind::kRevisionNotFound,
-                   str("revision '", revision, "' of ", repo_id, " is not in the cache (", folder.root().string(), ")"));
+    throw HubError(
+        HubError::Kind::kRevisionNotFound,
+        str("revision '", revision, "' of ", repo_id, " is not in the cache (", folder.root().string(), ")"));
   }
   std::set<fs::path> kept;
   for (const fs::path& snapshot : snapshot_dirs(folder)) {

@@ -91,11 +91,13 @@ std::vector<std::string> headers_for(const std::string& url, const HubOptions& o
 }
 
 void sleep_before_retry(const HubOptions& options, int failures) {
-  const double seconds = std::min(kMaxBackoffSeconds, *options.retry_backoff_s * double(1 << std::min(failures, 10)));
+  const double seconds =
+      std::min(kMaxBackoffSeconds, *options.retry_backoff_s * double(1 << std::min(failures, 10)));
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
-[[noreturn]] void throw_for_answer(const HttpResponse& answer, const FileRequest& request, const std::string& url) {
+[[noreturn]] void throw_for_answer(const HttpResponse& answer, const FileRequest& request,
+                                   const std::string& url) {
   const std::string code = answer.header("x-error-code");
   const std::string detail = answer.header("x-error-message");
   const std::string where = str(" (", url_for_messages(url), ", HTTP ", answer.status,
@@ -110,24 +112,26 @@ void sleep_before_retry(const HubOptions& options, int failures) {
                              : ": accept the repo's terms on the Hub and set HF_TOKEN"));
   }
   if (code == "RepoNotFound" || (answer.status == 401 && code.empty())) {
-    throw HubError(Kind::kRepositoryNotFound,
-                   str("repository ", repo, " not found", where, "; ", token_phrase(token),
-                       token ? ": check that it can read this repo" : ": if the repo is private, set HF_TOKEN"));
+    throw HubError(
+        Kind::kRepositoryNotFound,
+        str("repository ", repo, " not found", where, "; ", token_phrase(token),
+            token ? ": check that it can read this repo" : ": if the repo is private, set HF_TOKEN"));
   }
   if (code == "RevisionNotFound") {
-    throw HubError(Kind::kRevisionNotFound, str("revision '", request.revision, "' of ", repo, " not found", where));
+    throw HubError(Kind::kRevisionNotFound,
+                   str("revision '", request.revision, "' of ", repo, " not found", where));
   }
   if (code == "EntryNotFound" || answer.status == 404) {
     throw HubError(Kind::kEntryNotFound, str("no file '", request.filename, "' in ", repo, " at revision '",
                                              request.revision, "'", where));
   }
   if (answer.status == 401 || answer.status == 403) {
-    throw HubError(Kind::kAccessDenied,
-                   str("access to '", request.filename, "' of ", repo, " denied", where, "; ", token_phrase(token)));
+    throw HubError(Kind::kAccessDenied, str("access to '", request.filename, "' of ", repo, " denied", where,
+                                            "; ", token_phrase(token)));
   }
   if (is_retryable(answer.status)) {
-    throw HubError(Kind::kNetwork, str("the hub kept failing", where, " after ", request.options.max_retries + 1,
-                                       " attempts"));
+    throw HubError(Kind::kNetwork, str("the hub kept failing", where, " after ",
+                                       request.options.max_retries + 1, " attempts"));
   }
   throw HubError(Kind::kInvalidAnswer, str("unexpected answer", where));
 }
@@ -143,7 +147,8 @@ HttpResponse head_once(HttpClient& http, std::string& url, const HubOptions& opt
                                      .ca_bundle = options.ca_bundle.string()});
     if (!is_redirect(answer) || !is_relative_location(answer.header("location"))) return answer;
     if (hop == kMaxRedirects) {
-      throw HubError(HubError::Kind::kInvalidAnswer, str(url_for_messages(url), ": more than ", kMaxRedirects, " redirects"));
+      throw HubError(HubError::Kind::kInvalidAnswer,
+                     str(url_for_messages(url), ": more than ", kMaxRedirects, " redirects"));
     }
     url = resolve_url(url, answer.header("location"));
   }
@@ -175,8 +180,9 @@ FileMetadata read_metadata(const HttpResponse& answer, const std::string& url) {
   metadata.size = parse_size(linked_size.empty() ? answer.header("content-length") : linked_size);
   const std::string shown = url_for_messages(url);
   if (metadata.commit.empty()) {
-    throw HubError(HubError::Kind::kInvalidAnswer,
-                   str(shown, ": the answer has no X-Repo-Commit header (is HF_ENDPOINT a Hugging Face Hub?)"));
+    throw HubError(
+        HubError::Kind::kInvalidAnswer,
+        str(shown, ": the answer has no X-Repo-Commit header (is HF_ENDPOINT a Hugging Face Hub?)"));
   }
   if (metadata.etag.empty()) {
     throw HubError(HubError::Kind::kInvalidAnswer, str(shown, ": the answer has no ETag header"));
@@ -195,8 +201,8 @@ CachedFile from_cache(const RepoFolder& folder, const FileRequest& request, HubE
     if (auto cached = folder.cached_file(*commit, request.filename)) return {*cached, *commit};
     if (folder.marked_missing(*commit, request.filename)) {
       throw HubError(HubError::Kind::kEntryNotFound,
-                     str("no file '", request.filename, "' in ", request.repo_id, " at revision '", request.revision,
-                         "' (the cache records it as missing; ", reason, ")"));
+                     str("no file '", request.filename, "' in ", request.repo_id, " at revision '",
+                         request.revision, "' (the cache records it as missing; ", reason, ")"));
     }
   }
   throw HubError(kind, str(reason, ": '", request.filename, "' of ", request.repo_id, " at revision '",
@@ -287,8 +293,9 @@ class BlobDownload {
       }
       failures = written_ > before ? 0 : failures + 1;  // a cut after progress is no failure
       if (failures > options.max_retries) {
-        throw HubError(HubError::Kind::kNetwork, str("downloading '", request_.filename, "' of ", request_.repo_id,
-                                                     " failed after ", failures, " attempts: ", last_problem));
+        throw HubError(HubError::Kind::kNetwork,
+                       str("downloading '", request_.filename, "' of ", request_.repo_id, " failed after ",
+                           failures, " attempts: ", last_problem));
       }
       sleep_before_retry(options, failures - 1);
     }
@@ -335,8 +342,9 @@ class BlobDownload {
     } else if (answer.status == 206) {
       const std::string range = answer.header("content-range");  // "bytes START-END/TOTAL"
       const size_t dash = range.find('-');
-      const std::optional<uint64_t> start =
-          range.starts_with("bytes ") && dash != std::string::npos ? parse_size(range.substr(6, dash - 6)) : std::nullopt;
+      const std::optional<uint64_t> start = range.starts_with("bytes ") && dash != std::string::npos
+                                                ? parse_size(range.substr(6, dash - 6))
+                                                : std::nullopt;
       if (start != written_) {
         throw HubError(HubError::Kind::kInvalidAnswer,
                        str(url_for_messages(final_url_), ": asked for bytes from ", written_,
@@ -353,9 +361,10 @@ class BlobDownload {
 
   void receive(std::string_view chunk) {
     if (metadata_.size && written_ + chunk.size() > *metadata_.size) {
-      throw HubError(HubError::Kind::kIntegrity,
-                     str("'", request_.filename, "' of ", request_.repo_id, ": the download is larger than the ",
-                         *metadata_.size, " bytes the hub announced (", url_for_messages(final_url_), ")"));
+      throw HubError(
+          HubError::Kind::kIntegrity,
+          str("'", request_.filename, "' of ", request_.repo_id, ": the download is larger than the ",
+              *metadata_.size, " bytes the hub announced (", url_for_messages(final_url_), ")"));
     }
     file_.write_all(chunk);
     hash_.update(chunk.data(), chunk.size());
@@ -366,22 +375,26 @@ class BlobDownload {
   void verify() {
     const std::string what = str("'", request_.filename, "' of ", request_.repo_id);
     if (metadata_.size && written_ != *metadata_.size) {
-      throw HubError(HubError::Kind::kIntegrity, str(what, ": downloaded ", written_, " bytes, the hub announced a size of ",
-                                                     *metadata_.size, " (", url_for_messages(final_url_), ")"));
+      throw HubError(HubError::Kind::kIntegrity,
+                     str(what, ": downloaded ", written_, " bytes, the hub announced a size of ",
+                         *metadata_.size, " (", url_for_messages(final_url_), ")"));
     }
     if (is_sha256(metadata_.etag)) {
       const std::string digest = hash_.hex_digest();
       if (digest != metadata_.etag) {
-        throw HubError(HubError::Kind::kIntegrity, str(what, ": the download's sha256 is ", digest, ", the hub's is ",
-                                                       metadata_.etag, " (", url_for_messages(final_url_), ")"));
+        throw HubError(HubError::Kind::kIntegrity,
+                       str(what, ": the download's sha256 is ", digest, ", the hub's is ", metadata_.etag,
+                           " (", url_for_messages(final_url_), ")"));
       }
     }
   }
 
   void report(bool finished) const {
     if (!request_.options.progress) return;
-    request_.options.progress(
-        {.file = request_.filename, .downloaded = written_, .total = metadata_.size.value_or(0), .finished = finished});
+    request_.options.progress({.file = request_.filename,
+                               .downloaded = written_,
+                               .total = metadata_.size.value_or(0),
+                               .finished = finished});
   }
 
   OpenFile file_;
@@ -411,7 +424,8 @@ void adopt_stale_download(const fs::path& blob, const fs::path& temporary) {
     const uint64_t bytes = fs::file_size(path, ignored);
     return ignored ? 0 : bytes;
   };
-  std::sort(stale.begin(), stale.end(), [&](const fs::path& a, const fs::path& b) { return size(a) > size(b); });
+  std::sort(stale.begin(), stale.end(),
+            [&](const fs::path& a, const fs::path& b) { return size(a) > size(b); });
   for (size_t i = 0; i < stale.size(); ++i) {
     if (i == 0) {
       fs::rename(stale[i], temporary, error);
@@ -458,7 +472,8 @@ std::string normalize_etag(std::string etag) {
 
 std::string file_url(const HubOptions& options, const std::string& repo_id, const std::string& revision,
                      const std::string& filename) {
-  return str(options.endpoint, "/", repo_id, "/resolve/", url_encode(revision, false), "/", url_encode(filename, true));
+  return str(options.endpoint, "/", repo_id, "/resolve/", url_encode(revision, false), "/",
+             url_encode(filename, true));
 }
 
 CachedFile fetch_file(const std::string& repo_id, const std::string& filename, const std::string& revision,
@@ -483,11 +498,13 @@ CachedFile fetch_file(const std::string& repo_id, const std::string& filename, c
   try {
     answer = head_with_retries(http, url, options);
   } catch (const TransportError& e) {
-    return from_cache(folder, request, HubError::Kind::kNetwork, str("the hub could not be reached (", e.what(), ")"));
+    return from_cache(folder, request, HubError::Kind::kNetwork,
+                      str("the hub could not be reached (", e.what(), ")"));
   }
   if (is_retryable(answer.status)) {
-    return from_cache(folder, request, HubError::Kind::kNetwork,
-                      str(url_for_messages(url), " answered HTTP ", answer.status, " ", options.max_retries + 1, " times"));
+    return from_cache(
+        folder, request, HubError::Kind::kNetwork,
+        str(url_for_messages(url), " answered HTTP ", answer.status, " ", options.max_retries + 1, " times"));
   }
   if (answer.status >= 400) {
     const std::string commit = answer.header("x-repo-commit");

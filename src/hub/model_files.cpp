@@ -19,8 +19,8 @@ std::string folder_in_repo(const std::string& path) {
 
 // The first candidate the repo has. Only "no such file" moves on to the next one:
 // any other failure (access, network, integrity) is the answer.
-CachedFile first_existing(const HubSource& source, const std::vector<std::string>& candidates, std::string_view dtype,
-                          const HubOptions& options) {
+CachedFile first_existing(const HubSource& source, const std::vector<std::string>& candidates,
+                          std::string_view dtype, const HubOptions& options) {
   std::string tried;
   for (const std::string& candidate : candidates) {
     try {
@@ -31,8 +31,9 @@ CachedFile first_existing(const HubSource& source, const std::vector<std::string
     }
   }
   const auto kind = *options.offline ? HubError::Kind::kOfflineMiss : HubError::Kind::kEntryNotFound;
-  throw HubError(kind, str("hf://", source.repo_id, "@", source.revision, " has no ONNX model for dtype '", dtype,
-                           "'; tried:", tried, "\n(name the file: hf://", source.repo_id, "/path/to/model.onnx)"));
+  throw HubError(kind,
+                 str("hf://", source.repo_id, "@", source.revision, " has no ONNX model for dtype '", dtype,
+                     "'; tried:", tried, "\n(name the file: hf://", source.repo_id, "/path/to/model.onnx)"));
 }
 
 }  // namespace
@@ -46,10 +47,12 @@ ModelFiles download_model(std::string_view source_text, std::string_view dtype, 
   ModelFiles files;
   files.model = model.path;
   files.commit = model.commit;
-  files.repo_path = source.path.empty()
-                        ? model.path.lexically_relative(RepoFolder(resolved.cache_dir, source.repo_id).snapshot_dir(model.commit))
-                              .generic_string()
-                        : source.path;
+  files.repo_path =
+      source.path.empty()
+          ? model.path
+                .lexically_relative(RepoFolder(resolved.cache_dir, source.repo_id).snapshot_dir(model.commit))
+                .generic_string()
+          : source.path;
   files.blobs_dir = RepoFolder(resolved.cache_dir, source.repo_id).root() / "blobs";
   if (!files.repo_path.ends_with(".onnx")) return files;  // a config or tokenizer file: nothing beside it
 

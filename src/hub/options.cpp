@@ -84,7 +84,8 @@ HubOptions HubOptions::resolved() const {
     }
   }
   if (out.ca_bundle.empty()) {
-    out.ca_bundle = env("CURL_CA_BUNDLE").value_or(env("REQUESTS_CA_BUNDLE").value_or(env("SSL_CERT_FILE").value_or("")));
+    out.ca_bundle =
+        env("CURL_CA_BUNDLE").value_or(env("REQUESTS_CA_BUNDLE").value_or(env("SSL_CERT_FILE").value_or("")));
   }
   if (!out.offline) out.offline = env_flag("HF_HUB_OFFLINE") || env_flag("TRANSFORMERS_OFFLINE");
   if (!out.download_timeout_s) out.download_timeout_s = env_seconds("HF_HUB_DOWNLOAD_TIMEOUT", 10);
@@ -123,8 +124,14 @@ HubSource parse_hub_source(std::string_view source) {
 
 std::vector<std::string> onnx_file_candidates(std::string_view dtype, std::string_view base) {
   static constexpr std::array<std::pair<std::string_view, std::string_view>, 8> kSuffixes = {{
-      {"fp32", ""}, {"fp16", "_fp16"}, {"q8", "_quantized"}, {"int8", "_int8"},
-      {"uint8", "_uint8"}, {"q4", "_q4"}, {"q4f16", "_q4f16"}, {"bnb4", "_bnb4"},
+      {"fp32", ""},
+      {"fp16", "_fp16"},
+      {"q8", "_quantized"},
+      {"int8", "_int8"},
+      {"uint8", "_uint8"},
+      {"q4", "_q4"},
+      {"q4f16", "_q4f16"},
+      {"bnb4", "_bnb4"},
   }};
   for (const auto& [name, suffix] : kSuffixes) {
     if (name != dtype) continue;

@@ -45,12 +45,17 @@ class LocationCollector {
     WireReader reader(bytes, path);
     while (reader.next()) {
       switch (reader.field()) {
-        case field::kGraphNode: node(reader.bytes(), MessagePath(path, "node")); break;
-        case field::kGraphInitializer: tensor(reader.bytes(), MessagePath(path, "initializer")); break;
+        case field::kGraphNode:
+          node(reader.bytes(), MessagePath(path, "node"));
+          break;
+        case field::kGraphInitializer:
+          tensor(reader.bytes(), MessagePath(path, "initializer"));
+          break;
         case field::kGraphSparseInitializer:
           sparse_tensor(reader.bytes(), MessagePath(path, "sparse_initializer"));
           break;
-        default: reader.skip();
+        default:
+          reader.skip();
       }
     }
   }
@@ -82,12 +87,19 @@ class LocationCollector {
     while (reader.next()) {
       switch (reader.field()) {
         case field::kAttributeTensor:
-        case field::kAttributeTensors: tensor(reader.bytes(), MessagePath(path, "t")); break;
+        case field::kAttributeTensors:
+          tensor(reader.bytes(), MessagePath(path, "t"));
+          break;
         case field::kAttributeGraph:
-        case field::kAttributeGraphs: graph(reader.bytes(), MessagePath(path, "g")); break;
+        case field::kAttributeGraphs:
+          graph(reader.bytes(), MessagePath(path, "g"));
+          break;
         case field::kAttributeSparseTensor:
-        case field::kAttributeSparseTensors: sparse_tensor(reader.bytes(), MessagePath(path, "sparse_tensor")); break;
-        default: reader.skip();
+        case field::kAttributeSparseTensors:
+          sparse_tensor(reader.bytes(), MessagePath(path, "sparse_tensor"));
+          break;
+        default:
+          reader.skip();
       }
     }
   }

@@ -25,13 +25,14 @@ struct OpRow;
 using SubgraphRunner =
     std::function<std::vector<Value>(const Graph& body, const std::vector<Value>& inputs)>;
 
-/** Host values (NodeContext::host_ints / host_doubles) read by the nodes of
- * one graph, by (node index, input index). The eager runtime keeps one per
- * input signature, holding the reads whose inputs depend only on that
- * signature (shapes, initializers: src/runtime/host_reads.h), so that later
- * runs get them without evaluating the lazy Shape -> Gather -> Concat chains
- * again. One call fills it; afterwards it is only read (by any thread). */
-class HostReadMemo {
+/** What one eager run learned that depends only on its input signature:
+ * host values (NodeContext::host_ints / host_doubles) read by the nodes of one
+ * graph, by (node index, input index), and the outputs of nodes determined by
+ * the signature alone (shapes, initializers: src/runtime/host_reads.h). The
+ * eager runtime keeps one per input signature, so that later runs get them
+ * without evaluating the lazy Shape -> Gather -> Concat chains again. One call
+ * fills it; afterwards it is only read (by any thread). */
+class SignatureMemo {
  public:
   /** The remembered values of (node, input), or nullptr. */
   const std::vector<int64_t>* ints(size_t node, size_t input) const { return find(ints_, node, input); }
@@ -62,8 +63,8 @@ class HostReadMemo {
  * read evaluates its input). A read found in `replay` is not evaluated; an
  * evaluated read of an input marked in `rememberable` is stored in `record`. */
 struct HostReadUse {
-  const HostReadMemo* replay = nullptr;
-  HostReadMemo* record = nullptr;
+  const SignatureMemo* replay = nullptr;
+  SignatureMemo* record = nullptr;
   const std::vector<bool>* rememberable = nullptr;  // by input index of this node
   size_t node = 0;                                  // index of the node in its graph
 };

@@ -2,7 +2,7 @@
 
 namespace transmuter {
 
-std::shared_ptr<const HostReadMemo> HostReadCache::find(const std::string& signature) {
+std::shared_ptr<const SignatureMemo> SignatureMemoCache::find(const std::string& signature) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->first != signature) continue;
@@ -12,7 +12,7 @@ std::shared_ptr<const HostReadMemo> HostReadCache::find(const std::string& signa
   return nullptr;
 }
 
-void HostReadCache::insert(const std::string& signature, std::shared_ptr<const HostReadMemo> memo) {
+void SignatureMemoCache::insert(const std::string& signature, std::shared_ptr<const SignatureMemo> memo) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& entry : entries_) {
     if (entry.first == signature) return;  // another thread published it first
@@ -21,7 +21,7 @@ void HostReadCache::insert(const std::string& signature, std::shared_ptr<const H
   if (entries_.size() > kCapacity) entries_.pop_back();
 }
 
-size_t HostReadCache::size() const {
+size_t SignatureMemoCache::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return entries_.size();
 }

@@ -22,20 +22,20 @@
 
 namespace transmuter {
 
-/** The model's remembered host reads, by input signature, least recently
+/** The model's signature memos (host reads and replayable node outputs), by input signature, least recently
  * used dropped first. Safe to use from many threads: a mutex guards the list,
  * and a published memo is never written again. */
-class HostReadCache {
+class SignatureMemoCache {
  public:
   static constexpr size_t kCapacity = 16;
 
-  explicit HostReadCache(const BoundGraph& graph)
+  explicit SignatureMemoCache(const BoundGraph& graph)
       : rememberable_(signature_determined_inputs(graph)), replayable_(signature_determined_nodes(graph)) {}
 
   /** The memo of `signature`, or null when none is kept. */
-  std::shared_ptr<const HostReadMemo> find(const std::string& signature);
+  std::shared_ptr<const SignatureMemo> find(const std::string& signature);
   /** Keeps `memo` for `signature` (a memo already there stays). */
-  void insert(const std::string& signature, std::shared_ptr<const HostReadMemo> memo);
+  void insert(const std::string& signature, std::shared_ptr<const SignatureMemo> memo);
   /** Which inputs of each node may be remembered. */
   const std::vector<std::vector<bool>>& rememberable() const { return rememberable_; }
   /** Which nodes' outputs may be remembered (signature_determined_nodes). */
@@ -46,7 +46,7 @@ class HostReadCache {
   const std::vector<std::vector<bool>> rememberable_;
   const std::vector<bool> replayable_;
   mutable std::mutex mutex_;
-  std::list<std::pair<std::string, std::shared_ptr<const HostReadMemo>>> entries_;  // most recent first
+  std::list<std::pair<std::string, std::shared_ptr<const SignatureMemo>>> entries_;  // most recent first
 };
 
 }  // namespace transmuter

@@ -102,7 +102,7 @@ void carry_element_types(const std::vector<const Value*>& inputs, OpOutputs& out
 
 // Keeps the (evaluated) outputs of node n for the next runs with this
 // signature, when they are all tensors of at most kMaxRememberedOutputBytes.
-void remember_outputs(const Node& node, size_t n, const Environment& env, HostReadMemo& memo) {
+void remember_outputs(const Node& node, size_t n, const Environment& env, SignatureMemo& memo) {
   std::vector<Value> kept;
   std::vector<mx::array> arrays;
   size_t bytes = 0;

@@ -57,8 +57,8 @@ struct Execution {
   // when it holds them, else evaluated and, for the inputs `rememberable`
   // marks (by node, then input), stored in `record_reads`
   // (runtime/host_reads.h). Subgraph bodies run without them.
-  const HostReadMemo* replay_reads = nullptr;
-  HostReadMemo* record_reads = nullptr;
+  const SignatureMemo* replay_reads = nullptr;
+  SignatureMemo* record_reads = nullptr;
   const std::vector<std::vector<bool>>* rememberable = nullptr;
   // Nodes whose outputs depend only on the signature (by node): taken from
   // `replay_reads` without running the node when it holds them, else stored

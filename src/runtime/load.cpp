@@ -30,7 +30,7 @@ Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const 
   auto state = std::make_shared<Model::State>();
   if (options.run_passes) state->passes_applied = run_passes(*graph, select_passes(options.only_passes));
   state->bound = bind_graph(*graph, builtin_registry(), source);
-  state->host_reads = std::make_unique<HostReadCache>(*state->bound);
+  state->host_reads = std::make_unique<SignatureMemoCache>(*state->bound);
   state->ir_version = ir_version;
   state->producer = std::move(producer);
   state->params = collect_params(*graph);

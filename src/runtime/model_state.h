@@ -21,7 +21,7 @@ struct Model::State {
   std::vector<std::string> passes_applied;
   // The one part written after load: host reads remembered by eager runs, per
   // input signature. Internally synchronized (runtime/host_reads.h).
-  std::unique_ptr<HostReadCache> host_reads;
+  std::unique_ptr<SignatureMemoCache> host_reads;
 };
 
 /** A Model over an already built graph: runs the load-time passes (when

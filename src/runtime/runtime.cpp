@@ -68,14 +68,14 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
   // Host reads that depend only on the input signature: replayed when a run
   // with this signature has read them, else read and kept for the next runs.
-  HostReadCache& host_reads = *model.internal_state().host_reads;
+  SignatureMemoCache& host_reads = *model.internal_state().host_reads;
   std::string signature;
-  std::shared_ptr<const HostReadMemo> replay;
-  std::shared_ptr<HostReadMemo> record;
+  std::shared_ptr<const SignatureMemo> replay;
+  std::shared_ptr<SignatureMemo> record;
   if (uses_model_params(params, model)) {
     signature = signature_of(typed_inputs, {});
     replay = host_reads.find(signature);
-    if (replay == nullptr) record = std::make_shared<HostReadMemo>();
+    if (replay == nullptr) record = std::make_shared<SignatureMemo>();
     exec.replay_reads = replay.get();
     exec.record_reads = record.get();
     exec.rememberable = &host_reads.rememberable();

@@ -46,10 +46,20 @@ class ScopedEnvironment {
   }
 
  private:
-  static constexpr const char* kVariables[] = {
-      "HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "HF_HUB_CACHE",
-      "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME", "HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-      "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT", "TRANSMUTER_HUB_RETRY_BACKOFF_S"};
+  static constexpr const char* kVariables[] = {"HF_ENDPOINT",
+                                               "HF_TOKEN",
+                                               "HUGGING_FACE_HUB_TOKEN",
+                                               "HF_TOKEN_PATH",
+                                               "HF_HOME",
+                                               "HF_HUB_CACHE",
+                                               "HUGGINGFACE_HUB_CACHE",
+                                               "XDG_CACHE_HOME",
+                                               "HOME",
+                                               "HF_HUB_OFFLINE",
+                                               "TRANSFORMERS_OFFLINE",
+                                               "HF_HUB_DOWNLOAD_TIMEOUT",
+                                               "HF_HUB_ETAG_TIMEOUT",
+                                               "TRANSMUTER_HUB_RETRY_BACKOFF_S"};
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
@@ -73,7 +83,9 @@ TEST(HubSource, RepoRevisionAndPath) {
 }
 
 TEST(HubSource, BadSourcesSayWhatIsWrong) {
-  auto message = [](const char* source) { return error_of<std::invalid_argument>([&] { parse_hub_source(source); }); };
+  auto message = [](const char* source) {
+    return error_of<std::invalid_argument>([&] { parse_hub_source(source); });
+  };
   EXPECT_NE(message("org/repo").find("is not an hf:// source"), std::string::npos);
   EXPECT_NE(message("hf://repo").find("expected hf://org/repo"), std::string::npos);
   EXPECT_NE(message("hf://org/repo@/model.onnx").find("empty revision"), std::string::npos);
@@ -85,13 +97,15 @@ TEST(HubSource, BadSourcesSayWhatIsWrong) {
 
 TEST(OnnxFileCandidates, AsTransformersJsNamesThem) {
   EXPECT_EQ(onnx_file_candidates("fp32"), (std::vector<std::string>{"onnx/model.onnx", "model.onnx"}));
-  EXPECT_EQ(onnx_file_candidates("q8"), (std::vector<std::string>{"onnx/model_quantized.onnx", "model_quantized.onnx"}));
+  EXPECT_EQ(onnx_file_candidates("q8"),
+            (std::vector<std::string>{"onnx/model_quantized.onnx", "model_quantized.onnx"}));
   EXPECT_EQ(onnx_file_candidates("q4f16", "decoder_model_merged")[0], "onnx/decoder_model_merged_q4f16.onnx");
   for (const char* dtype : {"fp16", "int8", "uint8", "q4", "bnb4"}) {
     EXPECT_EQ(onnx_file_candidates(dtype)[0], str("onnx/model_", dtype, ".onnx"));
   }
-  EXPECT_NE(error_of<std::invalid_argument>([] { onnx_file_candidates("fp64"); }).find("unknown dtype 'fp64'"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of<std::invalid_argument>([] { onnx_file_candidates("fp64"); }).find("unknown dtype 'fp64'"),
+      std::string::npos);
 }
 
 TEST(HubOptions, DefaultsFollowHuggingfaceHub) {
@@ -116,8 +130,12 @@ TEST(HubOptions, EnvironmentVariablesInHuggingfaceHubsOrder) {
     EXPECT_EQ(options.endpoint, "http://127.0.0.1:9");  // trailing slash dropped
   }
   {
-    ScopedEnvironment env({{"HF_HOME", home.c_str()}, {"HF_TOKEN", "hf_var"}, {"HUGGING_FACE_HUB_TOKEN", "hf_old"},
-                           {"HF_HUB_CACHE", "/c"}, {"XDG_CACHE_HOME", "/x"}, {"TRANSFORMERS_OFFLINE", "yes"},
+    ScopedEnvironment env({{"HF_HOME", home.c_str()},
+                           {"HF_TOKEN", "hf_var"},
+                           {"HUGGING_FACE_HUB_TOKEN", "hf_old"},
+                           {"HF_HUB_CACHE", "/c"},
+                           {"XDG_CACHE_HOME", "/x"},
+                           {"TRANSFORMERS_OFFLINE", "yes"},
                            {"HF_HUB_DOWNLOAD_TIMEOUT", "2.5"}});
     const HubOptions options = HubOptions{}.resolved();
     EXPECT_EQ(*options.token, "hf_var");
@@ -150,7 +168,8 @@ TEST(CacheNames, FoldersAndUrlsAsHuggingfaceHubWritesThem) {
   EXPECT_EQ(repo_folder_name("Xenova/bert-base-uncased"), "models--Xenova--bert-base-uncased");
   const RepoFolder folder("/cache", "org/repo");
   EXPECT_EQ(folder.blob("abc"), fs::path("/cache/models--org--repo/blobs/abc"));
-  EXPECT_EQ(folder.pointer("c0ffee", "onnx/model.onnx"), fs::path("/cache/models--org--repo/snapshots/c0ffee/onnx/model.onnx"));
+  EXPECT_EQ(folder.pointer("c0ffee", "onnx/model.onnx"),
+            fs::path("/cache/models--org--repo/snapshots/c0ffee/onnx/model.onnx"));
   EXPECT_EQ(folder.lock_file("abc"), fs::path("/cache/.locks/models--org--repo/abc.lock"));
   HubOptions options;
   options.endpoint = "http://127.0.0.1:8080";
@@ -196,7 +215,8 @@ TEST(Sha256, KnownDigests) {
 TEST(Urls, RedirectTargetsOriginsAndMessages) {
   EXPECT_EQ(resolve_url("http://127.0.0.1:8/a/b/c", "/new/place"), "http://127.0.0.1:8/new/place");
   EXPECT_EQ(resolve_url("http://127.0.0.1:8/a/b/c", "d"), "http://127.0.0.1:8/a/b/d");
-  EXPECT_EQ(resolve_url("http://127.0.0.1:8/a", "https://cdn.example/x?sig=1"), "https://cdn.example/x?sig=1");
+  EXPECT_EQ(resolve_url("http://127.0.0.1:8/a", "https://cdn.example/x?sig=1"),
+            "https://cdn.example/x?sig=1");
   EXPECT_EQ(url_origin("https://HuggingFace.co/org/repo"), "https://huggingface.co:443");
   EXPECT_EQ(url_origin("http://127.0.0.1:8/x"), "http://127.0.0.1:8");
   EXPECT_NE(url_origin("http://127.0.0.1:8/x"), url_origin("http://127.0.0.1:9/x"));
@@ -206,8 +226,10 @@ TEST(Urls, RedirectTargetsOriginsAndMessages) {
 TEST(Http, AnUnreachableServerIsATransportErrorNamingTheUrl) {
   // Port 9 (discard) on the loopback address: nothing listens in the test sandbox.
   HttpClient http;
-  const std::string message = error_of<TransportError>(
-      [&] { http.send({.method = "HEAD", .url = "http://127.0.0.1:9/org/repo", .connect_timeout_s = 2, .timeout_s = 2}); });
+  const std::string message = error_of<TransportError>([&] {
+    http.send(
+        {.method = "HEAD", .url = "http://127.0.0.1:9/org/repo", .connect_timeout_s = 2, .timeout_s = 2});
+  });
   EXPECT_NE(message.find("HEAD http://127.0.0.1:9/org/repo"), std::string::npos) << message;
   EXPECT_NE(error_of<Error>([&] { http.send({.url = "file:///etc/passwd"}); }).find("file:///etc/passwd"),
             std::string::npos);
@@ -228,10 +250,12 @@ TEST(Offline, TheCacheAnswersAndMissesSayWhatIsMissing) {
   EXPECT_EQ(fs::read_symlink(folder.pointer(commit, "config.json")), fs::path("../../blobs/e1"));
   EXPECT_EQ(download_file("org/repo", "config.json", "main", options), folder.pointer(commit, "config.json"));
   EXPECT_EQ(download_file("org/repo", "config.json", commit, options), folder.pointer(commit, "config.json"));
-  const std::string missing = error_of<HubError>([&] { download_file("org/repo", "model.onnx", "main", options); });
+  const std::string missing =
+      error_of<HubError>([&] { download_file("org/repo", "model.onnx", "main", options); });
   EXPECT_NE(missing.find("offline mode is on"), std::string::npos) << missing;
   EXPECT_NE(missing.find("'model.onnx' of org/repo"), std::string::npos) << missing;
-  const std::string recorded = error_of<HubError>([&] { download_file("org/repo", "tokenizer.json", "main", options); });
+  const std::string recorded =
+      error_of<HubError>([&] { download_file("org/repo", "tokenizer.json", "main", options); });
   EXPECT_NE(recorded.find("records it as missing"), std::string::npos) << recorded;
   const std::string by_dtype = error_of<HubError>([&] { download_model("hf://org/repo", "q4", options); });
   EXPECT_NE(by_dtype.find("onnx/model_q4.onnx"), std::string::npos) << by_dtype;
@@ -275,11 +299,14 @@ TEST(CacheScan, ListsReposRevisionsAndRemovesWhatNoOtherSnapshotUses) {
   EXPECT_TRUE(fs::exists(folder.blob("shared")));
   EXPECT_FALSE(fs::exists(folder.snapshot_dir(old_commit)));
   EXPECT_FALSE(fs::exists(folder.root() / "refs" / "v1"));
-  EXPECT_NE(error_of<HubError>([&] { remove_from_cache("org/repo", "v1", options); }).find("not in the cache"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of<HubError>([&] { remove_from_cache("org/repo", "v1", options); }).find("not in the cache"),
+      std::string::npos);
   EXPECT_EQ(remove_from_cache("org/repo", "", options), 12u);
   EXPECT_FALSE(fs::exists(folder.root()));
-  EXPECT_NE(error_of<HubError>([&] { remove_from_cache("org/repo", "", options); }).find("org/repo is not in the cache"),
+  EXPECT_NE(error_of<HubError>([&] {
+              remove_from_cache("org/repo", "", options);
+            }).find("org/repo is not in the cache"),
             std::string::npos);
   fs::remove_all(cache);
 }
@@ -293,7 +320,8 @@ TEST(CacheLinks, APlantedSymlinkOnTheWayIsRefused) {
   fs::create_directories(folder.root() / "blobs");
   std::ofstream(folder.blob("e")) << "x";
   fs::create_directory_symlink(outside, folder.snapshot_dir(commit) / "onnx");
-  const std::string message = error_of<HubError>([&] { folder.link_pointer(commit, "onnx/model.onnx", "e"); });
+  const std::string message =
+      error_of<HubError>([&] { folder.link_pointer(commit, "onnx/model.onnx", "e"); });
   EXPECT_NE(message.find("resolves outside its snapshot"), std::string::npos) << message;
   EXPECT_TRUE(fs::is_empty(outside));
   fs::remove_all(cache);

@@ -30,10 +30,13 @@ std::string model_with_external_tensors() {
   branch.initializers = {proto::external_tensor("B", OnnxType::kFloat, {2}, "branch.bin")};
   branch.outputs = {proto::value_info("out", OnnxType::kFloat, {2})};
   proto::GraphParts g;
-  g.nodes = {proto::node("Identity", {"W"}, {"Y"}),
-             proto::with_attributes(proto::node("If", {"C"}, {"Z"}), {proto::attr_graph("then_branch", proto::graph(branch))}),
-             proto::with_attributes(proto::node("Constant", {}, {"K"}),
-                                    {proto::attr_tensor("value", proto::external_tensor("", OnnxType::kFloat, {1}, "const.bin"))})};
+  g.nodes = {
+      proto::node("Identity", {"W"}, {"Y"}),
+      proto::with_attributes(proto::node("If", {"C"}, {"Z"}),
+                             {proto::attr_graph("then_branch", proto::graph(branch))}),
+      proto::with_attributes(
+          proto::node("Constant", {}, {"K"}),
+          {proto::attr_tensor("value", proto::external_tensor("", OnnxType::kFloat, {1}, "const.bin"))})};
   g.initializers = {proto::external_tensor("W", OnnxType::kFloat, {2}, "weights.bin", 0, 8),
                     proto::external_tensor("V", OnnxType::kFloat, {2}, "weights.bin", 8, 8),
                     proto::raw_tensor("C", OnnxType::kBool, {}, std::string(1, '\1'))};
@@ -79,7 +82,8 @@ class LinkedExternalData : public ::testing::Test {
     fs::create_directories(root_ / "elsewhere");
     const float values[2] = {1, 2};
     std::ofstream(root_ / "blobs" / "data", std::ios::binary).write(reinterpret_cast<const char*>(values), 8);
-    std::ofstream(root_ / "elsewhere" / "data", std::ios::binary).write(reinterpret_cast<const char*>(values), 8);
+    std::ofstream(root_ / "elsewhere" / "data", std::ios::binary)
+        .write(reinterpret_cast<const char*>(values), 8);
   }
   void TearDown() override { fs::remove_all(root_); }
 

@@ -92,10 +92,10 @@ TEST(HostReads, ParamsReplacingAnInitializerAreReadAfresh) {
 
 TEST(HostReads, OldSignaturesAreDropped) {
   Model model = shape_chain_model();
-  for (int n = 1; n <= static_cast<int>(HostReadCache::kCapacity) + 2; ++n) {
+  for (int n = 1; n <= static_cast<int>(SignatureMemoCache::kCapacity) + 2; ++n) {
     run_counted(model, model.params(), {n, 2, 2}, {n, 4});
   }
-  EXPECT_EQ(model.internal_state().host_reads->size(), HostReadCache::kCapacity);
+  EXPECT_EQ(model.internal_state().host_reads->size(), SignatureMemoCache::kCapacity);
   EXPECT_EQ(run_counted(model, model.params(), {1, 2, 2}, {1, 4}).evaluations, 3u);  // dropped, read again
 }
 

@@ -295,8 +295,7 @@ void run_depthwise_nhwc(const NhwcConvArgs& a) {
   });
 }
 
-NhwcConvArgs args_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y, int64_t kernel_h,
-                     int64_t kernel_w) {
+NhwcConvArgs args_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y) {
   NhwcConvArgs a{};
   a.batch = x.shape(0);
   a.in_h = x.shape(1);
@@ -305,8 +304,8 @@ NhwcConvArgs args_of(const NhwcConvOptions& o, const mx::array& x, const mx::arr
   a.out_h = y.shape(1);
   a.out_w = y.shape(2);
   a.out_channels = y.shape(3);
-  a.kernel_h = kernel_h;
-  a.kernel_w = kernel_w;
+  a.kernel_h = o.kernel[0];
+  a.kernel_w = o.kernel[1];
   a.stride_h = o.strides[0];
   a.stride_w = o.strides[1];
   a.dilation_h = o.dilations[0];
@@ -337,7 +336,7 @@ class NhwcConvKernel : public CpuKernel {
 
  protected:
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
-    NhwcConvArgs a = args_of(options_, in[0], out[0], options_.kernel[0], options_.kernel[1]);
+    NhwcConvArgs a = args_of(options_, in[0], out[0]);
     a.x = in[0].data<float>();
     a.w = in[1].data<float>();
     a.bias = has_bias_ ? in[2].data<float>() : nullptr;
@@ -353,19 +352,7 @@ class NhwcConvKernel : public CpuKernel {
 };
 
 mx::array activate(const mx::array& v, const NhwcConvOptions& o, mx::Stream s) {
-  switch (o.activation) {
-    case ConvActivation::kRelu:
-      return mx::maximum(v, mx::array(0.0f), s);
-    case ConvActivation::kClip:
-      return mx::minimum(mx::maximum(v, mx::array(o.clip_min), s), mx::array(o.clip_max), s);
-    case ConvActivation::kHardSwish: {
-      mx::array gate = mx::add(mx::multiply(v, mx::array(1.0f / 6.0f), s), mx::array(0.5f), s);
-      return mx::multiply(v, mx::clip(gate, mx::array(0.0f), mx::array(1.0f), s), s);
-    }
-    case ConvActivation::kNone:
-      break;
-  }
-  return v;
+  return apply_conv_activation(v, o.activation, o.clip_min, o.clip_max, s);
 }
 
 // x = in[0] [N, H, W, C] with an MLX-layout weight [M, kH, kW, C / groups],

@@ -302,13 +302,16 @@ mx::array channels_first(const mx::array& y, mx::Stream s) {
   return mx::transpose(y, perm, s);
 }
 
-mx::array activate(const mx::array& v, const DepthwiseConvOptions& o, mx::Stream s) {
+}  // namespace
+
+mx::array apply_conv_activation(const mx::array& v, ConvActivation activation, float clip_min, float clip_max,
+                                mx::Stream s) {
   const mx::Dtype t = v.dtype();
-  switch (o.activation) {
+  switch (activation) {
     case ConvActivation::kRelu:
       return mx::maximum(v, mx::array(0.0f, t), s);
     case ConvActivation::kClip:
-      return mx::minimum(mx::maximum(v, mx::array(o.clip_min, t), s), mx::array(o.clip_max, t), s);
+      return mx::minimum(mx::maximum(v, mx::array(clip_min, t), s), mx::array(clip_max, t), s);
     case ConvActivation::kHardSwish: {
       mx::array gate = mx::add(mx::multiply(v, mx::array(1.0f / 6.0f, t), s), mx::array(0.5f, t), s);
       return mx::multiply(v, mx::clip(gate, mx::array(0.0f, t), mx::array(1.0f, t), s), s);
@@ -319,8 +322,6 @@ mx::array activate(const mx::array& v, const DepthwiseConvOptions& o, mx::Stream
   return v;
 }
 
-}  // namespace
-
 mx::array grouped_conv_reference(const std::vector<mx::array>& in, const DepthwiseConvOptions& o, mx::Stream s) {
   mx::array y = mx::conv_general(channels_last(in[0], s), channels_last(in[1], s), o.strides, o.pads_begin,
                                  o.pads_end, o.dilations, {}, o.groups, false, s);
@@ -330,7 +331,7 @@ mx::array grouped_conv_reference(const std::vector<mx::array>& in, const Depthwi
     per_channel[0] = y.shape(1);
     y = mx::add(y, mx::reshape(in[2], per_channel, s), s);
   }
-  return activate(y, o, s);
+  return apply_conv_activation(y, o.activation, o.clip_min, o.clip_max, s);
 }
 
 namespace {

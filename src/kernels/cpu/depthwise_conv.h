@@ -31,6 +31,11 @@ enum class ConvActivation {
   kHardSwish,  // v * min(max(v / 6 + 1/2, 0), 1), ONNX HardSwish
 };
 
+/** The MLX composition of `activation` on `v` (in v's dtype): the conv kernels'
+ * references, and so their gradients. */
+mx::array apply_conv_activation(const mx::array& v, ConvActivation activation, float clip_min, float clip_max,
+                                mx::Stream s);
+
 struct DepthwiseConvOptions {
   std::vector<int> strides = {1, 1};     // [sH, sW]
   std::vector<int> pads_begin = {0, 0};  // [padTop, padLeft]
