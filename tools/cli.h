@@ -39,5 +39,8 @@ int cache_main(const Args& args);
 /** `transmuter tokenize MODEL_OR_FOLDER [TEXT...]`: JSON lines of ids, tokens, byte offsets
  * (tools/text_commands.cpp). */
 int tokenize_main(const Args& args);
+/** `transmuter chat MODEL_OR_FOLDER --render`: the prompt the chat template renders for the
+ * messages on stdin, as apply_chat_template(tokenize=False) (tools/text_commands.cpp). */
+int chat_main(const Args& args);
 
 }  // namespace transmuter::cli

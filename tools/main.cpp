@@ -1,4 +1,4 @@
-// The `transmuter` command-line tool: info, run, bench, conformance, download, cache, tokenize.
+// The `transmuter` command-line tool: info, run, bench, conformance, download, cache, tokenize, chat.
 // The contract is in DESIGN.md ("The command-line contract").
 #include <unistd.h>
 
@@ -54,7 +54,8 @@ using cli::Args;
 
 // Options that take no value; they parse as "--name true".
 bool is_flag(const std::string& name) {
-  return name == "quiet" || name == "revisions" || name == "no-special-tokens";
+  return name == "quiet" || name == "revisions" || name == "no-special-tokens" || name == "render" ||
+         name == "add-generation-prompt";
 }
 
 Args parse_args(int argc, char** argv, int first) {
@@ -387,6 +388,8 @@ void usage() {
                "  transmuter cache ls [--revisions]\n"
                "  transmuter cache rm org/repo[@revision]\n"
                "  transmuter tokenize MODEL_OR_FOLDER [TEXT...] [--pair TEXT] [--no-special-tokens]   (text from stdin if none)\n"
+               "  transmuter chat MODEL_OR_FOLDER --render [--tools FILE] [--add-generation-prompt] [--template NAME]\n"
+               "                 (prints the chat template's prompt for a JSON array of messages on stdin)\n"
                "MODEL is a path or hf://org/repo[@revision][/path/in/repo.onnx] (with --dtype to pick the file).\n";
 }
 
@@ -408,6 +411,7 @@ int main(int argc, char** argv) {
     if (command == "download") return cli::download_main(args);
     if (command == "cache") return cli::cache_main(args);
     if (command == "tokenize") return cli::tokenize_main(args);
+    if (command == "chat") return cli::chat_main(args);
     usage();
     return 2;
   } catch (const std::exception& e) {

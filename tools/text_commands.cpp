@@ -1,6 +1,10 @@
-// `transmuter tokenize`: Hugging Face tokenizers from the command line (docs/text.md).
+// `transmuter tokenize` and `transmuter chat --render`: Hugging Face tokenizers and chat templates
+// from the command line (docs/text.md).
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,7 +44,8 @@ void write_encoding(std::ostream& out, const text::Encoding& e) {
     write_json_string(out, e.tokens[i]);
   }
   out << "], \"offsets\": [";
-  for (size_t i = 0; i < e.size(); ++i) out << (i ? ", " : "") << '[' << e.offsets[i].begin << ", " << e.offsets[i].end << ']';
+  for (size_t i = 0; i < e.size(); ++i)
+    out << (i ? ", " : "") << '[' << e.offsets[i].begin << ", " << e.offsets[i].end << ']';
   out << "]}\n";
 }
 
@@ -64,13 +69,37 @@ int tokenize_main(const Args& args) {
   bool has_pair = args.has("pair");
   std::string pair = args.get("pair", "");
   auto tokenize = [&](const std::string& text) {
-    write_encoding(std::cout, has_pair ? tokenizer.encode_pair(text, pair, options) : tokenizer.encode(text, options));
+    write_encoding(std::cout,
+                   has_pair ? tokenizer.encode_pair(text, pair, options) : tokenizer.encode(text, options));
   };
   if (args.positional.size() > 1) {
     for (size_t i = 1; i < args.positional.size(); ++i) tokenize(args.positional[i]);
   } else {
     for (std::string line; std::getline(std::cin, line);) tokenize(line);
   }
+  return 0;
+}
+
+constexpr const char* kChatUsage =
+    "usage: transmuter chat MODEL_OR_FOLDER --render [--tools FILE] [--add-generation-prompt] [--template "
+    "NAME]";
+
+int chat_main(const Args& args) {
+  if (args.positional.size() != 1 || !args.has("render")) throw Error(kChatUsage);
+  text::ChatTemplate chat_template =
+      text::ChatTemplate::from_folder(tokenizer_folder(args.positional[0]), args.get("template", ""));
+  text::ChatTemplateOptions options;
+  options.add_generation_prompt = args.has("add-generation-prompt");
+  if (args.has("tools")) {
+    const std::string path = args.get("tools", "");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(str(path, ": cannot read the tools file"));
+    std::ostringstream tools;
+    tools << in.rdbuf();
+    options.tools_json = tools.str();
+  }
+  std::string messages((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  std::cout << chat_template.render(messages, options) << std::flush;  // exactly the prompt: no newline added
   return 0;
 }
 
@@ -82,6 +111,10 @@ namespace transmuter::cli {
 
 int tokenize_main(const Args&) {
   throw Error("tokenize: this transmuter is built without the text component (-DTRANSMUTER_TEXT=OFF)");
+}
+
+int chat_main(const Args&) {
+  throw Error("chat: this transmuter is built without the text component (-DTRANSMUTER_TEXT=OFF)");
 }
 
 }  // namespace transmuter::cli

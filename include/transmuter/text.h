@@ -1,12 +1,14 @@
 // Hugging Face tokenizers (tokenizer.json) through the Rust `tokenizers` crate (rust/): encode and
 // decode single texts, pairs and batches, with offsets, special tokens, truncation and padding, and
-// incremental decoding for streaming. Built unless -DTRANSMUTER_TEXT=OFF (then this header has no
+// incremental decoding for streaming; chat templates (minijinja, rendered as transformers'
+// apply_chat_template). Built unless -DTRANSMUTER_TEXT=OFF (then this header has no
 // implementation to link); docs/text.md has the details.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -161,6 +163,56 @@ class DecodeStream {
 
  private:
   std::unique_ptr<Impl> impl_;
+};
+
+/** A chat template failed to compile (the message names the line) or to render (a
+ * raise_exception(message) in the template gives exactly that message), or bad JSON was given. */
+class ChatTemplateError : public Error {
+ public:
+  using Error::Error;
+};
+
+/** The variables of ChatTemplate::render besides the messages. JSON travels as text at this API
+ * (the C++ side has no JSON library): each *_json string must hold valid JSON of the stated kind;
+ * the renderer parses it (object keys keep their order, as Python dicts do). */
+struct ChatTemplateOptions {
+  bool add_generation_prompt = false;
+  /** A JSON array of tool definitions (JSON schemas); unset: `tools` is none in the template. */
+  std::optional<std::string> tools_json;
+  /** A JSON array of documents ({"title", "text"}, ...); unset: `documents` is none. */
+  std::optional<std::string> documents_json;
+  /** Further variables, as apply_chat_template's **kwargs: name -> JSON value text (e.g.
+   * {"enable_thinking", "false"}); they override everything else, special tokens included. */
+  std::map<std::string, std::string> extra_json;
+};
+
+/** A compiled chat template with the special tokens of its tokenizer_config.json. Rendered as
+ * transformers' apply_chat_template(tokenize=False) renders it: trim_blocks, lstrip_blocks, loop
+ * controls, raise_exception, strftime_now, a tojson that is json.dumps(ensure_ascii=False).
+ * Copies share it; render may be called from several threads at once. */
+class ChatTemplate {
+ public:
+  /** Compiles `source`; special_tokens_json: a JSON object (bos_token, eos_token, ...) set in
+   * every rendering. */
+  static ChatTemplate from_string(std::string_view source, std::string_view special_tokens_json = "{}");
+  /** The template of a model folder, as transformers picks it: dir/chat_template.jinja when
+   * present (and `name` is empty or "default"), else tokenizer_config.json's chat_template (a
+   * string, or a list of {name, template}: the entry `name`, "default" when empty). Special
+   * tokens come from tokenizer_config.json. Throws TokenizerFileError when there is none. */
+  static ChatTemplate from_folder(const std::filesystem::path& dir, std::string_view name = {});
+
+  /** messages_json: a JSON array of messages ({"role", "content", "tool_calls", ...}). */
+  std::string render(std::string_view messages_json, const ChatTemplateOptions& options = {}) const;
+
+  const std::string& source() const;
+  /** The JSON object of special tokens set in every rendering. */
+  const std::string& special_tokens_json() const;
+
+  struct Impl;
+
+ private:
+  explicit ChatTemplate(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
 };
 
 }  // namespace transmuter::text

@@ -131,6 +131,40 @@ typedef struct TtAddedToken {
 char* tt_added_tokens(const TtTokenizer* tokenizer, TtAddedToken** out, size_t* count);
 void tt_added_tokens_free(TtAddedToken* tokens, size_t count);
 
+/* --- chat templates (minijinja, configured as transformers' apply_chat_template) ----------- */
+
+typedef struct TtChatTemplate TtChatTemplate;
+
+/* Reads a tokenizer_config.json: its chat_template (name empty: the string, or the entry named
+ * "default" of a list; chat_template->data NULL when the file has none) and its special tokens
+ * (bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token,
+ * additional_special_tokens; those set) as a JSON object. Free both with tt_string_free. */
+char* tt_chat_template_config_read(const char* path, const char* name, size_t name_len, TtString* chat_template,
+                                   TtString* special_tokens);
+
+/* Compiles a template; a syntax error reads "chat template line N: syntax error: ...". */
+char* tt_chat_template_new(const char* source, size_t len, TtChatTemplate** out);
+void tt_chat_template_free(TtChatTemplate* chat_template);
+
+/* The variables of one rendering, each JSON text (pointer + length; NULL: absent). */
+typedef struct TtChatContext {
+  const char* messages;       /* an array; NULL: [] */
+  size_t messages_len;
+  const char* tools;          /* an array; NULL: tools is none (as transformers passes it) */
+  size_t tools_len;
+  const char* documents;      /* an array; NULL: documents is none */
+  size_t documents_len;
+  int32_t add_generation_prompt;
+  const char* special_tokens; /* an object, set first */
+  size_t special_tokens_len;
+  const char* extra;          /* an object, set last: overrides all of the above */
+  size_t extra_len;
+} TtChatContext;
+
+/* Renders; an error from raise_exception(message) is exactly that message. Safe to call from
+ * several threads at once. */
+char* tt_chat_template_render(const TtChatTemplate* chat_template, const TtChatContext* context, TtString* out);
+
 #ifdef __cplusplus
 }
 #endif

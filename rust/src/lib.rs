@@ -7,9 +7,10 @@
 //! length, NUL-terminated as a convenience), freed with `tt_string_free`.
 //!
 //! Modules: `ffi` (errors, strings, the panic guard), `tokenizer` (load, encode, decode, vocab),
-//! `decode_stream` (incremental decoding), `config` (tokenizer_config.json). A chat-template
-//! module (minijinja) is meant to sit beside them, using the same `ffi` helpers.
+//! `decode_stream` (incremental decoding), `config` (tokenizer_config.json), `chat_template`
+//! (minijinja configured as transformers' apply_chat_template).
 
+mod chat_template;
 mod config;
 mod decode_stream;
 mod ffi;

@@ -32,7 +32,9 @@ std::optional<std::string> take(TtString s) {
   return out;
 }
 
-Side side_of(int32_t value, Side fallback) { return value < 0 ? fallback : (value == 1 ? Side::kLeft : Side::kRight); }
+Side side_of(int32_t value, Side fallback) {
+  return value < 0 ? fallback : (value == 1 ? Side::kLeft : Side::kRight);
+}
 
 TokenizerConfig read_config(const fs::path& path) {
   TtTokenizerConfig raw{};
@@ -91,7 +93,7 @@ void throw_if_error(char* error, bool file_error) {
 std::string clean_up_tokenization(std::string text) {
   // transformers' PreTrainedTokenizerBase.clean_up_tokenization: these replacements, in this order.
   static constexpr std::pair<std::string_view, std::string_view> kReplacements[] = {
-      {" .", "."},   {" ?", "?"},     {" !", "!"},     {" ,", ","},     {" ' ", "'"},
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
       {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (auto [from, to] : kReplacements) {
     std::string out;
@@ -116,7 +118,8 @@ struct Tokenizer::Impl {
   std::vector<Encoding> encode(const std::vector<TtInput>& inputs, const EncodeOptions& options) const;
 };
 
-TtEncodeOptions Tokenizer::Impl::abi_options(const EncodeOptions& options, const std::string*& pad_token) const {
+TtEncodeOptions Tokenizer::Impl::abi_options(const EncodeOptions& options,
+                                             const std::string*& pad_token) const {
   TtEncodeOptions o{};
   o.add_special_tokens = options.add_special_tokens;
   auto max_length = [&](size_t given, const char* what) {
@@ -134,7 +137,8 @@ TtEncodeOptions Tokenizer::Impl::abi_options(const EncodeOptions& options, const
   }
   if (const auto& p = options.padding) {
     o.padding = p->to_longest ? 1 : 2;
-    if (!p->to_longest) o.pad_length = p->length > 0 ? p->length : (o.truncate ? o.max_length : max_length(0, "padding"));
+    if (!p->to_longest)
+      o.pad_length = p->length > 0 ? p->length : (o.truncate ? o.max_length : max_length(0, "padding"));
     o.pad_to_multiple_of = p->multiple_of;
     o.padding_side = p->side.value_or(config.padding_side) == Side::kLeft;
     pad_token = p->pad_token ? &*p->pad_token : (config.pad_token ? &*config.pad_token : nullptr);
@@ -142,7 +146,8 @@ TtEncodeOptions Tokenizer::Impl::abi_options(const EncodeOptions& options, const
       uint32_t id = 0;
       int32_t found = 0;
       throw_if_error(tt_token_to_id(handle.get(), pad_token->data(), pad_token->size(), &id, &found));
-      if (!found) throw TokenizerError(str("padding: the pad token '", *pad_token, "' is not in the vocabulary"));
+      if (!found)
+        throw TokenizerError(str("padding: the pad token '", *pad_token, "' is not in the vocabulary"));
       o.pad_id = id;
       o.pad_token = pad_token->data();
       o.pad_token_len = pad_token->size();
@@ -151,7 +156,8 @@ TtEncodeOptions Tokenizer::Impl::abi_options(const EncodeOptions& options, const
   return o;
 }
 
-std::vector<Encoding> Tokenizer::Impl::encode(const std::vector<TtInput>& inputs, const EncodeOptions& options) const {
+std::vector<Encoding> Tokenizer::Impl::encode(const std::vector<TtInput>& inputs,
+                                              const EncodeOptions& options) const {
   const std::string* pad_token = nullptr;
   TtEncodeOptions o = abi_options(options, pad_token);
   TtEncodings* raw = nullptr;
@@ -188,13 +194,15 @@ Encoding Tokenizer::encode(std::string_view text, const EncodeOptions& options) 
   return impl_->encode({TtInput{text.data(), text.size(), nullptr, 0}}, options).at(0);
 }
 
-Encoding Tokenizer::encode_pair(std::string_view text, std::string_view pair, const EncodeOptions& options) const {
+Encoding Tokenizer::encode_pair(std::string_view text, std::string_view pair,
+                                const EncodeOptions& options) const {
   // A pair of length 0 still needs a non-NULL pointer: NULL means "no pair".
   const char* pair_data = pair.data() != nullptr ? pair.data() : "";
   return impl_->encode({TtInput{text.data(), text.size(), pair_data, pair.size()}}, options).at(0);
 }
 
-std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string> texts, const EncodeOptions& options,
+std::vector<Encoding> Tokenizer::encode_batch(std::span<const std::string> texts,
+                                              const EncodeOptions& options,
                                               std::span<const std::string> pairs) const {
   if (!pairs.empty() && pairs.size() != texts.size())
     throw TokenizerError(str("encode_batch: ", texts.size(), " texts but ", pairs.size(), " pairs"));

@@ -23,8 +23,10 @@ namespace {
 const fs::path kFixtures = fs::path(TRANSMUTER_SOURCE_DIR) / "tests" / "text" / "fixtures";
 const char* kKinds[] = {"wordpiece", "bytelevel_bpe", "unigram", "sentencepiece_bpe"};
 // The pad token each fixture's batch cases were recorded with.
-const std::map<std::string, std::string> kPadTokens = {
-    {"wordpiece", "[PAD]"}, {"bytelevel_bpe", "<|endoftext|>"}, {"unigram", "<pad>"}, {"sentencepiece_bpe", "</s>"}};
+const std::map<std::string, std::string> kPadTokens = {{"wordpiece", "[PAD]"},
+                                                       {"bytelevel_bpe", "<|endoftext|>"},
+                                                       {"unigram", "<pad>"},
+                                                       {"sentencepiece_bpe", "</s>"}};
 
 using Case = std::map<std::string, std::string>;
 
@@ -57,7 +59,8 @@ std::vector<std::string> words(const std::string& s) {
 std::string unhex(const std::string& s) {
   EXPECT_EQ(s.at(0), 'x') << s;
   std::string out;
-  for (size_t i = 1; i + 1 < s.size(); i += 2) out.push_back(static_cast<char>(std::stoi(s.substr(i, 2), nullptr, 16)));
+  for (size_t i = 1; i + 1 < s.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(s.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -148,7 +151,8 @@ TEST_P(TokenizerReference, EqualsPythonTokenizers) {
       EncodeOptions options = batch_options(c, kPadTokens.at(kind));
       std::vector<Encoding> batch = tok.encode_batch(texts, options, pairs);
       ASSERT_EQ(batch.size(), count) << name;
-      for (size_t i = 0; i < count; ++i) expect_encoding(batch[i], c, "." + std::to_string(i), kind + " " + name);
+      for (size_t i = 0; i < count; ++i)
+        expect_encoding(batch[i], c, "." + std::to_string(i), kind + " " + name);
     } else if (name.rfind("stream.", 0) == 0) {
       // Python's DecodeStream returns None where the ids end inside a character; ours returns "".
       DecodeStream stream = tok.decode_stream();
@@ -169,7 +173,8 @@ TEST_P(TokenizerReference, EqualsPythonTokenizers) {
       std::vector<AddedToken> added = tok.added_tokens();
       std::vector<int64_t> ids, special;
       std::vector<std::string> contents;
-      for (const AddedToken& a : added) ids.push_back(a.id), contents.push_back(a.content), special.push_back(a.special);
+      for (const AddedToken& a : added)
+        ids.push_back(a.id), contents.push_back(a.content), special.push_back(a.special);
       EXPECT_EQ(ids, numbers(c.at("added_ids")));
       EXPECT_EQ(contents, strings(c.at("added_contents")));
       EXPECT_EQ(special, numbers(c.at("added_special")));
@@ -183,7 +188,9 @@ TEST_P(TokenizerReference, EqualsPythonTokenizers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizer, TokenizerReference, testing::ValuesIn(kKinds),
-                         [](const testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+                         [](const testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 // token_to_id / id_to_token lines sit in the "vocab" record as repeated keys, so read them apart.
 TEST(TokenizerVocab, TokenToIdAndIdToTokenEqualPython) {
@@ -212,7 +219,8 @@ TEST(TokenizerVocab, TokenToIdAndIdToTokenEqualPython) {
 namespace {
 
 fs::path temp_folder(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("transmuter_tokenizer_test_" + name + "_" + std::to_string(::getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / ("transmuter_tokenizer_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -246,7 +254,8 @@ TEST(TokenizerErrors, MalformedFilesNameTheFile) {
   std::string message = error_of<TokenizerFileError>([&] { Tokenizer::from_folder(dir); });
   EXPECT_NE(message.find((dir / "tokenizer.json").string()), std::string::npos) << message;
   // A valid tokenizer.json with a broken tokenizer_config.json.
-  fs::copy_file(kFixtures / "wordpiece" / "tokenizer.json", dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(kFixtures / "wordpiece" / "tokenizer.json", dir / "tokenizer.json",
+                fs::copy_options::overwrite_existing);
   write_file(dir / "tokenizer_config.json", "{\"padding_side\": \"middle\"}");
   message = error_of<TokenizerFileError>([&] { Tokenizer::from_folder(dir); });
   EXPECT_NE(message.find("tokenizer_config.json"), std::string::npos) << message;
@@ -275,11 +284,13 @@ TEST(TokenizerErrors, BadIdsAndOptions) {
   Tokenizer tok = Tokenizer::from_folder(kFixtures / "wordpiece");
   // Ids without a token are skipped by tokenizers' decode; negative ones cannot be passed on.
   EXPECT_EQ(tok.decode(std::vector<int64_t>{276, 1000000, 242}), tok.decode(std::vector<int64_t>{276, 242}));
-  EXPECT_NE(error_of<TokenizerError>([&] { tok.decode(std::vector<int64_t>{-1}); }).find("out of range"), std::string::npos);
+  EXPECT_NE(error_of<TokenizerError>([&] { tok.decode(std::vector<int64_t>{-1}); }).find("out of range"),
+            std::string::npos);
   EncodeOptions options;
   options.padding = Padding{};
   options.padding->pad_token = "<not-a-token>";
-  EXPECT_NE(error_of<TokenizerError>([&] { tok.encode("a", options); }).find("<not-a-token>"), std::string::npos);
+  EXPECT_NE(error_of<TokenizerError>([&] { tok.encode("a", options); }).find("<not-a-token>"),
+            std::string::npos);
   std::vector<std::string> texts{"a", "b"}, pairs{"c"};
   EXPECT_NE(error_of<TokenizerError>([&] { tok.encode_batch(texts, {}, pairs); }).find("2 texts but 1 pairs"),
             std::string::npos);
