@@ -60,26 +60,27 @@ class LocationCollector {
     }
   }
 
-  void nodes_of(std::span<const uint8_t> bytes, uint32_t node_field, const MessagePath& path) {
+  // Calls visit(message, path) for every message in field `wanted` of `bytes`.
+  template <typename Visit>
+  static void each(std::span<const uint8_t> bytes, const MessagePath& path, uint32_t wanted,
+                   const char* label, Visit visit) {
     WireReader reader(bytes, path);
     while (reader.next()) {
-      if (reader.field() == node_field) {
-        node(reader.bytes(), MessagePath(path, "node"));
+      if (reader.field() == wanted) {
+        visit(reader.bytes(), MessagePath(path, label));
       } else {
         reader.skip();
       }
     }
   }
 
+  void nodes_of(std::span<const uint8_t> bytes, uint32_t node_field, const MessagePath& path) {
+    each(bytes, path, node_field, "node", [this](auto message, const MessagePath& at) { node(message, at); });
+  }
+
   void node(std::span<const uint8_t> bytes, const MessagePath& path) {
-    WireReader reader(bytes, path);
-    while (reader.next()) {
-      if (reader.field() == field::kNodeAttribute) {
-        attribute(reader.bytes(), MessagePath(path, "attribute"));
-      } else {
-        reader.skip();
-      }
-    }
+    each(bytes, path, field::kNodeAttribute, "attribute",
+         [this](auto message, const MessagePath& at) { attribute(message, at); });
   }
 
   void attribute(std::span<const uint8_t> bytes, const MessagePath& path) {

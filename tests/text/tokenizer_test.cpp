@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "support/expect_error.h"
 #include "text/tokenizer.h"
+#include "support/expect_error.h"
 #include "transmuter/text.h"
 
 namespace fs = std::filesystem;
@@ -228,16 +230,7 @@ fs::path temp_folder(const std::string& name) {
 
 void write_file(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
 
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
+using transmuter::testing::error_of;
 
 TEST(TokenizerErrors, MissingTokenizerJsonNamesTheFile) {
   fs::path dir = temp_folder("missing");
