@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Bottom to top. include/transmuter/ (the public API) may be included anywhere.
-LAYERS = ["core", "mlx_bridge", "kernels", "graph", "onnx", "hub", "text", "passes", "ops", "runtime"]
+LAYERS = ["core", "mlx_bridge", "kernels", "graph", "onnx", "hub", "text", "passes", "ops", "runtime", "pipelines"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 PLANNER = ["src/runtime/segments.cpp", "src/runtime/compiler.cpp", "src/runtime/compiler.h"]
 

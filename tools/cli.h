@@ -1,6 +1,7 @@
 // Shared pieces of the `transmuter` command-line tool.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,5 +43,14 @@ int tokenize_main(const Args& args);
 /** `transmuter chat MODEL_OR_FOLDER --render`: the prompt the chat template renders for the
  * messages on stdin, as apply_chat_template(tokenize=False) (tools/text_commands.cpp). */
 int chat_main(const Args& args);
+/** A model file (model.onnx, tokenizer.json) stands for the folder that holds it. */
+std::filesystem::path tokenizer_folder(const std::string& source);
+
+/** `transmuter embed|classify|ner|fill-mask MODEL [TEXT...]`: the pipelines, JSON lines out, one
+ * per text (tools/pipeline_commands.cpp). */
+int embed_main(const Args& args);
+int classify_main(const Args& args);
+int ner_main(const Args& args);
+int fill_mask_main(const Args& args);
 
 }  // namespace transmuter::cli

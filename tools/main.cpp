@@ -1,4 +1,5 @@
-// The `transmuter` command-line tool: info, run, bench, conformance, download, cache, tokenize, chat.
+// The `transmuter` command-line tool: info, run, bench, conformance, download, cache, tokenize, chat,
+// embed, classify, ner, fill-mask.
 // The contract is in DESIGN.md ("The command-line contract").
 #include <unistd.h>
 
@@ -55,7 +56,8 @@ using cli::Args;
 // Options that take no value; they parse as "--name true".
 bool is_flag(const std::string& name) {
   return name == "quiet" || name == "revisions" || name == "no-special-tokens" || name == "render" ||
-         name == "add-generation-prompt";
+         name == "add-generation-prompt" || name == "normalize" || name == "no-normalize" || name == "reject-long" ||
+         name == "no-ignore";
 }
 
 Args parse_args(int argc, char** argv, int first) {
@@ -390,6 +392,12 @@ void usage() {
                "  transmuter tokenize MODEL_OR_FOLDER [TEXT...] [--pair TEXT] [--no-special-tokens]   (text from stdin if none)\n"
                "  transmuter chat MODEL_OR_FOLDER --render [--tools FILE] [--add-generation-prompt] [--template NAME]\n"
                "                 (prints the chat template's prompt for a JSON array of messages on stdin)\n"
+               "  transmuter embed MODEL [TEXT...] [--pooling MODE] [--normalize|--no-normalize]      (JSON lines: embedding)\n"
+               "  transmuter classify MODEL [TEXT...] [--pair TEXT] [--top-k N] [--function softmax|sigmoid|none]\n"
+               "  transmuter ner MODEL [TEXT...] [--aggregation none|simple|first|average|max] [--ignore LABEL]... [--no-ignore]\n"
+               "  transmuter fill-mask MODEL [TEXT...] [--top-k N] [--target WORD]...\n"
+               "                 (text commands: a model folder with tokenizer.json, or hf://; texts from stdin if none;\n"
+               "                  --mode eager|compiled --max-length N --reject-long --batch-size N --dtype D --model-file F)\n"
                "MODEL is a path or hf://org/repo[@revision][/path/in/repo.onnx] (with --dtype to pick the file).\n";
 }
 
@@ -412,6 +420,10 @@ int main(int argc, char** argv) {
     if (command == "cache") return cli::cache_main(args);
     if (command == "tokenize") return cli::tokenize_main(args);
     if (command == "chat") return cli::chat_main(args);
+    if (command == "embed") return cli::embed_main(args);
+    if (command == "classify") return cli::classify_main(args);
+    if (command == "ner") return cli::ner_main(args);
+    if (command == "fill-mask") return cli::fill_mask_main(args);
     usage();
     return 2;
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "json_out.h"
 #include "transmuter/error.h"
 
 #if TRANSMUTER_WITH_TEXT
@@ -18,22 +19,6 @@ namespace fs = std::filesystem;
 
 namespace transmuter::cli {
 namespace {
-
-// A JSON string: UTF-8 passes through, quotes, backslashes and control characters are escaped.
-void write_json_string(std::ostream& out, const std::string& s) {
-  static const char* kHex = "0123456789abcdef";
-  out << '"';
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out << '\\' << c;
-    } else if (c < 0x20) {
-      out << "\\u00" << kHex[c >> 4] << kHex[c & 15];
-    } else {
-      out << c;
-    }
-  }
-  out << '"';
-}
 
 void write_encoding(std::ostream& out, const text::Encoding& e) {
   out << "{\"ids\": [";
@@ -49,7 +34,8 @@ void write_encoding(std::ostream& out, const text::Encoding& e) {
   out << "]}\n";
 }
 
-// A model file (model.onnx, tokenizer.json) stands for the folder that holds it.
+}  // namespace
+
 fs::path tokenizer_folder(const std::string& source) {
   fs::path path(source);
   std::error_code ec;
@@ -57,8 +43,6 @@ fs::path tokenizer_folder(const std::string& source) {
   if (!fs::is_directory(path, ec)) throw Error(str(source, ": no such file or folder"));
   return path;
 }
-
-}  // namespace
 
 int tokenize_main(const Args& args) {
   if (args.positional.empty())

@@ -134,6 +134,12 @@ class Tokenizer {
   /** For streaming generation: see DecodeStream. */
   DecodeStream decode_stream(bool skip_special_tokens = false) const;
 
+  /** The tokens joined into text by the tokenizer's decoder (by spaces when it has none), with
+   * no clean-up: transformers' convert_tokens_to_string ({"john", "##son"} -> "johnson"). */
+  std::string tokens_to_string(std::span<const std::string> tokens) const;
+  /** The prefix that marks a token continuing a word ("##" for WordPiece), if the model has one. */
+  std::optional<std::string> continuing_subword_prefix() const;
+
   std::optional<int64_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int64_t id) const;
   size_t vocab_size(bool with_added_tokens = true) const;

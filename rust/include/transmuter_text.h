@@ -120,6 +120,13 @@ char* tt_token_to_id(const TtTokenizer* tokenizer, const char* token, size_t len
 /* out->data is NULL when no token has the id. */
 char* tt_id_to_token(const TtTokenizer* tokenizer, uint32_t id, TtString* out);
 char* tt_vocab_size(const TtTokenizer* tokenizer, int32_t with_added_tokens, size_t* out);
+/* The tokens joined by the tokenizer's decoder (by spaces when it has none), as transformers'
+ * convert_tokens_to_string: token i is data[offsets[i], offsets[i + 1]); offsets has count + 1
+ * entries. */
+char* tt_tokens_to_string(const TtTokenizer* tokenizer, const char* data, const size_t* offsets, size_t count,
+                          TtString* out);
+/* The model's continuing-subword prefix ("##" for WordPiece); out->data NULL when it has none. */
+char* tt_continuing_subword_prefix(const TtTokenizer* tokenizer, TtString* out);
 
 typedef struct TtAddedToken {
   uint32_t id;

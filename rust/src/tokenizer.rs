@@ -395,3 +395,53 @@ pub unsafe extern "C" fn tt_added_tokens_free(tokens: *mut TtAddedToken, count: 
         crate::ffi::tt_string_free(token.content);
     }
 }
+
+/// The tokens joined into text by the tokenizer's decoder (tokens joined by spaces when it has
+/// none): transformers' `convert_tokens_to_string`. Token i is `data[offsets[i]..offsets[i + 1]]`
+/// (`offsets` has count + 1 entries).
+#[no_mangle]
+pub unsafe extern "C" fn tt_tokens_to_string(
+    tokenizer: *const TtTokenizer,
+    data: *const c_char,
+    offsets: *const usize,
+    count: usize,
+    out: *mut TtString,
+) -> *mut c_char {
+    guard(|| {
+        let tokenizer = handle(tokenizer, "tokenizer")?;
+        let mut tokens = Vec::with_capacity(count);
+        if count > 0 {
+            if offsets.is_null() {
+                return Err("offsets is NULL".into());
+            }
+            let offsets = std::slice::from_raw_parts(offsets, count + 1);
+            let all = utf8_arg(data, offsets[count], "data")?;
+            for pair in offsets.windows(2) {
+                let piece = all.get(pair[0]..pair[1]).ok_or("token offsets out of order or inside a character")?;
+                tokens.push(piece.to_string());
+            }
+        }
+        let read = tokenizer.inner.read().unwrap_or_else(|e| e.into_inner());
+        let text = match read.get_decoder() {
+            Some(decoder) => tokenizers::tokenizer::Decoder::decode(decoder, tokens).map_err(|e| e.to_string())?,
+            None => tokens.join(" "),
+        };
+        write_out(out, TtString::from(&text), "out")
+    })
+}
+
+/// The model's continuing-subword prefix ("##" for WordPiece; a BPE's when it sets one);
+/// `out->data` is NULL when it has none.
+#[no_mangle]
+pub unsafe extern "C" fn tt_continuing_subword_prefix(tokenizer: *const TtTokenizer, out: *mut TtString) -> *mut c_char {
+    guard(|| {
+        let tokenizer = handle(tokenizer, "tokenizer")?;
+        let read = tokenizer.inner.read().unwrap_or_else(|e| e.into_inner());
+        let prefix = match read.get_model() {
+            tokenizers::models::ModelWrapper::WordPiece(model) => Some(model.continuing_subword_prefix.clone()),
+            tokenizers::models::ModelWrapper::BPE(model) => model.continuing_subword_prefix.clone(),
+            _ => None,
+        };
+        write_out(out, prefix.map_or_else(TtString::null, |p| TtString::from(&p)), "out")
+    })
+}

@@ -240,6 +240,25 @@ std::optional<std::string> Tokenizer::id_to_token(int64_t id) const {
   return take(out);
 }
 
+std::string Tokenizer::tokens_to_string(std::span<const std::string> tokens) const {
+  std::string joined;
+  std::vector<size_t> offsets{0};
+  for (const auto& token : tokens) {
+    joined += token;
+    offsets.push_back(joined.size());
+  }
+  TtString out{};
+  throw_if_error(
+      tt_tokens_to_string(impl_->handle.get(), joined.data(), offsets.data(), tokens.size(), &out));
+  return take(out).value_or("");
+}
+
+std::optional<std::string> Tokenizer::continuing_subword_prefix() const {
+  TtString out{};
+  throw_if_error(tt_continuing_subword_prefix(impl_->handle.get(), &out));
+  return take(out);
+}
+
 size_t Tokenizer::vocab_size(bool with_added_tokens) const {
   size_t size = 0;
   throw_if_error(tt_vocab_size(impl_->handle.get(), with_added_tokens, &size));

@@ -27,9 +27,20 @@ def needs_text_component():
         pytest.skip("transmuter built with -DTRANSMUTER_TEXT=OFF")
 
 
-def expected(text: str, pair: str | None = None, add_special_tokens: bool = True) -> dict:
+# The published tokenizer.json of sentence-transformers/all-MiniLM-L6-v2 (BERT uncased WordPiece),
+# placed beside the real model by scripts/fetch_real_model.py (scripts/test runs it).
+PUBLISHED = ROOT / ".cache" / "models" / "paraphrase-MiniLM-L3-v2"
+CORPUS = TEXTS + ["Héllo WÖRLD, naïve café", "東京タワー と 北京", "don't stop-believing!!", "[MASK] tokens [SEP] inside",
+                  "tab\tand\nnewline", "x" * 300]
+
+
+def expected(text: str, pair: str | None = None, add_special_tokens: bool = True, folder: Path = FIXTURE) -> dict:
     tokenizers = pytest.importorskip("tokenizers")
-    tok = tokenizers.Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    # A tokenizer.json may carry padding and truncation (all-MiniLM-L6-v2's pads to 128): transformers
+    # sets both per call, and so does Transmuter.
+    tok.no_padding()
+    tok.no_truncation()
     enc = tok.encode(text, pair, add_special_tokens=add_special_tokens)
     offsets = []
     for (b, e), seq in zip(enc.offsets, enc.sequence_ids):
@@ -77,3 +88,10 @@ def test_malformed_tokenizer_json(tmp_path):
 def test_missing_source():
     result = cli("tokenize", "/nonexistent/folder", "hello")
     assert result.returncode == 1 and "/nonexistent/folder: no such file or folder" in result.stderr
+
+
+def test_a_published_tokenizer_equals_python_tokenizers():
+    if not (PUBLISHED / "tokenizer.json").is_file():
+        pytest.skip("run scripts/fetch_real_model.py first (scripts/test does)")
+    texts = [t for t in CORPUS if "\n" not in t]  # one text per argument; stdin would split it
+    assert lines(cli("tokenize", str(PUBLISHED), *texts)) == [expected(t, folder=PUBLISHED) for t in texts]

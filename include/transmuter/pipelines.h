@@ -1,0 +1,219 @@
+// Pipelines: a Hugging Face model folder (its .onnx with tokenizer.json and configs beside it) or an
+// hf:// repo, text in, results out — embeddings, classification, token classification (NER) and
+// fill-mask, with the outputs and option names of transformers' pipelines. Part of the text
+// component (-DTRANSMUTER_TEXT=OFF builds without it); docs/text.md "Pipelines" has the details.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <mlx/array.h>
+#include <mlx/device.h>
+
+#include "transmuter/error.h"
+#include "transmuter/model.h"
+#include "transmuter/text.h"
+
+namespace transmuter::pipelines {
+
+/** The model folder lacks what the pipeline needs (a tokenizer, id2label, a mask token), or an
+ * input cannot be run (too long, no mask token in a fill-mask text); the message names which. */
+class PipelineError : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class ExecutionMode {
+  kEager,
+  /** mx::compile'd plans; batches are padded to a multiple of 16 tokens so that few shapes (and so
+   * few plans) occur. */
+  kCompiled,
+};
+
+/** What to do with a text longer than the model takes. */
+enum class LongInputs {
+  kTruncate,  // keep the first max_length tokens (special tokens included), as transformers does
+  kReject,    // throw PipelineError naming the text and its length
+};
+
+struct PipelineOptions {
+  /** dtype picks the ONNX file (onnx/model{_fp16,_quantized,...}.onnx, then the root) as
+   * transformers.js does; hub settings for hf:// sources; the load-time passes. */
+  LoadOptions load;
+  /** The ONNX file inside the folder or repo; empty: picked by load.dtype. */
+  std::string model_file;
+  ExecutionMode mode = ExecutionMode::kEager;
+  std::optional<mx::Device> device;
+  /** Tokens per text, special tokens included. 0: the smallest of sentence_bert_config.json's
+   * max_seq_length, tokenizer_config.json's model_max_length and config.json's
+   * max_position_embeddings that the folder gives (no limit when it gives none). */
+  size_t max_length = 0;
+  LongInputs long_inputs = LongInputs::kTruncate;
+  /** Texts per model call; each call pads its texts to the longest. */
+  size_t batch_size = 16;
+};
+
+// --- text_embedding ------------------------------------------------------------------------
+
+/** sentence-transformers' pooling modes. */
+enum class Pooling { kMean, kCls, kMax, kLastToken, kMeanSqrtLen, kWeightedMean };
+
+struct EmbeddingOptions {
+  /** Unset: the folder's 1_Pooling/config.json (via modules.json), else mean. */
+  std::optional<Pooling> pooling;
+  /** Unset: true when modules.json has a Normalize module. */
+  std::optional<bool> normalize;
+};
+
+/** Sentence embeddings, as sentence-transformers' encode() computes them from the model's token
+ * embeddings (its last_hidden_state or token_embeddings output). */
+class TextEmbedding {
+ public:
+  /** source: a folder, or hf://org/repo[@revision] (whose files are fetched into the hub cache). */
+  static TextEmbedding open(const std::string& source, const PipelineOptions& options = {});
+
+  /** A float32 array [texts.size(), hidden], evaluated. */
+  mx::array operator()(std::span<const std::string> texts, const EmbeddingOptions& options = {}) const;
+
+  /** What an unset EmbeddingOptions field means for this folder. */
+  Pooling default_pooling() const;
+  bool default_normalize() const;
+
+  struct Impl;
+
+ private:
+  explicit TextEmbedding(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+// --- text_classification -------------------------------------------------------------------
+
+struct LabelScore {
+  std::string label;
+  float score = 0;
+};
+
+enum class ScoreFunction { kSoftmax, kSigmoid, kNone };
+
+struct ClassificationOptions {
+  /** The best top_k labels, best first (ties keep the labels' order); 0: every label. */
+  size_t top_k = 1;
+  /** Unset: as transformers picks it from config.json (problem_type "regression": none,
+   * "multi_label_classification" or a single label: sigmoid, else softmax). */
+  std::optional<ScoreFunction> function;
+};
+
+/** Sequence classification (sentiment, topics, NLI with pairs): scores per label of id2label. */
+class TextClassification {
+ public:
+  static TextClassification open(const std::string& source, const PipelineOptions& options = {});
+
+  /** One list of labels per text. */
+  std::vector<std::vector<LabelScore>> operator()(std::span<const std::string> texts,
+                                                  const ClassificationOptions& options = {}) const;
+  /** Text pairs (texts[i], pairs[i]), encoded as the tokenizer's pair template. */
+  std::vector<std::vector<LabelScore>> operator()(std::span<const std::string> texts,
+                                                  std::span<const std::string> pairs,
+                                                  const ClassificationOptions& options = {}) const;
+  /** id2label in id order. */
+  const std::vector<std::string>& labels() const;
+
+  struct Impl;
+
+ private:
+  explicit TextClassification(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+// --- token_classification ------------------------------------------------------------------
+
+/** transformers' aggregation strategies. */
+enum class Aggregation {
+  kNone,     // one entity per token (its best label)
+  kSimple,   // consecutive tokens of one entity type (B-/I- tags) grouped
+  kFirst,    // words (a token and its subword continuations) take their first token's label
+  kAverage,  // words take the label of their tokens' mean scores
+  kMax,      // words take the label of their most confident token
+};
+
+struct Entity {
+  /** The token's label ("B-PER") with Aggregation::kNone, else the entity type ("PER"). */
+  std::string entity;
+  float score = 0;
+  /** The token's index in the encoding (with Aggregation::kNone; unset otherwise). */
+  std::optional<size_t> index;
+  /** The token (kNone) or the tokens joined by the tokenizer's decoder. */
+  std::string word;
+  /** [start, end) byte offsets into the text. */
+  size_t start = 0;
+  size_t end = 0;
+};
+
+struct TokenClassificationOptions {
+  Aggregation aggregation = Aggregation::kNone;
+  /** Entities of these labels (or entity types) are dropped. */
+  std::vector<std::string> ignore_labels = {"O"};
+};
+
+/** Token classification (NER, POS): entities with offsets into the original text. */
+class TokenClassification {
+ public:
+  static TokenClassification open(const std::string& source, const PipelineOptions& options = {});
+
+  /** One list of entities per text, in text order. */
+  std::vector<std::vector<Entity>> operator()(std::span<const std::string> texts,
+                                              const TokenClassificationOptions& options = {}) const;
+  const std::vector<std::string>& labels() const;
+
+  struct Impl;
+
+ private:
+  explicit TokenClassification(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+// --- fill_mask -----------------------------------------------------------------------------
+
+struct MaskFill {
+  float score = 0;
+  int64_t token = 0;
+  /** The token decoded alone. */
+  std::string token_str;
+  /** The text with the mask replaced by the token (decoded; special tokens skipped when the text
+   * has one mask, as transformers does). */
+  std::string sequence;
+};
+
+struct FillMaskOptions {
+  size_t top_k = 5;
+  /** Restrict the candidates to these tokens (a word the vocabulary lacks stands for its first
+   * token, as transformers does). */
+  std::vector<std::string> targets;
+};
+
+/** Masked-language-model predictions for each mask token of a text. */
+class FillMask {
+ public:
+  static FillMask open(const std::string& source, const PipelineOptions& options = {});
+
+  /** Per text, per mask token (in text order), the top_k fills, best first. A text without the
+   * mask token is a PipelineError. */
+  std::vector<std::vector<std::vector<MaskFill>>> operator()(std::span<const std::string> texts,
+                                                             const FillMaskOptions& options = {}) const;
+  /** The tokenizer's mask token ("[MASK]", "<mask>"). */
+  const std::string& mask_token() const;
+
+  struct Impl;
+
+ private:
+  explicit FillMask(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace transmuter::pipelines
