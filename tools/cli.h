@@ -52,5 +52,9 @@ int embed_main(const Args& args);
 int classify_main(const Args& args);
 int ner_main(const Args& args);
 int fill_mask_main(const Args& args);
+/** `transmuter generate MODEL [PROMPT...]`: streams each prompt's continuation to stdout. */
+int generate_main(const Args& args);
+/** `transmuter chat MODEL` (without --render): one user message per line of stdin, replies streamed. */
+int chat_session_main(const Args& args);
 
 }  // namespace transmuter::cli

@@ -1,5 +1,5 @@
 // The `transmuter` command-line tool: info, run, bench, conformance, download, cache, tokenize, chat,
-// embed, classify, ner, fill-mask.
+// embed, classify, ner, fill-mask, generate.
 // The contract is in DESIGN.md ("The command-line contract").
 #include <unistd.h>
 
@@ -57,7 +57,7 @@ using cli::Args;
 bool is_flag(const std::string& name) {
   return name == "quiet" || name == "revisions" || name == "no-special-tokens" || name == "render" ||
          name == "add-generation-prompt" || name == "normalize" || name == "no-normalize" || name == "reject-long" ||
-         name == "no-ignore";
+         name == "no-ignore" || name == "do-sample" || name == "jsonl";
 }
 
 Args parse_args(int argc, char** argv, int first) {
@@ -396,6 +396,10 @@ void usage() {
                "  transmuter classify MODEL [TEXT...] [--pair TEXT] [--top-k N] [--function softmax|sigmoid|none]\n"
                "  transmuter ner MODEL [TEXT...] [--aggregation none|simple|first|average|max] [--ignore LABEL]... [--no-ignore]\n"
                "  transmuter fill-mask MODEL [TEXT...] [--top-k N] [--target WORD]...\n"
+               "  transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--do-sample] [--temperature T] [--top-k K]\n"
+               "                 [--top-p P] [--min-p P] [--repetition-penalty R] [--no-repeat-ngram N] [--stop TEXT]...\n"
+               "                 [--seed N] [--cache auto|none|dynamic|static] [--jsonl]   (streams to stdout, summary on stderr)\n"
+               "  transmuter chat MODEL [--system TEXT] [generation options]   (one user message per line of stdin)\n"
                "                 (text commands: a model folder with tokenizer.json, or hf://; texts from stdin if none;\n"
                "                  --mode eager|compiled --max-length N --reject-long --batch-size N --dtype D --model-file F)\n"
                "MODEL is a path or hf://org/repo[@revision][/path/in/repo.onnx] (with --dtype to pick the file).\n";
@@ -424,6 +428,7 @@ int main(int argc, char** argv) {
     if (command == "classify") return cli::classify_main(args);
     if (command == "ner") return cli::ner_main(args);
     if (command == "fill-mask") return cli::fill_mask_main(args);
+    if (command == "generate") return cli::generate_main(args);
     usage();
     return 2;
   } catch (const std::exception& e) {

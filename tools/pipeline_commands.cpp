@@ -1,5 +1,7 @@
 // `transmuter embed|classify|ner|fill-mask MODEL [TEXT...]`: the encoder pipelines from the command
-// line, texts from the arguments or stdin (one per line), one JSON line out per text.
+// line, texts from the arguments or stdin (one per line), one JSON line out per text; `generate` and
+// `chat` stream generated text to stdout and a summary per reply to stderr.
+#include <cstdio>
 #include <iostream>
 #include <map>
 #include <string>
@@ -209,6 +211,122 @@ int fill_mask_main(const Args& args) {
   return 0;
 }
 
+namespace {
+
+double number_option(const Args& args, const std::string& name, double fallback) {
+  if (!args.has(name)) return fallback;
+  const std::string value = args.get(name, "");
+  try {
+    size_t used = 0;
+    const double number = std::stod(value, &used);
+    if (used == value.size()) return number;
+  } catch (const std::exception&) {
+  }
+  throw Error(str("--", name, " expects a number, got '", value, "'"));
+}
+
+/** The folder's generation config with the command line's settings over it. */
+generation::GenerationConfig generation_config(const Args& args, const TextGeneration& pipe) {
+  generation::GenerationConfig config = pipe.default_config();
+  if (args.has("max-new-tokens")) config.max_new_tokens = count_option(args, "max-new-tokens", 0);
+  if (args.has("do-sample")) config.do_sample = true;
+  config.temperature = number_option(args, "temperature", config.temperature);
+  if (args.has("top-k")) config.top_k = static_cast<int64_t>(count_option(args, "top-k", 0));
+  config.top_p = number_option(args, "top-p", config.top_p);
+  if (args.has("min-p")) config.min_p = number_option(args, "min-p", 0);
+  config.repetition_penalty = number_option(args, "repetition-penalty", config.repetition_penalty);
+  if (args.has("no-repeat-ngram")) config.no_repeat_ngram_size = count_option(args, "no-repeat-ngram", 0);
+  for (const auto& stop : args.all("stop")) config.stop_strings.push_back(stop);
+  if (args.has("seed")) config.seed = static_cast<uint64_t>(count_option(args, "seed", 0));
+  config.validate();
+  return config;
+}
+
+KvCache cache_option(const Args& args) {
+  return choice<KvCache>(args, "cache",
+                         {{"auto", KvCache::kAuto},
+                          {"none", KvCache::kNone},
+                          {"dynamic", KvCache::kDynamic},
+                          {"static", KvCache::kStatic}},
+                         KvCache::kAuto);
+}
+
+/** One line on stderr per reply; compiled runs add how many plans the decode steps have built. */
+void print_summary(const GenerationSummary& s, const TextGeneration& pipe, const Args& args) {
+  char line[256];
+  std::snprintf(
+      line, sizeof line,
+      "[%zu prompt tokens, %zu generated; first token after %.1f ms, then %.1f tokens/s; %.2f s in all",
+      s.input_tokens, s.output_tokens, s.time_to_first_token_s * 1e3, s.tokens_per_s, s.total_s);
+  std::cerr << line;
+  if (args.get("mode", "eager") == "compiled")
+    std::cerr << "; " << pipe.compile_stats().plans_built << " compiled plans";
+  std::cerr << "]\n" << std::flush;
+}
+
+void stream_to_stdout(size_t, std::string_view piece) { std::cout << piece << std::flush; }
+
+const char* reason_name(generation::StopReason reason) {
+  switch (reason) {
+    case generation::StopReason::kEosToken:
+      return "eos_token";
+    case generation::StopReason::kStopString:
+      return "stop_string";
+    case generation::StopReason::kMaxLength:
+      return "max_length";
+    case generation::StopReason::kNone:
+      break;
+  }
+  return "none";
+}
+
+/** --jsonl: {"text", "tokens" (the new ids), "stop_reason"} instead of the streamed text. */
+void write_generated(std::ostream& out, const GeneratedText& g) {
+  out << "{\"text\": ";
+  write_json_string(out, g.text);
+  out << ", \"tokens\": [";
+  for (size_t i = 0; i < g.tokens.size(); ++i) out << (i ? ", " : "") << g.tokens[i];
+  out << "], \"stop_reason\": \"" << reason_name(g.reason) << "\"}";
+}
+
+}  // namespace
+
+int generate_main(const Args& args) {
+  require_model(
+      args,
+      "usage: transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--do-sample] [--temperature T] "
+      "[--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--no-repeat-ngram N] [--stop TEXT]... "
+      "[--seed N] [--cache auto|none|dynamic|static] [--jsonl]");
+  auto pipe = TextGeneration::open(args.positional[0], pipeline_options(args), cache_option(args));
+  const generation::GenerationConfig config = generation_config(args, pipe);
+  const bool json = args.has("jsonl");
+  for (const auto& prompt : input_texts(args)) {
+    if (prompt.empty()) throw Error("the prompt is empty");
+    GenerationSummary summary;
+    auto outputs =
+        pipe(std::vector<std::string>{prompt}, config, json ? TextStreamer{} : stream_to_stdout, &summary);
+    if (json) write_generated(std::cout, outputs.front());
+    std::cout << '\n' << std::flush;
+    print_summary(summary, pipe, args);
+  }
+  return 0;
+}
+
+int chat_session_main(const Args& args) {
+  auto chat = Chat::open(args.positional[0], pipeline_options(args), cache_option(args));
+  const generation::GenerationConfig config = generation_config(args, chat.generation());
+  if (args.has("system")) chat.set_system(args.get("system", ""));
+  // One user message per line of stdin; the conversation carries over from line to line.
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line.empty()) continue;
+    GenerationSummary summary;
+    chat.send(line, config, stream_to_stdout, &summary);
+    std::cout << '\n' << std::flush;
+    print_summary(summary, chat.generation(), args);
+  }
+  return 0;
+}
+
 }  // namespace transmuter::cli
 
 #else
@@ -223,6 +341,8 @@ int embed_main(const Args&) { return without_text("embed"); }
 int classify_main(const Args&) { return without_text("classify"); }
 int ner_main(const Args&) { return without_text("ner"); }
 int fill_mask_main(const Args&) { return without_text("fill-mask"); }
+int generate_main(const Args&) { return without_text("generate"); }
+int chat_session_main(const Args&) { return without_text("chat"); }
 }  // namespace transmuter::cli
 
 #endif

@@ -65,11 +65,13 @@ int tokenize_main(const Args& args) {
 }
 
 constexpr const char* kChatUsage =
-    "usage: transmuter chat MODEL_OR_FOLDER --render [--tools FILE] [--add-generation-prompt] [--template "
+    "usage: transmuter chat MODEL [--system TEXT] [generation options]   (user messages on stdin)\n"
+    "       transmuter chat MODEL_OR_FOLDER --render [--tools FILE] [--add-generation-prompt] [--template "
     "NAME]";
 
 int chat_main(const Args& args) {
-  if (args.positional.size() != 1 || !args.has("render")) throw Error(kChatUsage);
+  if (args.positional.size() != 1) throw Error(kChatUsage);
+  if (!args.has("render")) return chat_session_main(args);
   text::ChatTemplate chat_template =
       text::ChatTemplate::from_folder(tokenizer_folder(args.positional[0]), args.get("template", ""));
   text::ChatTemplateOptions options;

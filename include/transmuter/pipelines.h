@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -17,7 +18,9 @@
 #include <mlx/device.h>
 
 #include "transmuter/error.h"
+#include "transmuter/generation.h"
 #include "transmuter/model.h"
+#include "transmuter/runtime.h"
 #include "transmuter/text.h"
 
 namespace transmuter::pipelines {
@@ -214,6 +217,106 @@ class FillMask {
  private:
   explicit FillMask(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
+};
+
+// --- text_generation -----------------------------------------------------------------------
+
+/** How a decoder's past keys and values are kept between steps. */
+enum class KvCache {
+  /** kStatic when the model takes position_ids and past inputs, else kDynamic (kNone without past). */
+  kAuto,
+  /** Every step runs the whole sequence again (the model's past inputs get length 0). */
+  kNone,
+  /** The presents of a step are the next step's past: its length grows by one each step. */
+  kDynamic,
+  /** The past is preallocated to a capacity (the max length rounded up to 64) and the attention mask
+   * covers only the filled part: every decode step has the same shapes, so one compiled plan serves
+   * them all. Needs a position_ids input (positions cannot come from the past's length). */
+  kStatic,
+};
+
+/** Counters of one generate call. */
+struct GenerationSummary {
+  size_t input_tokens = 0;   // prompt tokens, padding excluded
+  size_t output_tokens = 0;  // tokens generated (each row up to where it stopped)
+  double time_to_first_token_s = 0;
+  /** Generated tokens after the first, per second of the decode steps (all rows together). */
+  double tokens_per_s = 0;
+  double total_s = 0;
+  size_t steps = 0;  // model calls
+};
+
+/** One generated sequence. */
+struct GeneratedText {
+  std::vector<int64_t> prompt;  // the prompt's tokens (no padding)
+  std::vector<int64_t> tokens;  // the new tokens, up to and including the one that stopped it
+  std::string text;             // tokens decoded, special tokens skipped
+  generation::StopReason reason = generation::StopReason::kNone;
+};
+
+/** Called as text is generated: the row and the newly decoded text (complete UTF-8 characters). */
+using TextStreamer = std::function<void(size_t row, std::string_view text)>;
+
+/** A decoder-only language model (optimum exports with past_key_values.N.key/value inputs and
+ * present.N.key/value outputs, merged decoders with use_cache_branch), generating as transformers'
+ * generate() does: greedy or sampled (generation::GenerationConfig), left-padded batches with
+ * position_ids from the attention mask, stop tokens and strings. */
+class TextGeneration {
+ public:
+  static TextGeneration open(const std::string& source, const PipelineOptions& options = {},
+                             KvCache cache = KvCache::kAuto);
+
+  /** Prompts encoded by the tokenizer (its special tokens added), then generated from. */
+  std::vector<GeneratedText> operator()(std::span<const std::string> prompts,
+                                        const generation::GenerationConfig& config,
+                                        const TextStreamer& streamer = {},
+                                        GenerationSummary* summary = nullptr) const;
+  /** The same from token ids (each prompt at least one token). */
+  std::vector<GeneratedText> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                      const generation::GenerationConfig& config,
+                                      const TextStreamer& streamer = {},
+                                      GenerationSummary* summary = nullptr) const;
+
+  /** The folder's generation_config.json (or config.json's fallbacks). */
+  const generation::GenerationConfig& default_config() const;
+  const text::Tokenizer& tokenizer() const;
+  /** The cache mode kAuto resolved to. */
+  KvCache cache() const;
+  /** The compiled decode plans' counters (ExecutionMode::kCompiled). */
+  CompileStats compile_stats() const;
+
+  struct Impl;
+
+ private:
+  explicit TextGeneration(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+/** A conversation with a chat model: each user message is appended to the messages, the model's chat
+ * template renders them with the generation prompt (as apply_chat_template(add_generation_prompt=True)),
+ * the rendered prompt is encoded without adding special tokens (the template writes them) and
+ * generated from, and the reply joins the messages as the assistant's. */
+class Chat {
+ public:
+  /** The model's TextGeneration and its chat template (chat_template.jinja or tokenizer_config.json). */
+  static Chat open(const std::string& source, const PipelineOptions& options = {},
+                   KvCache cache = KvCache::kAuto);
+  Chat(TextGeneration generation, text::ChatTemplate chat_template);
+
+  /** Adds a system message (before the first user message). */
+  void set_system(std::string_view text);
+  /** Sends one user message and returns the reply (streamed to `streamer` as it is generated). An empty
+   * message is a PipelineError. */
+  std::string send(std::string_view user_text, const generation::GenerationConfig& config,
+                   const TextStreamer& streamer = {}, GenerationSummary* summary = nullptr);
+  /** The conversation so far, a JSON array of {"role", "content"} messages. */
+  std::string messages_json() const;
+  const TextGeneration& generation() const { return generation_; }
+
+ private:
+  TextGeneration generation_;
+  text::ChatTemplate template_;
+  std::vector<std::pair<std::string, std::string>> messages_;  // (role, content)
 };
 
 }  // namespace transmuter::pipelines

@@ -77,8 +77,12 @@ ModelConfig read_model_config(const ModelFolder& folder) {
   config.labels = labels_of(file, *path);
   if (auto p = file.find("problem_type"); p != file.end() && p->is_string())
     config.problem_type = p->get<std::string>();
-  if (auto m = file.find("max_position_embeddings"); m != file.end() && m->is_number_unsigned())
-    config.max_position_embeddings = m->get<size_t>();
+  // GPT-2-style configs call it n_positions.
+  for (const char* key : {"max_position_embeddings", "n_positions"}) {
+    if (auto m = file.find(key);
+        m != file.end() && m->is_number_unsigned() && !config.max_position_embeddings)
+      config.max_position_embeddings = m->get<size_t>();
+  }
   return config;
 }
 

@@ -118,3 +118,60 @@ def test_clear_errors(tmp_path):
 
     result = cli("embed", str(tmp_path / "missing"), "x")
     assert result.returncode == 1 and "no such folder or file" in result.stderr
+
+
+SUMMARY = r"^\[\d+ prompt tokens, \d+ generated; first token after [\d.]+ ms, then [\d.]+ tokens/s; [\d.]+ s in all(; \d+ compiled plans)?\]$"
+
+
+def test_generate_streams_transformers_greedy_text():
+    import re
+
+    want = expected("llama_decoder")
+    case = next(c for c in want["cases"] if c["name"] == "single")
+    result = cli("generate", str(FIXTURES / "llama_decoder"), case["prompts"][0], "--max-new-tokens",
+                 str(case["generate"]["max_new_tokens"]))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == case["texts"][0] + "\n"
+    assert re.match(SUMMARY, result.stderr.strip()), result.stderr
+    assert "24 generated" in result.stderr
+
+
+def test_generate_errors():
+    result = cli("generate", str(FIXTURES / "gpt2_decoder"), "", stdin=None)
+    assert result.returncode == 1 and "the prompt is empty" in result.stderr
+    result = cli("generate", str(FIXTURES / "gpt2_decoder"), "x " * 80)
+    assert result.returncode == 1 and "the model's context of 64" in result.stderr
+    result = cli("generate", str(FIXTURES / "gpt2_decoder"), "hi", "--do-sample", "--temperature", "0")
+    assert result.returncode == 1 and "temperature must be strictly positive" in result.stderr
+    result = cli("generate", str(FIXTURES / "gpt2_decoder"), "hi", "--cache", "sometimes")
+    assert result.returncode == 1 and "--cache takes auto|dynamic|none|static" in result.stderr
+
+
+# Short, as the fixture's context is 64 byte-level tokens.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
+
+
+def test_chat_keeps_the_conversation(tmp_path):
+    folder = tmp_path / "chat_model"
+    shutil.copytree(FIXTURES / "llama_decoder", folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    options = ["--max-new-tokens", "6"]
+    result = cli("chat", str(folder), *options, stdin="Hi\nOk\n")
+    assert result.returncode == 0, result.stderr
+    replies = result.stdout.split("\n")[:2]
+    assert len(result.stderr.strip().splitlines()) == 2  # one summary per reply
+    # The second reply is the continuation of the whole conversation, as the template renders it.
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": replies[0]},
+                {"role": "user", "content": "Ok"}]
+    rendered = cli("chat", str(folder), "--render", "--add-generation-prompt", stdin=json.dumps(messages))
+    assert rendered.returncode == 0, rendered.stderr
+    alone = cli("generate", str(folder), rendered.stdout, *options)
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout == replies[1] + "\n"
+
+
+def test_chat_without_a_template():
+    result = cli("chat", str(FIXTURES / "gpt2_decoder"), stdin="hello\n")
+    assert result.returncode == 1 and "no chat template" in result.stderr

@@ -1,0 +1,456 @@
+// TextGeneration: the decode loop of a decoder-only model with a KV cache, choosing tokens as
+// transformers' generate() does (src/pipelines/logits_processing.cpp and friends).
+//
+// One step feeds input_ids [batch, new], attention_mask [batch, past + new], position_ids [batch, new]
+// and past_key_values.N.key/value [batch, kv_heads, past, head_dim]; it reads logits [batch, new, vocab]
+// and present.N.key/value [batch, kv_heads, past + new, head_dim]. Prompts are left-padded, so the last
+// position of every row is a real token, and positions are cumsum(mask) - 1 as transformers computes
+// them. The static cache keeps the past at a fixed capacity C: a decode step feeds all C slots with
+// the mask covering the filled ones, and writes the new token's key/value (the present's slot C) into
+// slot `filled` of the cache, so that every decode step has the same shapes.
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include <mlx/ops.h>
+#include <mlx/transforms.h>
+
+#include "pipelines/model_config.h"
+#include "pipelines/model_folder.h"
+
+namespace transmuter::pipelines {
+namespace {
+
+namespace fs = std::filesystem;
+using generation::GenerationConfig;
+using generation::StopReason;
+using Clock = std::chrono::steady_clock;
+
+/** The static cache's capacity grows in these steps, so that calls of similar lengths share plans. */
+constexpr size_t kStaticCapacityStep = 64;
+
+/** What a decoder's inputs and outputs say about its cache. */
+struct DecoderSignature {
+  bool has_mask = false;
+  bool has_positions = false;
+  bool has_cache_branch = false;           // merged decoders: use_cache_branch picks the with-past graph
+  std::vector<std::string> past_names;     // past_key_values.N.key, .value, layer by layer
+  std::vector<std::string> present_names;  // present.N.key, .value, in the same order
+  int kv_heads = 0;
+  int head_dim = 0;
+  mx::Dtype past_dtype = mx::float32;
+  std::string logits = "logits";
+};
+
+mx::Dtype float_dtype_of(OnnxType type) {
+  if (type == OnnxType::kFloat16) return mx::float16;
+  if (type == OnnxType::kBfloat16) return mx::bfloat16;
+  return mx::float32;
+}
+
+DecoderSignature read_signature(const Model& model, const std::string& source) {
+  DecoderSignature s;
+  auto has_output = [&](const std::string& name) {
+    return std::any_of(model.outputs().begin(), model.outputs().end(),
+                       [&](const ValueInfo& v) { return v.name == name; });
+  };
+  for (const auto& input : model.inputs()) {
+    if (input.name == "input_ids") continue;
+    if (input.name == "attention_mask") {
+      s.has_mask = true;
+    } else if (input.name == "position_ids") {
+      s.has_positions = true;
+    } else if (input.name == "use_cache_branch") {
+      s.has_cache_branch = true;
+    } else if (input.name.starts_with("past_key_values.")) {
+      if (input.shape.size() != 4 || !input.shape[1].value || !input.shape[3].value)
+        throw PipelineError(
+            str(source, ": past input '", input.name,
+                "' should be [batch, kv_heads, past_sequence, head_dim] with numeric heads and head size"));
+      s.kv_heads = static_cast<int>(*input.shape[1].value);
+      s.head_dim = static_cast<int>(*input.shape[3].value);
+      s.past_dtype = float_dtype_of(input.elem_type);
+      std::string present = "present." + input.name.substr(std::string("past_key_values.").size());
+      if (!has_output(present))
+        throw PipelineError(str(source, ": past input '", input.name, "' has no output '", present, "'"));
+      s.past_names.push_back(input.name);
+      s.present_names.push_back(present);
+    } else {
+      throw PipelineError(str(source, ": the decoder's input '", input.name,
+                              "' is not one text generation fills (input_ids, attention_mask, position_ids, "
+                              "past_key_values.N.key/value, use_cache_branch)"));
+    }
+  }
+  if (!has_output(s.logits)) throw PipelineError(str(source, ": the decoder has no 'logits' output"));
+  return s;
+}
+
+KvCache resolve_cache(KvCache asked, const DecoderSignature& s, const std::string& source) {
+  const bool has_past = !s.past_names.empty();
+  if (asked == KvCache::kAuto)
+    return !has_past ? KvCache::kNone : (s.has_positions ? KvCache::kStatic : KvCache::kDynamic);
+  if (asked != KvCache::kNone && !has_past)
+    throw PipelineError(
+        str(source, ": the model has no past_key_values inputs, so it can only run without a cache"));
+  if (asked == KvCache::kStatic && !s.has_positions)
+    throw PipelineError(str(source,
+                            ": a static cache needs a position_ids input (the model would take positions "
+                            "from the past's length, which is the capacity)"));
+  return asked;
+}
+
+mx::array int_matrix(const std::vector<int64_t>& flat, int rows, int cols) {
+  return mx::array(flat.begin(), {rows, cols}, mx::int64);
+}
+
+}  // namespace
+
+struct TextGeneration::Impl {
+  ModelFolder folder;
+  PipelineOptions options;
+  Model model;
+  text::Tokenizer tokenizer;
+  ModelConfig config;
+  GenerationConfig defaults;
+  DecoderSignature signature;
+  KvCache cache = KvCache::kNone;
+  int64_t pad_id = 0;
+  std::optional<generation::TokenTexts> token_texts;  // for stop strings, loaded on first use
+  mutable std::mutex mutex;                           // guards compiled and token_texts
+  mutable std::optional<CompiledModel> compiled;
+
+  Impl(ModelFolder f, const PipelineOptions& o)
+      : folder(std::move(f)),
+        options(o),
+        model(load(folder.model_path().string(), o.load)),
+        tokenizer(load_tokenizer()),
+        config(read_model_config(folder)) {}
+
+  text::Tokenizer load_tokenizer() const {
+    auto path = folder.find("tokenizer.json");
+    if (!path)
+      throw PipelineError(str(
+          folder.source(), ": the model has no tokenizer.json (text generation needs one beside the model)"));
+    folder.find("tokenizer_config.json");
+    return text::Tokenizer::from_folder(path->parent_path());
+  }
+
+  /** The sequences of one call, with left padding. */
+  struct Batch {
+    std::vector<std::vector<int64_t>> rows;  // padding + prompt + generated, as transformers' input_ids
+    std::vector<std::vector<int64_t>> mask;  // 0 for padding, 1 for tokens
+    size_t prompt_length = 0;                // the padded prompt length
+    size_t rows_count() const { return rows.size(); }
+  };
+
+  Batch left_padded(const std::vector<std::vector<int64_t>>& prompts) const {
+    Batch batch;
+    for (const auto& p : prompts) batch.prompt_length = std::max(batch.prompt_length, p.size());
+    for (const auto& p : prompts) {
+      const size_t pad = batch.prompt_length - p.size();
+      std::vector<int64_t> row(pad, pad_id);
+      row.insert(row.end(), p.begin(), p.end());
+      std::vector<int64_t> mask(pad, 0);
+      mask.resize(batch.prompt_length, 1);
+      batch.rows.push_back(std::move(row));
+      batch.mask.push_back(std::move(mask));
+    }
+    return batch;
+  }
+
+  /** position_ids of the last `count` tokens of each row: cumsum(mask) - 1, padding at 0 (as transformers
+   * 5.23's generate; the padding is masked, so its positions change nothing). */
+  mx::array positions(const Batch& b, size_t count) const {
+    std::vector<int64_t> flat;
+    for (const auto& mask : b.mask) {
+      int64_t position = -1;
+      std::vector<int64_t> all;
+      for (int64_t m : mask) {
+        position += m;
+        all.push_back(m ? position : 0);
+      }
+      flat.insert(flat.end(), all.end() - static_cast<std::ptrdiff_t>(count), all.end());
+    }
+    return int_matrix(flat, static_cast<int>(b.rows_count()), static_cast<int>(count));
+  }
+
+  /** The last `count` tokens of each row. */
+  mx::array last_tokens(const Batch& b, size_t count) const {
+    std::vector<int64_t> flat;
+    for (const auto& row : b.rows)
+      flat.insert(flat.end(), row.end() - static_cast<std::ptrdiff_t>(count), row.end());
+    return int_matrix(flat, static_cast<int>(b.rows_count()), static_cast<int>(count));
+  }
+
+  mx::array mask_of(const Batch& b) const {
+    std::vector<int64_t> flat;
+    for (const auto& m : b.mask) flat.insert(flat.end(), m.begin(), m.end());
+    return int_matrix(flat, static_cast<int>(b.rows_count()), static_cast<int>(b.mask.front().size()));
+  }
+
+  std::vector<mx::array> empty_past(int rows) const {
+    std::vector<mx::array> past;
+    for (size_t i = 0; i < signature.past_names.size(); ++i)
+      past.push_back(mx::zeros({rows, signature.kv_heads, 0, signature.head_dim}, signature.past_dtype));
+    return past;
+  }
+
+  Inputs step_inputs(mx::array ids, mx::array mask, mx::array positions, const std::vector<mx::array>& past,
+                     bool with_past) const {
+    Inputs inputs;
+    inputs.emplace("input_ids", std::move(ids));
+    if (signature.has_mask) inputs.emplace("attention_mask", std::move(mask));
+    if (signature.has_positions) inputs.emplace("position_ids", std::move(positions));
+    if (signature.has_cache_branch) inputs.emplace("use_cache_branch", mx::array({with_past}));
+    for (size_t i = 0; i < past.size(); ++i) inputs.emplace(signature.past_names[i], past[i]);
+    return inputs;
+  }
+
+  Outputs run_step(const Inputs& inputs, bool compiled_step) const {
+    if (!compiled_step || options.mode == ExecutionMode::kEager) {
+      RunOptions run_options;
+      run_options.device = options.device;
+      return run(model, model.params(), inputs, run_options);
+    }
+    std::optional<CompiledModel> plan;
+    {
+      std::lock_guard lock(mutex);
+      if (!compiled) {
+        CompileOptions compile_options;
+        compile_options.device = options.device;
+        if (signature.has_cache_branch) compile_options.static_inputs = {"use_cache_branch"};
+        compiled = compile(model, inputs, compile_options);
+      }
+      plan = compiled;
+    }
+    return (*plan)(inputs);
+  }
+
+  /** The last position's logits of each row, float32 [rows, vocab], evaluated with `also`. */
+  mx::array last_logits(const Outputs& outputs, std::vector<mx::array>& also) const {
+    const mx::array& logits = outputs.tensor(signature.logits);
+    if (logits.ndim() != 3)
+      throw PipelineError(str(folder.source(), ": logits should be [batch, sequence, vocabulary]"));
+    const int rows = logits.shape(0), seq = logits.shape(1), vocab = logits.shape(2);
+    mx::array last = mx::contiguous(mx::astype(
+        mx::reshape(mx::slice(logits, {0, seq - 1, 0}, {rows, seq, vocab}), {rows, vocab}), mx::float32));
+    std::vector<mx::array> to_eval = also;
+    to_eval.push_back(last);
+    mx::eval(to_eval);
+    return last;
+  }
+
+  std::vector<mx::array> presents(const Outputs& outputs) const {
+    std::vector<mx::array> out;
+    for (const auto& name : signature.present_names) out.push_back(outputs.tensor(name));
+    return out;
+  }
+
+  const generation::TokenTexts& texts() {
+    std::lock_guard lock(mutex);
+    if (!token_texts) token_texts = generation::TokenTexts::from_file(*folder.find("tokenizer.json"));
+    return *token_texts;
+  }
+};
+
+namespace {
+
+/** The static cache's slots: presents of the prompt, then zeros up to the capacity. */
+std::vector<mx::array> fill_static_cache(const std::vector<mx::array>& presents, int capacity) {
+  std::vector<mx::array> cache;
+  for (const auto& present : presents) {
+    const int filled = present.shape(2);
+    mx::array rest =
+        mx::zeros({present.shape(0), present.shape(1), capacity - filled, present.shape(3)}, present.dtype());
+    cache.push_back(mx::concatenate({present, rest}, 2));
+  }
+  return cache;
+}
+
+/** Writes the new token's key/value (slot `capacity` of each present) into slot `filled`. */
+void update_static_cache(std::vector<mx::array>& cache, const std::vector<mx::array>& presents, int filled) {
+  for (size_t i = 0; i < cache.size(); ++i) {
+    const mx::array& present = presents[i];
+    const int capacity = cache[i].shape(2);
+    mx::array slot = mx::slice(present, {0, 0, capacity, 0},
+                               {present.shape(0), present.shape(1), capacity + 1, present.shape(3)});
+    const mx::Shape begin = {0, 0, filled, 0};
+    const mx::Shape end = {present.shape(0), present.shape(1), filled + 1, present.shape(3)};
+    cache[i] = mx::slice_update(cache[i], slot, begin, end);
+  }
+}
+
+/** The static step's mask: the filled part as the batch's mask says, the empty slots 0, the new token 1. */
+mx::array static_mask(const std::vector<std::vector<int64_t>>& mask, size_t capacity) {
+  std::vector<int64_t> flat;
+  for (const auto& m : mask) {
+    // m covers the filled slots and the new token (its last entry).
+    flat.insert(flat.end(), m.begin(), m.end() - 1);
+    flat.insert(flat.end(), capacity - (m.size() - 1), 0);
+    flat.push_back(1);
+  }
+  return int_matrix(flat, static_cast<int>(mask.size()), static_cast<int>(capacity + 1));
+}
+
+size_t round_up(size_t n, size_t step) { return (n + step - 1) / step * step; }
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+TextGeneration TextGeneration::open(const std::string& source, const PipelineOptions& options,
+                                    KvCache cache) {
+  auto impl = std::make_shared<Impl>(ModelFolder::open(source, options), options);
+  impl->signature = read_signature(impl->model, source);
+  impl->cache = resolve_cache(cache, impl->signature, source);
+  // generation_config.json, else config.json's ids (GenerationConfig::from_folder), from the folder
+  // (for hf:// sources: the snapshot the files were fetched into).
+  auto generation_file = impl->folder.find("generation_config.json");
+  auto config_file = impl->folder.find("config.json");
+  if (generation_file || config_file)
+    impl->defaults =
+        GenerationConfig::from_folder((generation_file ? *generation_file : *config_file).parent_path());
+  const auto special = read_special_tokens(impl->folder);
+  std::optional<int64_t> pad;
+  if (auto p = special.find("pad_token"); p != special.end()) pad = impl->tokenizer.token_to_id(p->second);
+  impl->pad_id = pad.value_or(impl->defaults.pad_token_id_or_eos().value_or(0));
+  return TextGeneration(impl);
+}
+
+const GenerationConfig& TextGeneration::default_config() const { return impl_->defaults; }
+const text::Tokenizer& TextGeneration::tokenizer() const { return impl_->tokenizer; }
+KvCache TextGeneration::cache() const { return impl_->cache; }
+CompileStats TextGeneration::compile_stats() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->compiled ? impl_->compiled->stats() : CompileStats{};
+}
+
+std::vector<GeneratedText> TextGeneration::operator()(std::span<const std::string> prompts,
+                                                      const GenerationConfig& config,
+                                                      const TextStreamer& streamer,
+                                                      GenerationSummary* summary) const {
+  std::vector<std::vector<int64_t>> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ids.push_back(impl_->tokenizer.encode(prompts[i]).ids);
+    if (ids.back().empty()) throw PipelineError(str("prompt ", i, " is empty: it encodes to no tokens"));
+  }
+  return generate(ids, config, streamer, summary);
+}
+
+std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vector<int64_t>>& prompts,
+                                                    const GenerationConfig& config,
+                                                    const TextStreamer& streamer,
+                                                    GenerationSummary* summary) const {
+  Impl& impl = const_cast<Impl&>(*impl_);  // only the lazily loaded token texts and plans change
+  const auto start = Clock::now();
+  if (prompts.empty()) return {};
+  for (size_t i = 0; i < prompts.size(); ++i)
+    if (prompts[i].empty())
+      throw PipelineError(str("prompt ", i, " is empty: generation needs at least one token"));
+  Impl::Batch batch = impl.left_padded(prompts);
+  const size_t rows = batch.rows_count();
+  if (impl.config.max_position_embeddings && batch.prompt_length >= *impl.config.max_position_embeddings)
+    throw PipelineError(str("the prompt has ", batch.prompt_length,
+                            " tokens, as many as the model's context of ",
+                            *impl.config.max_position_embeddings, " or more"));
+
+  std::optional<generation::TokenTexts> texts;
+  if (!config.stop_strings.empty()) texts = impl.texts();
+  std::vector<generation::StopRules> stops;
+  std::vector<generation::TokenSampler> samplers;
+  std::vector<text::DecodeStream> streams;
+  for (size_t r = 0; r < rows; ++r) {
+    stops.emplace_back(config, batch.prompt_length, texts, impl.config.max_position_embeddings);
+    samplers.emplace_back(config, r);
+    if (streamer) streams.push_back(impl.tokenizer.decode_stream(true));
+  }
+  const size_t max_length = stops.front().max_length();
+  if (impl.config.max_position_embeddings && max_length > *impl.config.max_position_embeddings)
+    throw PipelineError(str("the prompt's ", batch.prompt_length, " tokens and the new ones (up to ",
+                            max_length, " in all) do not fit the model's context of ",
+                            *impl.config.max_position_embeddings, ": lower max_new_tokens"));
+  const int64_t finished_token = config.pad_token_id_or_eos().value_or(impl.pad_id);
+
+  std::vector<GeneratedText> results(rows);
+  for (size_t r = 0; r < rows; ++r) results[r].prompt = prompts[r];
+  std::vector<bool> done(rows, false);
+  size_t generated = 0, steps = 0;
+  double first_token_s = 0;
+  std::vector<mx::array> past = impl.empty_past(static_cast<int>(rows));
+  const int capacity = static_cast<int>(round_up(max_length, kStaticCapacityStep));
+
+  while (true) {
+    // 1. Run the model on what the cache has not seen.
+    const size_t length = batch.rows.front().size();
+    Outputs outputs = [&] {
+      const bool prefill = generated == 0;
+      if (impl.cache == KvCache::kNone || prefill) {
+        auto inputs =
+            impl.step_inputs(impl.last_tokens(batch, length), impl.mask_of(batch),
+                             impl.positions(batch, length), impl.empty_past(static_cast<int>(rows)), false);
+        // A static cache prefills eagerly: its one compiled plan is the decode step's.
+        return impl.run_step(inputs, impl.cache != KvCache::kStatic);
+      }
+      mx::array mask =
+          impl.cache == KvCache::kStatic ? static_mask(batch.mask, capacity) : impl.mask_of(batch);
+      return impl.run_step(
+          impl.step_inputs(impl.last_tokens(batch, 1), mask, impl.positions(batch, 1), past, true), true);
+    }();
+    ++steps;
+    if (impl.cache == KvCache::kDynamic) {
+      past = impl.presents(outputs);
+    } else if (impl.cache == KvCache::kStatic) {
+      if (generated == 0)
+        past = fill_static_cache(impl.presents(outputs), capacity);
+      else
+        update_static_cache(past, impl.presents(outputs), static_cast<int>(length - 1));
+    }
+    mx::array logits = impl.last_logits(outputs, past);
+
+    // 2. Choose each row's next token; a finished row gets the pad token, as in transformers.
+    const size_t vocab = static_cast<size_t>(logits.shape(1));
+    std::vector<float> row_logits(vocab);
+    for (size_t r = 0; r < rows; ++r) {
+      int64_t next = finished_token;
+      if (!done[r]) {
+        std::copy_n(logits.data<float>() + r * vocab, vocab, row_logits.begin());
+        next = samplers[r].next(row_logits, batch.rows[r], generated);
+      }
+      batch.rows[r].push_back(next);
+      batch.mask[r].push_back(1);
+      if (done[r]) continue;
+      results[r].tokens.push_back(next);
+      if (streamer) {
+        std::string piece = streams[r].step(next);
+        if (!piece.empty()) streamer(r, piece);
+      }
+      results[r].reason = stops[r].check(batch.rows[r]);
+      done[r] = results[r].reason != StopReason::kNone;
+    }
+    if (generated == 0) first_token_s = seconds_since(start);
+    ++generated;
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+  }
+
+  size_t output_tokens = 0, input_tokens = 0;
+  for (auto& result : results) {
+    result.text = impl.tokenizer.decode(result.tokens, true);
+    output_tokens += result.tokens.size();
+    input_tokens += result.prompt.size();
+  }
+  if (summary) {
+    summary->input_tokens = input_tokens;
+    summary->output_tokens = output_tokens;
+    summary->time_to_first_token_s = first_token_s;
+    summary->total_s = seconds_since(start);
+    summary->steps = steps;
+    const double decode_s = summary->total_s - first_token_s;
+    summary->tokens_per_s =
+        decode_s > 0 && output_tokens > rows ? static_cast<double>(output_tokens - rows) / decode_s : 0;
+  }
+  return results;
+}
+
+}  // namespace transmuter::pipelines

@@ -1,0 +1,161 @@
+// Greedy generation against transformers' generate() on tiny random decoders of four families
+// (tests/pipelines/fixtures/*_decoder/expected.json, recorded by scripts/make_generation_models.py):
+// token for token, without a cache, with the dynamic and the static cache, eagerly and compiled, single
+// prompts and a left-padded batch. Token ids are compared exactly: a greedy choice only changes if two
+// logits are within float32 noise, which these fixtures' margins exclude (the recording script checks
+// ORT against PyTorch to 1e-4).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "support/expect_error.h"
+#include "transmuter/pipelines.h"
+
+namespace transmuter::pipelines {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::error_of;
+
+fs::path fixture(const std::string& name) {
+  return fs::path(TRANSMUTER_SOURCE_DIR) / "tests/pipelines/fixtures" / name;
+}
+
+json expected_of(const std::string& family) {
+  std::ifstream in(fixture(family + "_decoder") / "expected.json");
+  return json::parse(in);
+}
+
+/** The case's generate() arguments as a GenerationConfig over the folder's defaults. */
+generation::GenerationConfig config_of(const TextGeneration& pipe, const json& arguments) {
+  generation::GenerationConfig config = pipe.default_config();
+  config.max_new_tokens = arguments.value("max_new_tokens", 20);
+  config.repetition_penalty = arguments.value("repetition_penalty", 1.0);
+  config.no_repeat_ngram_size = arguments.value("no_repeat_ngram_size", 0);
+  return config;
+}
+
+/** transformers keeps generating pad tokens in rows that already stopped; ours end at their eos. */
+std::vector<int64_t> until_eos(std::vector<int64_t> tokens, int64_t eos) {
+  auto it = std::find(tokens.begin(), tokens.end(), eos);
+  if (it != tokens.end()) tokens.erase(it + 1, tokens.end());
+  return tokens;
+}
+
+struct Mode {
+  KvCache cache;
+  ExecutionMode execution;
+  const char* name;
+};
+
+class TextGenerationTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+const Mode kModes[] = {{KvCache::kNone, ExecutionMode::kEager, "no cache"},
+                       {KvCache::kDynamic, ExecutionMode::kEager, "dynamic cache"},
+                       {KvCache::kStatic, ExecutionMode::kEager, "static cache"},
+                       {KvCache::kStatic, ExecutionMode::kCompiled, "static cache, compiled"}};
+
+TEST_P(TextGenerationTest, GreedyEqualsTransformersGenerate) {
+  const auto& [family, mode_index] = GetParam();
+  const Mode& mode = kModes[mode_index];
+  const json expected = expected_of(family);
+  PipelineOptions options;
+  options.mode = mode.execution;
+  auto pipe = TextGeneration::open(fixture(family + "_decoder").string(), options, mode.cache);
+  ASSERT_EQ(pipe.cache(), mode.cache);
+  const int64_t eos = expected["eos_token_id"];
+  for (const json& c : expected["cases"]) {
+    const auto prompts = c["prompt_token_ids"].get<std::vector<std::vector<int64_t>>>();
+    GenerationSummary summary;
+    auto outputs = pipe.generate(prompts, config_of(pipe, c["generate"]), {}, &summary);
+    ASSERT_EQ(outputs.size(), prompts.size());
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      const auto want = until_eos(c["new_token_ids"][r].get<std::vector<int64_t>>(), eos);
+      EXPECT_EQ(outputs[r].tokens, want)
+          << family << " " << mode.name << " case " << c["name"] << " row " << r;
+      const bool stopped_on_eos = !want.empty() && want.back() == eos;
+      EXPECT_EQ(outputs[r].reason,
+                stopped_on_eos ? generation::StopReason::kEosToken : generation::StopReason::kMaxLength);
+    }
+    EXPECT_GT(summary.output_tokens, 0u);
+  }
+  if (mode.execution == ExecutionMode::kCompiled) {
+    // Every decode step of every case shares one plan per batch size and capacity.
+    EXPECT_LE(pipe.compile_stats().plans_built, 2u) << family;
+  }
+}
+
+std::string name_of(const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+  const char* modes[] = {"NoCache", "Dynamic", "Static", "StaticCompiled"};
+  return std::get<0>(info.param) + "_" + modes[std::get<1>(info.param)];
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TextGenerationTest,
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "phi3"),
+                                            ::testing::Range(0, 4)),
+                         name_of);
+
+TEST(TextGeneration, StreamsTheDecodedText) {
+  auto pipe = TextGeneration::open(fixture("llama_decoder").string());
+  generation::GenerationConfig config = pipe.default_config();
+  config.max_new_tokens = 12;
+  std::string streamed;
+  auto outputs =
+      pipe(std::vector<std::string>{"The quick brown fox"}, config, [&](size_t row, std::string_view piece) {
+        EXPECT_EQ(row, 0u);
+        streamed += piece;
+      });
+  EXPECT_EQ(streamed, outputs[0].text);
+  EXPECT_EQ(outputs[0].tokens.size(), 12u);
+}
+
+TEST(TextGeneration, OnePlanServesEveryDecodeStep) {
+  PipelineOptions options;
+  options.mode = ExecutionMode::kCompiled;
+  auto pipe = TextGeneration::open(fixture("gpt2_decoder").string(), options);
+  ASSERT_EQ(pipe.cache(), KvCache::kStatic);
+  generation::GenerationConfig config = pipe.default_config();
+  config.eos_token_ids.clear();  // run every step
+  config.max_new_tokens = 56;    // the fixture's context is 64 positions
+  GenerationSummary summary;
+  for (int call = 0; call < 4; ++call) pipe.generate({{805, 362, 745, 616}}, config, {}, &summary);
+  EXPECT_EQ(summary.steps, 56u);
+  EXPECT_EQ(pipe.compile_stats().plans_built, 1u);  // 4 x 55 decode steps, one plan
+}
+
+TEST(TextGeneration, ClearErrors) {
+  auto pipe = TextGeneration::open(fixture("gpt2_decoder").string());
+  generation::GenerationConfig config = pipe.default_config();
+  EXPECT_EQ(error_of<PipelineError>([&] { pipe(std::vector<std::string>{""}, config); }),
+            "prompt 0 is empty: it encodes to no tokens");
+  std::vector<int64_t> too_long(64, 805);
+  EXPECT_NE(
+      error_of<PipelineError>([&] { pipe.generate({too_long}, config); }).find("the model's context of 64"),
+      std::string::npos);
+  EXPECT_NE(error_of<PipelineError>([&] {
+              TextGeneration::open(fixture("bert_sentiment").string());
+            }).find("is not one text generation fills"),
+            std::string::npos);
+  config.max_new_tokens = 61;
+  EXPECT_NE(error_of<PipelineError>([&] {
+              pipe.generate({{805, 362, 745, 616}}, config);
+            }).find("(up to 65 in all) do not fit the model's context of 64"),
+            std::string::npos);
+  fs::path dir = fs::temp_directory_path() / ("transmuter_generation_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(fixture("gpt2_decoder"), dir);
+  fs::remove(dir / "tokenizer.json");
+  EXPECT_NE(
+      error_of<PipelineError>([&] { TextGeneration::open(dir.string()); }).find("has no tokenizer.json"),
+      std::string::npos);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace transmuter::pipelines
