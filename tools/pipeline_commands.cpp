@@ -42,6 +42,21 @@ PipelineOptions pipeline_options(const Args& args) {
   options.load.dtype = args.get("dtype", "fp32");
   options.load.hub = hub_options(args);
   options.model_file = args.get("model-file", "");
+  // --passes default|none|NAME,...: the load-time passes, as for `run`.
+  const std::string passes = args.get("passes", "default");
+  if (passes == "none") {
+    options.load.run_passes = false;
+  } else if (passes != "default") {
+    std::string name;
+    for (char c : passes + ",") {
+      if (c != ',') {
+        name += c;
+      } else if (!name.empty()) {
+        options.load.only_passes.push_back(name);
+        name.clear();
+      }
+    }
+  }
   options.mode = choice<ExecutionMode>(
       args, "mode", {{"eager", ExecutionMode::kEager}, {"compiled", ExecutionMode::kCompiled}},
       ExecutionMode::kEager);

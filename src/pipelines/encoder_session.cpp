@@ -58,7 +58,8 @@ EncoderSession::EncoderSession(ModelFolder folder, const PipelineOptions& option
       model_(load(folder_.model_path().string(), options.load)),
       tokenizer_(load_tokenizer(folder_)),
       config_(read_model_config(folder_)),
-      special_tokens_(read_special_tokens(folder_)) {
+      special_tokens_(read_special_tokens(folder_)),
+      runner_(model_, options) {
   if (options.batch_size == 0) throw PipelineError("batch_size must be at least 1");
   max_length_ = resolve_max_length(options, tokenizer_, config_, extra_limit);
   bool has_ids = false;
@@ -138,25 +139,6 @@ Inputs EncoderSession::model_inputs(const std::vector<text::Encoding>& encodings
   return inputs;
 }
 
-Outputs EncoderSession::run_model(const Inputs& inputs) const {
-  if (options_.mode == ExecutionMode::kEager) {
-    RunOptions run_options;
-    run_options.device = options_.device;
-    return run(model_, model_.params(), inputs, run_options);
-  }
-  std::optional<CompiledModel> compiled;
-  {
-    std::lock_guard lock(compile_mutex_);
-    if (!compiled_) {
-      CompileOptions compile_options;
-      compile_options.device = options_.device;
-      compiled_ = compile(model_, inputs, compile_options);
-    }
-    compiled = compiled_;
-  }
-  return (*compiled)(inputs);
-}
-
 void EncoderSession::for_each_batch(std::span<const std::string> texts, std::span<const std::string> pairs,
                                     const std::string& output,
                                     const std::function<void(const Batch&)>& visit) const {
@@ -169,7 +151,7 @@ void EncoderSession::for_each_batch(std::span<const std::string> texts, std::spa
                 .encodings = encode(texts.subspan(first, count),
                                     pairs.empty() ? pairs : pairs.subspan(first, count), first),
                 .output = mx::array(0.0f)};
-    Outputs outputs = run_model(model_inputs(batch.encodings));
+    Outputs outputs = runner_(model_inputs(batch.encodings));
     // Row-contiguous, so that the pipelines may read it on the host.
     batch.output = mx::contiguous(mx::astype(outputs.tensor(output), mx::float32));
     mx::eval(batch.output);

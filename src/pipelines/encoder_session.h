@@ -6,7 +6,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -14,6 +13,7 @@
 
 #include "pipelines/model_config.h"
 #include "pipelines/model_folder.h"
+#include "pipelines/model_runner.h"
 #include "transmuter/pipelines.h"
 #include "transmuter/runtime.h"
 #include "transmuter/text.h"
@@ -57,7 +57,6 @@ class EncoderSession {
   std::vector<text::Encoding> encode(std::span<const std::string> texts, std::span<const std::string> pairs,
                                      size_t first) const;
   Inputs model_inputs(const std::vector<text::Encoding>& encodings) const;
-  Outputs run_model(const Inputs& inputs) const;
 
   ModelFolder folder_;
   PipelineOptions options_;
@@ -66,8 +65,7 @@ class EncoderSession {
   ModelConfig config_;
   std::map<std::string, std::string> special_tokens_;
   size_t max_length_ = 0;
-  mutable std::mutex compile_mutex_;
-  mutable std::optional<CompiledModel> compiled_;
+  ModelRunner runner_;  // after model_, which it refers to
 };
 
 /** A softmax over the last axis of `logits` (rows of `width`), as transformers' pipelines compute

@@ -17,6 +17,7 @@
 
 #include "pipelines/model_config.h"
 #include "pipelines/model_folder.h"
+#include "pipelines/model_runner.h"
 
 namespace transmuter::pipelines {
 namespace {
@@ -115,9 +116,9 @@ struct TextGeneration::Impl {
   DecoderSignature signature;
   KvCache cache = KvCache::kNone;
   int64_t pad_id = 0;
-  std::optional<generation::TokenTexts> token_texts;  // for stop strings, loaded on first use
-  mutable std::mutex mutex;                           // guards compiled and token_texts
-  mutable std::optional<CompiledModel> compiled;
+  std::unique_ptr<ModelRunner> runner;
+  mutable std::optional<generation::TokenTexts> token_texts;  // for stop strings, loaded on first use
+  mutable std::mutex mutex;                                   // guards token_texts
 
   Impl(ModelFolder f, const PipelineOptions& o)
       : folder(std::move(f)),
@@ -206,26 +207,6 @@ struct TextGeneration::Impl {
     return inputs;
   }
 
-  Outputs run_step(const Inputs& inputs, bool compiled_step) const {
-    if (!compiled_step || options.mode == ExecutionMode::kEager) {
-      RunOptions run_options;
-      run_options.device = options.device;
-      return run(model, model.params(), inputs, run_options);
-    }
-    std::optional<CompiledModel> plan;
-    {
-      std::lock_guard lock(mutex);
-      if (!compiled) {
-        CompileOptions compile_options;
-        compile_options.device = options.device;
-        if (signature.has_cache_branch) compile_options.static_inputs = {"use_cache_branch"};
-        compiled = compile(model, inputs, compile_options);
-      }
-      plan = compiled;
-    }
-    return (*plan)(inputs);
-  }
-
   /** The last position's logits of each row, float32 [rows, vocab], evaluated with `also`. */
   mx::array last_logits(const Outputs& outputs, std::vector<mx::array>& also) const {
     const mx::array& logits = outputs.tensor(signature.logits);
@@ -246,7 +227,7 @@ struct TextGeneration::Impl {
     return out;
   }
 
-  const generation::TokenTexts& texts() {
+  const generation::TokenTexts& texts() const {
     std::lock_guard lock(mutex);
     if (!token_texts) token_texts = generation::TokenTexts::from_file(*folder.find("tokenizer.json"));
     return *token_texts;
@@ -305,6 +286,9 @@ TextGeneration TextGeneration::open(const std::string& source, const PipelineOpt
   auto impl = std::make_shared<Impl>(ModelFolder::open(source, options), options);
   impl->signature = read_signature(impl->model, source);
   impl->cache = resolve_cache(cache, impl->signature, source);
+  std::vector<std::string> static_inputs;
+  if (impl->signature.has_cache_branch) static_inputs.push_back("use_cache_branch");  // picks the If branch
+  impl->runner = std::make_unique<ModelRunner>(impl->model, options, static_inputs);
   // generation_config.json, else config.json's ids (GenerationConfig::from_folder), from the folder
   // (for hf:// sources: the snapshot the files were fetched into).
   auto generation_file = impl->folder.find("generation_config.json");
@@ -322,10 +306,7 @@ TextGeneration TextGeneration::open(const std::string& source, const PipelineOpt
 const GenerationConfig& TextGeneration::default_config() const { return impl_->defaults; }
 const text::Tokenizer& TextGeneration::tokenizer() const { return impl_->tokenizer; }
 KvCache TextGeneration::cache() const { return impl_->cache; }
-CompileStats TextGeneration::compile_stats() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->compiled ? impl_->compiled->stats() : CompileStats{};
-}
+CompileStats TextGeneration::compile_stats() const { return impl_->runner->stats(); }
 
 std::vector<GeneratedText> TextGeneration::operator()(std::span<const std::string> prompts,
                                                       const GenerationConfig& config,
@@ -343,7 +324,7 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
                                                     const GenerationConfig& config,
                                                     const TextStreamer& streamer,
                                                     GenerationSummary* summary) const {
-  Impl& impl = const_cast<Impl&>(*impl_);  // only the lazily loaded token texts and plans change
+  const Impl& impl = *impl_;
   const auto start = Clock::now();
   if (prompts.empty()) return {};
   for (size_t i = 0; i < prompts.size(); ++i)
@@ -391,12 +372,12 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
             impl.step_inputs(impl.last_tokens(batch, length), impl.mask_of(batch),
                              impl.positions(batch, length), impl.empty_past(static_cast<int>(rows)), false);
         // A static cache prefills eagerly: its one compiled plan is the decode step's.
-        return impl.run_step(inputs, impl.cache != KvCache::kStatic);
+        return (*impl.runner)(inputs, impl.cache != KvCache::kStatic);
       }
       mx::array mask =
           impl.cache == KvCache::kStatic ? static_mask(batch.mask, capacity) : impl.mask_of(batch);
-      return impl.run_step(
-          impl.step_inputs(impl.last_tokens(batch, 1), mask, impl.positions(batch, 1), past, true), true);
+      return (*impl.runner)(
+          impl.step_inputs(impl.last_tokens(batch, 1), mask, impl.positions(batch, 1), past, true));
     }();
     ++steps;
     if (impl.cache == KvCache::kDynamic) {

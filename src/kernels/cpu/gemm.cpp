@@ -130,15 +130,38 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
       }
     }
   }
-#pragma GCC unroll 4
-  for (int64_t k = 0; k < depth; ++k) {
-    V b_lo, b_hi;
+  auto load_b = [&](int64_t k, V& b_lo, V& b_hi) {
     if constexpr (kMaskedB) {
       segment.load(b + k * ldb, b_lo, b_hi);
     } else {
       b_lo = hn::LoadU(d, b + k * ldb);
       b_hi = hn::LoadU(d, b + k * ldb + lanes);
     }
+  };
+  int64_t k = 0;
+  if constexpr (R == 1) {
+    // One row (a decode step's matrix-vector product): a single accumulator pair waits out
+    // each FMA's latency; three more pairs over interleaved k keep the FMA units busy.
+    V lo_k[3] = {hn::Zero(d), hn::Zero(d), hn::Zero(d)}, hi_k[3] = {hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+    for (; k + 4 <= depth; k += 4) {
+      V b_lo, b_hi;
+      load_b(k, b_lo, b_hi);
+      lo[0] = hn::MulAdd(hn::Set(d, a[k]), b_lo, lo[0]);
+      hi[0] = hn::MulAdd(hn::Set(d, a[k]), b_hi, hi[0]);
+#pragma GCC unroll 3
+      for (int j = 0; j < 3; ++j) {
+        load_b(k + 1 + j, b_lo, b_hi);
+        lo_k[j] = hn::MulAdd(hn::Set(d, a[k + 1 + j]), b_lo, lo_k[j]);
+        hi_k[j] = hn::MulAdd(hn::Set(d, a[k + 1 + j]), b_hi, hi_k[j]);
+      }
+    }
+    lo[0] = hn::Add(hn::Add(lo[0], lo_k[0]), hn::Add(lo_k[1], lo_k[2]));
+    hi[0] = hn::Add(hn::Add(hi[0], hi_k[0]), hn::Add(hi_k[1], hi_k[2]));
+  }
+#pragma GCC unroll 4
+  for (; k < depth; ++k) {
+    V b_lo, b_hi;
+    load_b(k, b_lo, b_hi);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       const V x = hn::Set(d, a[r * lda + k]);
