@@ -80,9 +80,10 @@ class OrtLoop:
         return tokens[len(ids):], step_times
 
 
-def run_transmuter(binary: Path, model: Path, prompts: list[str], new_tokens: int, mode: str) -> tuple[str, list[dict]]:
+def run_transmuter(binary: Path, model: Path, prompts: list[str], new_tokens: int, mode: str,
+                   passes: str = "default") -> tuple[str, list[dict]]:
     result = subprocess.run([str(binary), "generate", str(model), "--max-new-tokens", str(new_tokens), "--mode", mode,
-                             "--jsonl"],
+                             "--jsonl", "--passes", passes],
                             input="\n".join(prompts) + "\n", capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"transmuter generate failed:\n{result.stderr}")
@@ -146,13 +147,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--memory-prompts", type=int, default=40, help="prompts of 250 tokens for the RSS check")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--passes", default="default", help="Transmuter's load-time passes (transmuter --passes)")
+    parser.add_argument("--no-write", action="store_true", help="print only: no JSON, no docs/decode_performance.md")
     args = parser.parse_args()
 
     tokenizer = Tokenizer.from_file(str(args.model / "tokenizer.json"))
     ids = tokenizer.encode(PROMPT).ids
     ort_loop = OrtLoop(args.model, args.threads)
     result = {"machine_before": machine(), "prompt_tokens": len(ids), "new_tokens": args.new_tokens,
-              "threads": args.threads, "rounds": []}
+              "threads": args.threads, "passes": args.passes, "rounds": []}
     ort_loop.generate(ids, 8)  # warm-up
     same_tokens = True
     for round_index in range(args.rounds):
@@ -164,7 +167,7 @@ def main() -> int:
                 figures["ort_ms"] = statistics.median(steps) * 1e3
                 ort_tokens = tokens
             else:
-                text, summaries = run_transmuter(args.binary, args.model, [PROMPT], args.new_tokens, "compiled")
+                text, summaries = run_transmuter(args.binary, args.model, [PROMPT], args.new_tokens, "compiled", args.passes)
                 figures["transmuter_ms"] = 1e3 / summaries[0]["tokens_per_s"]
                 figures["plans"] = summaries[0]["plans"]
                 ours = json.loads(text.splitlines()[0])["tokens"]
@@ -176,6 +179,8 @@ def main() -> int:
     result["same_tokens"] = same_tokens
     result["median_ratio"] = statistics.median(r["ratio"] for r in result["rounds"])
 
+    if args.no_write:
+        return 0
     per_prompt = 250
     small, large = max(1, args.memory_prompts // 10), args.memory_prompts
     small_kib = peak_rss_kib(args.binary, args.model, small, per_prompt)

@@ -11,6 +11,8 @@
 //             Add (either side) --- mask   (optional)
 //              |
 //           Softmax(axis = -1, opset >= 13)
+//              |
+//           [Cast(to float)]...                    (transformers' float32 softmax)
 //              |                              =>   Q   K   V  [mask]
 //            MatMul --- V                           \  |  /  /
 //              |                         ScaledDotProductAttention(scale)
@@ -69,7 +71,8 @@ struct GraphIndex {
 
   // The node producing `value` when it is of `op_type` and `value` is read
   // once (by the node being matched), else nullopt.
-  std::optional<size_t> sole_producer(const Graph& graph, const std::string& value, std::string_view op_type) const {
+  std::optional<size_t> sole_producer(const Graph& graph, const std::string& value,
+                                      std::string_view op_type) const {
     auto it = producer.find(value);
     if (it == producer.end() || !is_onnx(graph.nodes[it->second], op_type)) return std::nullopt;
     auto r = reads.find(value);
@@ -115,6 +118,7 @@ std::optional<size_t> known_rank(const Graph& graph, const std::string& value) {
 struct AttentionMatch {
   size_t scores, softmax, output;
   std::optional<size_t> scale_node, mask_add, key_transpose;
+  std::vector<size_t> casts;  // identity Casts to float between the Softmax and the output MatMul
   std::string query, key_t, value, mask;
   float scale = 1.0f;
 };
@@ -125,7 +129,16 @@ std::optional<AttentionMatch> match_at(const Graph& graph, const GraphIndex& ind
   if (!is_onnx(out, "MatMul") || out.inputs.size() != 2 || out.outputs.size() != 1) return std::nullopt;
   AttentionMatch m{.scores = 0, .softmax = 0, .output = output};
   m.value = out.inputs[1];
-  auto softmax = index.sole_producer(graph, out.inputs[0], "Softmax");
+  // transformers' softmax(scores, dtype=float32).to(query.dtype) exports as Cast(to float) nodes between the
+  // Softmax and the MatMul. They are identities: the MatMul reads them with V, so V is float32 too, and the
+  // projections make Q and K V's type.
+  std::string probabilities = out.inputs[0];
+  while (auto cast = index.sole_producer(graph, probabilities, "Cast")) {
+    if (int_attribute(graph.nodes[*cast], "to", 0) != 1) return std::nullopt;
+    m.casts.push_back(*cast);
+    probabilities = graph.nodes[*cast].inputs[0];
+  }
+  auto softmax = index.sole_producer(graph, probabilities, "Softmax");
   if (!softmax) return std::nullopt;
   const Node& sm = graph.nodes[*softmax];
   if (sm.opset < 13 || int_attribute(sm, "axis", -1) != -1) return std::nullopt;
@@ -216,7 +229,7 @@ std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<boo
   fused.domain = kDomain;
   fused.opset = 1;
   fused.name = graph.nodes[m.softmax].name.empty() ? graph.nodes[m.output].outputs[0] + "/attention"
-                                                    : graph.nodes[m.softmax].name + "/fused_attention";
+                                                   : graph.nodes[m.softmax].name + "/fused_attention";
   fused.inputs = {m.query, key, m.value};
   if (m.mask_add) fused.inputs.push_back(m.mask);
   fused.outputs = graph.nodes[m.output].outputs;
@@ -230,6 +243,7 @@ std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<boo
   removed[m.scores] = removed[m.softmax] = true;
   if (m.scale_node) removed[*m.scale_node] = true;
   if (m.mask_add) removed[*m.mask_add] = true;
+  for (size_t cast : m.casts) removed[cast] = true;
   return before;
 }
 
@@ -253,8 +267,9 @@ size_t fuse_attention(Graph& graph) {
     if (claimed[i]) continue;
     std::optional<AttentionMatch> m = match_at(graph, index, i);
     if (!m) continue;
-    const std::vector<std::optional<size_t>> parts = {m->scores, m->softmax, m->scale_node, m->mask_add,
-                                                      m->key_transpose};
+    std::vector<std::optional<size_t>> parts = {m->scores, m->softmax, m->scale_node, m->mask_add,
+                                                m->key_transpose};
+    parts.insert(parts.end(), m->casts.begin(), m->casts.end());
     if (std::any_of(parts.begin(), parts.end(), [&](auto n) { return n && claimed[*n]; })) continue;
     for (std::optional<size_t> n : parts) {
       if (n) claimed[*n] = true;

@@ -17,7 +17,9 @@
 // 2. Decomposed RMSNorm (Llama-style exports) -> SimplifiedLayerNormalization:
 //
 //      x --> Pow(2) | Mul(x, x) --> ReduceMean(-1) --> Add(eps) --> Sqrt
-//      x --> Div(x, .) | Mul(x, Reciprocal(.)) | Mul(x, Div(1, .)) --> Mul(gamma)
+//      x --> Div(x, .) | Mul(x, Reciprocal(.)) | Mul(x, Div(1, .)) [--> Cast(float)] --> Mul(gamma)
+//
+//    (the Cast only when x is itself a Cast to float: transformers' float32 round trip)
 //
 // 3. The residual before a last-axis normalization:
 //
@@ -59,6 +61,16 @@ std::optional<int> vector_constant(const GraphIndex& index, const std::string& n
   if (!c || c->ndim() != 1 || !mx::issubdtype(c->dtype(), mx::floating)) return std::nullopt;
   if (size >= 0 && c->shape(0) != size) return std::nullopt;
   return c->shape(0);
+}
+
+// The value an Identity chain passes on: PyTorch's exporter shares equal weights (freshly initialized
+// norms are all ones) through Identity nodes of one initializer.
+std::string through_identity(const Graph& graph, const GraphIndex& index, std::string name) {
+  for (std::optional<size_t> p = index.producer(name); p && is_onnx_op(graph.nodes[*p], "Identity");
+       p = index.producer(name)) {
+    name = graph.nodes[*p].inputs.at(0);
+  }
+  return name;
 }
 
 // ReduceMean over axes [-1] with keepdims, reading `input` (axes as attribute
@@ -115,12 +127,13 @@ bool match_divide_by_root(const Graph& graph, const GraphIndex& index, const std
     return true;
   }
   // Reciprocal(sd) or Div(1, sd), then Mul(numerator, .)
-  const bool reciprocal = is_onnx_op(n, "Reciprocal") ||
-                          (is_onnx_op(n, "Div") && n.inputs.size() == 2 && n.inputs[1] == sd &&
-                           near(index.scalar(n.inputs[0]), 1.0f));
+  const bool reciprocal =
+      is_onnx_op(n, "Reciprocal") || (is_onnx_op(n, "Div") && n.inputs.size() == 2 && n.inputs[1] == sd &&
+                                      near(index.scalar(n.inputs[0]), 1.0f));
   if (!reciprocal) return false;
   std::optional<size_t> mul = sole_consumer(index, n.outputs[0]);
-  if (!mul || !is_onnx_op(graph.nodes[*mul], "Mul") || other_input(graph.nodes[*mul], n.outputs[0]) != numerator) {
+  if (!mul || !is_onnx_op(graph.nodes[*mul], "Mul") ||
+      other_input(graph.nodes[*mul], n.outputs[0]) != numerator) {
     return false;
   }
   chain.nodes.insert(chain.nodes.end(), {*next, *mul});
@@ -137,7 +150,7 @@ std::optional<std::pair<std::string, std::string>> match_affine(const Graph& gra
   if (!mul || !is_onnx_op(graph.nodes[*mul], "Mul")) return std::nullopt;
   std::optional<std::string> gamma = other_input(graph.nodes[*mul], normalized);
   if (!gamma) return std::nullopt;
-  std::optional<int> d = vector_constant(index, *gamma);
+  std::optional<int> d = vector_constant(index, through_identity(graph, index, *gamma));
   if (!d) return std::nullopt;
   chain.nodes.push_back(*mul);
   chain.last = *mul;
@@ -211,7 +224,8 @@ size_t fuse_decomposed_layer_norm(Graph& graph) {
     for (size_t square : d_readers) {
       if (!is_square_of(graph.nodes[square], index, d)) continue;
       std::optional<size_t> variance = sole_consumer(index, graph.nodes[square].outputs[0]);
-      if (!variance || !is_last_axis_mean(graph.nodes[*variance], index, graph.nodes[square].outputs[0])) continue;
+      if (!variance || !is_last_axis_mean(graph.nodes[*variance], index, graph.nodes[square].outputs[0]))
+        continue;
       chain.nodes.insert(chain.nodes.end(), {square, *variance});
       matched = match_divide_by_root(graph, index, graph.nodes[*variance].outputs[0], d, chain);
       break;
@@ -224,11 +238,28 @@ size_t fuse_decomposed_layer_norm(Graph& graph) {
     if (!affine->second.empty()) inputs.push_back(affine->second);
     // LayerNormalization exists from opset 17; the node asks for it whatever
     // the model imports (the op's semantics are those of the subgraph).
-    Node fused = new_node(last, "LayerNormalization", "", std::max(mean.opset, 17), inputs, {last.outputs[0]});
+    Node fused =
+        new_node(last, "LayerNormalization", "", std::max(mean.opset, 17), inputs, {last.outputs[0]});
     fused.attributes = {int_attribute("axis", -1), float_attribute("epsilon", chain.epsilon)};
     rewrites.add(chain.nodes, chain.last, std::move(fused));
   }
   return rewrites.apply(graph);
+}
+
+bool is_float_cast(const Node& node) {
+  return is_onnx_op(node, "Cast") && int_attribute_or(node, "to", 0) == 1;
+}
+
+// transformers' LlamaRMSNorm casts around the normalization (hidden.to(float32) ... .to(input_dtype)), so
+// its float32 exports carry Cast(to float) before the weight's Mul. When x itself is the output of a Cast
+// to float, that second Cast changes nothing and the chain takes it in.
+void take_identity_cast(const Graph& graph, const GraphIndex& index, const std::string& x, Chain& chain) {
+  std::optional<size_t> producer = index.producer(x);
+  if (!producer || !is_float_cast(graph.nodes[*producer])) return;
+  std::optional<size_t> cast = sole_consumer(index, graph.nodes[chain.last].outputs[0]);
+  if (!cast || !is_float_cast(graph.nodes[*cast])) return;
+  chain.nodes.push_back(*cast);
+  chain.last = *cast;
 }
 
 size_t fuse_decomposed_rms_norm(Graph& graph) {
@@ -242,6 +273,7 @@ size_t fuse_decomposed_rms_norm(Graph& graph) {
     if (!mean || !is_last_axis_mean(graph.nodes[*mean], index, square.outputs[0])) continue;
     Chain chain{.nodes = {i, *mean}};
     if (!match_divide_by_root(graph, index, graph.nodes[*mean].outputs[0], x, chain)) continue;
+    take_identity_cast(graph, index, x, chain);
     auto affine = match_affine(graph, index, chain, false);
     if (!affine) continue;
     const Node& last = graph.nodes[chain.last];
@@ -262,7 +294,8 @@ struct Normalization {
 std::optional<Normalization> last_axis_normalization(const Node& node, const GraphIndex& index) {
   const bool layer = is_onnx_op(node, "LayerNormalization");
   const bool rms = node.op_type == "SimplifiedLayerNormalization" && node.domain == kMicrosoftDomain;
-  if ((!layer && !rms) || node.inputs.size() < 2 || int_attribute_or(node, "axis", -1) != -1) return std::nullopt;
+  if ((!layer && !rms) || node.inputs.size() < 2 || int_attribute_or(node, "axis", -1) != -1)
+    return std::nullopt;
   for (size_t o = 1; o < node.outputs.size(); ++o) {
     if (!node.outputs[o].empty()) return std::nullopt;  // statistics requested
   }
@@ -287,7 +320,8 @@ size_t fuse_residual_into_norm(Graph& graph) {
     std::optional<size_t> add = index.producer(sum);
     if (!add || !is_onnx_op(graph.nodes[*add], "Add") || graph.nodes[*add].inputs.size() != 2) continue;
     const Node& add_node = graph.nodes[*add];
-    if (index.constant(add_node.inputs[0]) || index.constant(add_node.inputs[1])) continue;  // a bias, not a residual
+    if (index.constant(add_node.inputs[0]) || index.constant(add_node.inputs[1]))
+      continue;  // a bias, not a residual
     const int d = *vector_constant(index, n->gamma);
     std::string input = add_node.inputs[0], skip = add_node.inputs[1], bias;
     std::vector<size_t> nodes = {*add, i};
@@ -319,15 +353,16 @@ size_t fuse_residual_into_norm(Graph& graph) {
     if (!sum_read_elsewhere) outputs.resize(1);
     Node fused;
     if (n->rms) {
-      fused = new_node(norm, "SkipSimplifiedLayerNormalization", kMicrosoftDomain, 1, {input, skip, n->gamma, bias},
-                       outputs);
+      fused = new_node(norm, "SkipSimplifiedLayerNormalization", kMicrosoftDomain, 1,
+                       {input, skip, n->gamma, bias}, outputs);
     } else {
-      fused = new_node(norm, "SkipLayerNormalization", kMicrosoftDomain, 1, {input, skip, n->gamma, n->beta, bias},
-                       outputs);
+      fused = new_node(norm, "SkipLayerNormalization", kMicrosoftDomain, 1,
+                       {input, skip, n->gamma, n->beta, bias}, outputs);
     }
     while (!fused.inputs.empty() && fused.inputs.back().empty()) fused.inputs.pop_back();
     const Attribute* eps = norm.find_attribute("epsilon");
-    fused.attributes = {float_attribute("epsilon", eps != nullptr && eps->type == AttrType::kFloat ? eps->f : 1e-5f)};
+    fused.attributes = {
+        float_attribute("epsilon", eps != nullptr && eps->type == AttrType::kFloat ? eps->f : 1e-5f)};
     rewrites.add(nodes, i, std::move(fused));
   }
   return rewrites.apply(graph);

@@ -1033,3 +1033,30 @@ def test_tls_peers_are_verified_and_a_ca_bundle_is_honoured(transmuter, tmp_path
             assert path == transmuter.snapshot("org/repo", commit, "config.json") and path.read_bytes() == CONFIG
     finally:
         secure.stop()
+
+
+def test_a_pipeline_reads_its_files_from_the_model_commit_then_offline(hub, transmuter, tmp_path):
+    """`transmuter embed hf://...`: the ONNX file in onnx/ (transformers.js's layout), the tokenizer and
+    the sentence-transformers files at the root and in 1_Pooling/, all from one commit; then offline."""
+    import json
+
+    fixture = Path(__file__).resolve().parents[1] / "pipelines" / "fixtures" / "bert_embedding"
+    files = {"onnx/model.onnx": (fixture / "model.onnx").read_bytes()}
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "modules.json",
+                 "sentence_bert_config.json", "1_Pooling/config.json"):
+        files[name] = (fixture / name).read_bytes()
+    commit = hub.add_repo("org/embedder", files, lfs={"onnx/model.onnx"})
+    expected = json.loads((fixture / "expected.json").read_text())
+    text = expected["sentences"][0]
+    want = expected["poolings"]["mean_normalize"][0]
+
+    result = transmuter.run("embed", "hf://org/embedder", text)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)["embedding"]
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    assert transmuter.snapshot("org/embedder", commit, "1_Pooling/config.json").is_file()
+
+    hub.stop()
+    result = transmuter.run("embed", "hf://org/embedder", text, HF_HUB_OFFLINE="1")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["embedding"] == got

@@ -30,6 +30,8 @@ struct Variant {
   bool scores_are_output = false;
   bool mul_scale = false;       // Mul(c, scores) instead of Div(scores, c)
   bool mask_first = false;      // Add(mask, scaled)
+  int casts_after_softmax = 0;  // transformers' softmax(dtype=float32).to(dtype): Cast(to) nodes
+  int64_t cast_to = 1;          // float (an identity here); 10 (float16) is not
 };
 
 // As PyTorch exports BERT self-attention: q [B, H, S, D]; k' [B, S, H, D]
@@ -54,23 +56,35 @@ GraphBuilder attention_graph(const Variant& v) {
   } else {
     b.node("Div", {"scores", "c"}, {"scaled"});
   }
-  b.node("Add", v.mask_first ? std::vector<std::string>{"mask", "scaled"} : std::vector<std::string>{"scaled", "mask"},
-         {"masked"})
-      .node("Softmax", {"masked"}, {"probs"}, {testing::int_attr("axis", v.softmax_axis)})
-      .node("MatMul", {"probs", "v"}, {"y"})
-      .output("y");
+  b.node(
+       "Add",
+       v.mask_first ? std::vector<std::string>{"mask", "scaled"} : std::vector<std::string>{"scaled", "mask"},
+       {"masked"})
+      .node("Softmax", {"masked"}, {"probs"}, {testing::int_attr("axis", v.softmax_axis)});
+  std::string probs = "probs";
+  for (int i = 0; i < v.casts_after_softmax; ++i) {
+    b.node("Cast", {probs}, {probs + "_cast"}, {testing::int_attr("to", v.cast_to)});
+    probs += "_cast";
+  }
+  if (v.cast_to != 1) {  // back to float for the MatMul with v, so the graph stays valid
+    b.node("Cast", {probs}, {probs + "_float"}, {testing::int_attr("to", 1)});
+    probs += "_float";
+  }
+  b.node("MatMul", {probs, "v"}, {"y"}).output("y");
   if (v.scores_are_output) b.output("scores");
   return b;
 }
 
 Inputs inputs(bool with_scale) {
   // A padding mask as BERT builds it: 0 for tokens, a large negative for padding.
-  mx::array keep = mx::reshape(mx::array({1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}), {2, 1, 1, 10});
-  mx::array mask = mx::multiply(mx::subtract(mx::array(1.0f), mx::astype(keep, mx::float32)), mx::array(-3.4e38f));
+  mx::array keep =
+      mx::reshape(mx::array({1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}), {2, 1, 1, 10});
+  mx::array mask =
+      mx::multiply(mx::subtract(mx::array(1.0f), mx::astype(keep, mx::float32)), mx::array(-3.4e38f));
   Inputs in = {{"q", Value(normal({kBatch, kHeads, kSeq, kDim}, 1))},
-                                     {"k", Value(normal({kBatch, kSeq, kHeads, kDim}, 2))},
-                                     {"v", Value(normal({kBatch, kHeads, kSeq, kDim}, 3))},
-                                     {"mask", Value(mask)}};
+               {"k", Value(normal({kBatch, kSeq, kHeads, kDim}, 2))},
+               {"v", Value(normal({kBatch, kHeads, kSeq, kDim}, 3))},
+               {"mask", Value(mask)}};
   if (with_scale) in["c"] = Value(mx::array(std::sqrt(float{kDim})));
   return in;
 }
@@ -80,12 +94,13 @@ mx::array run_y(const Model& model, bool with_scale) {
 }
 
 TEST(FuseAttention, FusesTheBertPatternAndKeepsResults) {
-  for (const Variant& v : {Variant{}, Variant{.mul_scale = true}, Variant{.mask_first = true}}) {
+  for (const Variant& v : {Variant{}, Variant{.mul_scale = true}, Variant{.mask_first = true},
+                           Variant{.mul_scale = true, .casts_after_softmax = 2}}) {
     Model fused = attention_graph(v).build();
     Model plain = attention_graph(v).build({.run_passes = false});
     EXPECT_EQ(fused.passes_applied(), std::vector<std::string>{"fuse_attention"});
     EXPECT_EQ(fused.op_histogram().at(kFused), 1u);
-    for (const char* gone : {"MatMul", "Softmax", "Div", "Mul", "Add", "Constant"}) {
+    for (const char* gone : {"MatMul", "Softmax", "Div", "Mul", "Add", "Constant", "Cast"}) {
       EXPECT_EQ(fused.op_histogram().count(gone), 0u) << gone;
     }
     EXPECT_EQ(fused.op_histogram().at("Transpose"), 1u);  // rewritten in place for K
@@ -101,6 +116,8 @@ TEST(FuseAttention, LeavesNearMisses) {
       {Variant{.softmax_axis = 2}, "softmax over a non-last axis"},
       {Variant{.scale_is_input = true}, "a scale that is not a constant"},
       {Variant{.scores_are_output = true}, "scores also a graph output"},
+      {Variant{.casts_after_softmax = 1, .cast_to = 10},
+       "a Cast to float16 after the softmax (not an identity)"},
   };
   for (const auto& [v, why] : misses) {
     Model model = attention_graph(v).build();
@@ -128,8 +145,8 @@ TEST(FuseAttention, AddsAKeyTransposeWhenKtIsAnInput) {
   EXPECT_EQ(fused.op_histogram().at(kFused), 1u);
   EXPECT_EQ(fused.op_histogram().at("Transpose"), 1u);
   Inputs in = {{"q", Value(normal({1, 2, 5, 4}, 4))},
-                                     {"kt", Value(normal({1, 2, 4, 6}, 5))},
-                                     {"v", Value(normal({1, 2, 6, 3}, 6))}};
+               {"kt", Value(normal({1, 2, 4, 6}, 5))},
+               {"v", Value(normal({1, 2, 6, 3}, 6))}};
   mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("y");
   mx::array got = run(fused, fused.params(), in, {mx::Device::cpu}).tensor("y");
   EXPECT_LT(mx::max(mx::abs(mx::subtract(got, want))).item<float>(), 1e-5f);

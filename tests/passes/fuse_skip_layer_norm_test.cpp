@@ -8,8 +8,8 @@
 #include "passes/pass_manager.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
-#include "transmuter/runtime.h"
 #include "support/random_arrays.h"
+#include "transmuter/runtime.h"
 
 namespace transmuter {
 namespace {
@@ -69,7 +69,8 @@ GraphBuilder post_ln(bool pre_ln, bool rms = false) {
   return b;
 }
 
-std::map<std::string, mx::array> run_all(const Model& model, uint64_t seed, const std::vector<std::string>& names) {
+std::map<std::string, mx::array> run_all(const Model& model, uint64_t seed,
+                                         const std::vector<std::string>& names) {
   mx::array x = uniform({2, 5, kD}, -2, 2, seed), r = uniform({2, 5, kD}, -2, 2, seed + 1);
   Outputs out = run(model, model.params(), {{"x", x}, {"r", r}}, {mx::Device::cpu});
   std::map<std::string, mx::array> values;
@@ -109,6 +110,36 @@ TEST(FuseSkipLayerNorm, DecomposedRmsNormWithResidualBecomesSkipSimplified) {
   EXPECT_EQ(h.count("com.microsoft.SkipSimplifiedLayerNormalization"), 1u);
   EXPECT_EQ(h.size(), 2u);  // and the MatMul
   expect_same_outputs(post_ln(false, true), {"y"});
+}
+
+// transformers' LlamaRMSNorm as exported: Cast(to float) around the normalization; on float32 both
+// Casts are identities, and the second one joins the fused node. The weight comes through an Identity,
+// as PyTorch's exporter shares equal initializers (fresh norms are all ones).
+TEST(FuseSkipLayerNorm, DecomposedRmsNormWithTransformersCastsIsFused) {
+  GraphBuilder b;
+  constant(b, "two", 2.0f);
+  constant(b, "eps", 1e-6f);
+  constant(b, "one", 1.0f);
+  b.input("x", OnnxType::kFloat, {2, 5, kD})
+      .input("r", OnnxType::kFloat, {2, 5, kD})
+      .initializer("gamma", uniform({kD}, 0.5, 1.5, 3))
+      .initializer("last_axis", testing::i64({-1}))
+      .node("Cast", {"x"}, {"xf"}, {int_attr("to", 1)})
+      .node("Pow", {"xf", "two"}, {"sq"})
+      .node("ReduceMean", {"sq", "last_axis"}, {"ms"})
+      .node("Add", {"ms", "eps"}, {"mse"})
+      .node("Sqrt", {"mse"}, {"root"})
+      .node("Div", {"one", "root"}, {"inv"})
+      .node("Mul", {"xf", "inv"}, {"n"})
+      .node("Cast", {"n"}, {"nc"}, {int_attr("to", 1)})
+      .node("Identity", {"gamma"}, {"shared_gamma"})
+      .node("Mul", {"shared_gamma", "nc"}, {"y"})
+      .output("y");
+  auto h = b.build(kThisPass).op_histogram();
+  EXPECT_EQ(h.count("com.microsoft.SimplifiedLayerNormalization"), 1u);
+  EXPECT_EQ(h.at("Cast"), 1u);  // the first one stays
+  EXPECT_EQ(h.size(), 3u);      // and the Identity
+  expect_same_outputs(b, {"y"});
 }
 
 // The LayerNorm of BERT exports before opset 17, on a graph input (no residual).

@@ -129,6 +129,36 @@ TEST(TextGeneration, OnePlanServesEveryDecodeStep) {
   EXPECT_EQ(pipe.compile_stats().plans_built, 1u);  // 4 x 55 decode steps, one plan
 }
 
+// optimum's merged decoder (tests/models/merged_decoder: an If on use_cache_branch between the graph
+// without past and the graph with past, scripts/make_merged_decoder.py): the prefill takes the branch
+// without past, the decode steps the other. Both branches share the weights, so greedy generation with
+// the cache equals generation that reruns the whole sequence through the no-past branch every step.
+TEST(TextGeneration, MergedDecoderTakesTheCacheBranchAfterThePrefill) {
+  fs::path dir = fs::temp_directory_path() / ("transmuter_merged_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy(fs::path(TRANSMUTER_SOURCE_DIR) / "tests/models/merged_decoder/model.onnx", dir / "model.onnx");
+  // Any tokenizer will do for generating from ids (the model's vocabulary is 64 ids).
+  fs::copy(fixture("gpt2_decoder") / "tokenizer.json", dir / "tokenizer.json");
+  generation::GenerationConfig config;
+  config.max_new_tokens = 12;
+  const std::vector<std::vector<int64_t>> prompts = {{5, 17, 33}, {9, 2}};
+  auto cached = TextGeneration::open(dir.string(), {}, KvCache::kAuto);
+  EXPECT_EQ(cached.cache(), KvCache::kDynamic);  // no position_ids input: no static cache
+  auto rerun = TextGeneration::open(dir.string(), {}, KvCache::kNone);
+  auto with_cache = cached.generate(prompts, config);
+  auto without = rerun.generate(prompts, config);
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    EXPECT_EQ(with_cache[r].tokens.size(), 12u);
+    EXPECT_EQ(with_cache[r].tokens, without[r].tokens) << "row " << r;
+  }
+  EXPECT_NE(error_of<PipelineError>([&] {
+              TextGeneration::open(dir.string(), {}, KvCache::kStatic);
+            }).find("a static cache needs a position_ids input"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(TextGeneration, ClearErrors) {
   auto pipe = TextGeneration::open(fixture("gpt2_decoder").string());
   generation::GenerationConfig config = pipe.default_config();
