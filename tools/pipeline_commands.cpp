@@ -331,15 +331,25 @@ int chat_session_main(const Args& args) {
   auto chat = Chat::open(args.positional[0], pipeline_options(args), cache_option(args));
   const generation::GenerationConfig config = generation_config(args, chat.generation());
   if (args.has("system")) chat.set_system(args.get("system", ""));
-  // One user message per line of stdin; the conversation carries over from line to line.
+  // One user message per line of stdin; the conversation carries over from line to line. A turn that
+  // fails (the conversation outgrew the context, ...) is reported and left out; the chat goes on, and
+  // the exit code says that one failed.
+  bool failed = false;
   for (std::string line; std::getline(std::cin, line);) {
     if (line.empty()) continue;
     GenerationSummary summary;
-    chat.send(line, config, stream_to_stdout, &summary);
+    try {
+      chat.send(line, config, stream_to_stdout, &summary);
+    } catch (const Error& e) {
+      std::cout << '\n' << std::flush;
+      std::cerr << "transmuter chat: error: " << e.what() << "\n";
+      failed = true;
+      continue;
+    }
     std::cout << '\n' << std::flush;
     print_summary(summary, chat.generation(), args);
   }
-  return 0;
+  return failed ? 1 : 0;
 }
 
 }  // namespace transmuter::cli

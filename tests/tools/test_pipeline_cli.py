@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -175,3 +176,17 @@ def test_chat_keeps_the_conversation(tmp_path):
 def test_chat_without_a_template():
     result = cli("chat", str(FIXTURES / "gpt2_decoder"), stdin="hello\n")
     assert result.returncode == 1 and "no chat template" in result.stderr
+
+
+def test_chat_reports_a_turn_that_does_not_fit_and_goes_on(tmp_path):
+    folder = tmp_path / "chat_model"
+    shutil.copytree(FIXTURES / "llama_decoder", folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    too_long = "x" * 80  # 80 byte-level tokens: more than the fixture's context of 64
+    result = cli("chat", str(folder), "--max-new-tokens", "4", stdin=f"{too_long}\nHi\n")
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "context of 64" in errors[0], result.stderr
+    assert re.search(r"4 generated", result.stderr)  # the turn after it was answered
