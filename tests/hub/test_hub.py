@@ -1060,3 +1060,23 @@ def test_a_pipeline_reads_its_files_from_the_model_commit_then_offline(hub, tran
     result = transmuter.run("embed", "hf://org/embedder", text, HF_HUB_OFFLINE="1")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["embedding"] == got
+
+
+def test_generate_reads_the_generation_config_from_the_model_commit(hub, transmuter):
+    """`transmuter generate hf://...`: model, tokenizer, config.json and generation_config.json from one
+    commit; the greedy text equals the one transformers generated (tests/pipelines/fixtures)."""
+    import json
+
+    fixture = Path(__file__).resolve().parents[1] / "pipelines" / "fixtures" / "llama_decoder"
+    files = {name: (fixture / name).read_bytes() for name in
+             ("model.onnx", "tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json")}
+    hub.add_repo("org/decoder", files, lfs={"model.onnx"})
+    case = next(c for c in json.loads((fixture / "expected.json").read_text())["cases"] if c["name"] == "stops_on_eos")
+    result = transmuter.run("generate", "hf://org/decoder", case["prompts"][0], "--max-new-tokens",
+                            str(case["generate"]["max_new_tokens"]), "--jsonl")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[0])
+    # generation_config.json's eos_token_id ends it early, as it ended transformers' run.
+    assert out["stop_reason"] == "eos_token"
+    assert out["tokens"] == case["new_token_ids"][0]  # one prompt: no pad tokens after the eos
+    assert out["text"] == case["texts"][0]
