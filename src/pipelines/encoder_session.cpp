@@ -14,16 +14,6 @@ namespace fs = std::filesystem;
 /** Compiled plans are keyed by shape: batches padded to a multiple of this share plans. */
 constexpr size_t kCompiledPadMultiple = 16;
 
-text::Tokenizer load_tokenizer(const ModelFolder& folder) {
-  auto tokenizer_json = folder.find("tokenizer.json");
-  if (!tokenizer_json)
-    throw PipelineError(str(
-        folder.source(), ": the model has no tokenizer.json (a text pipeline needs one beside the model)"));
-  // tokenizer_config.json is fetched too (hf://) so that from_folder finds it beside tokenizer.json.
-  folder.find("tokenizer_config.json");
-  return text::Tokenizer::from_folder(tokenizer_json->parent_path());
-}
-
 size_t resolve_max_length(const PipelineOptions& options, const text::Tokenizer& tokenizer,
                           const ModelConfig& config, std::optional<size_t> extra_limit) {
   if (options.max_length > 0) return options.max_length;
@@ -56,7 +46,7 @@ EncoderSession::EncoderSession(ModelFolder folder, const PipelineOptions& option
     : folder_(std::move(folder)),
       options_(options),
       model_(load(folder_.model_path().string(), options.load)),
-      tokenizer_(load_tokenizer(folder_)),
+      tokenizer_(folder_.tokenizer()),
       config_(read_model_config(folder_)),
       special_tokens_(read_special_tokens(folder_)),
       runner_(model_, options) {

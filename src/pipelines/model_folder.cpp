@@ -83,6 +83,16 @@ ModelFolder ModelFolder::open(const std::string& source, const PipelineOptions& 
   throw PipelineError(str(source, ": no ONNX model for dtype ", options.load.dtype, " (tried ", tried, ")"));
 }
 
+text::Tokenizer ModelFolder::tokenizer() const {
+  auto tokenizer_json = find("tokenizer.json");
+  if (!tokenizer_json)
+    throw PipelineError(
+        str(source_, ": the model has no tokenizer.json (a text pipeline needs one beside the model)"));
+  // Fetched too (hf://), so that from_folder finds it beside tokenizer.json.
+  find("tokenizer_config.json");
+  return text::Tokenizer::from_folder(tokenizer_json->parent_path());
+}
+
 std::optional<fs::path> ModelFolder::find(const std::string& name) const {
   check_relative(name);
   if (commit_.empty()) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "transmuter/pipelines.h"
+#include "transmuter/text.h"
 
 namespace transmuter::pipelines {
 
@@ -21,6 +22,9 @@ class ModelFolder {
   /** A file of the folder by its relative name ("1_Pooling/config.json"), or nullopt when there is
    * none. A name that is absolute or holds ".." is a PipelineError (names come from config files). */
   std::optional<std::filesystem::path> find(const std::string& name) const;
+  /** tokenizer.json (and tokenizer_config.json beside it, when the folder has one), or a PipelineError
+   * naming the folder: every text pipeline needs it. */
+  text::Tokenizer tokenizer() const;
   /** The source as given, for messages. */
   const std::string& source() const { return source_; }
 

@@ -124,17 +124,8 @@ struct TextGeneration::Impl {
       : folder(std::move(f)),
         options(o),
         model(load(folder.model_path().string(), o.load)),
-        tokenizer(load_tokenizer()),
+        tokenizer(folder.tokenizer()),
         config(read_model_config(folder)) {}
-
-  text::Tokenizer load_tokenizer() const {
-    auto path = folder.find("tokenizer.json");
-    if (!path)
-      throw PipelineError(str(
-          folder.source(), ": the model has no tokenizer.json (text generation needs one beside the model)"));
-    folder.find("tokenizer_config.json");
-    return text::Tokenizer::from_folder(path->parent_path());
-  }
 
   /** The sequences of one call, with left padding. */
   struct Batch {

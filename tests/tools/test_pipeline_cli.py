@@ -152,12 +152,18 @@ def test_generate_errors():
 CHAT_TEMPLATE = "{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 
 
-def test_chat_keeps_the_conversation(tmp_path):
+def chat_model(tmp_path: Path) -> Path:
+    """The Llama decoder fixture with CHAT_TEMPLATE in its tokenizer_config.json."""
     folder = tmp_path / "chat_model"
     shutil.copytree(FIXTURES / "llama_decoder", folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = CHAT_TEMPLATE
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_chat_keeps_the_conversation(tmp_path):
+    folder = chat_model(tmp_path)
     options = ["--max-new-tokens", "6"]
     result = cli("chat", str(folder), *options, stdin="Hi\nOk\n")
     assert result.returncode == 0, result.stderr
@@ -179,11 +185,7 @@ def test_chat_without_a_template():
 
 
 def test_chat_reports_a_turn_that_does_not_fit_and_goes_on(tmp_path):
-    folder = tmp_path / "chat_model"
-    shutil.copytree(FIXTURES / "llama_decoder", folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = CHAT_TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    folder = chat_model(tmp_path)
     too_long = "x" * 80  # 80 byte-level tokens: more than the fixture's context of 64
     result = cli("chat", str(folder), "--max-new-tokens", "4", stdin=f"{too_long}\nHi\n")
     assert result.returncode == 1
