@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -282,6 +283,8 @@ class TextGeneration {
   const text::Tokenizer& tokenizer() const;
   /** The cache mode kAuto resolved to. */
   KvCache cache() const;
+  /** A file of the model's folder or repo commit by relative name (fetched for hf:// sources), or nullopt. */
+  std::optional<std::filesystem::path> find_file(const std::string& name) const;
   /** The compiled decode plans' counters (ExecutionMode::kCompiled). */
   CompileStats compile_stats() const;
 

@@ -1,16 +1,16 @@
 // Chat: a conversation kept as messages, rendered by the model's chat template for each turn.
 #include <nlohmann/json.hpp>
 
-#include "pipelines/model_folder.h"
+#include "transmuter/pipelines.h"
+
 
 namespace transmuter::pipelines {
 
 Chat Chat::open(const std::string& source, const PipelineOptions& options, KvCache cache) {
   TextGeneration generation = TextGeneration::open(source, options, cache);
-  // The template's files, fetched (hf://) into the folder ChatTemplate::from_folder reads.
-  ModelFolder folder = ModelFolder::open(source, options);
-  auto tokenizer_config = folder.find("tokenizer_config.json");
-  auto jinja = folder.find("chat_template.jinja");
+  // The template's files, from the folder (or commit) the model came from.
+  auto tokenizer_config = generation.find_file("tokenizer_config.json");
+  auto jinja = generation.find_file("chat_template.jinja");
   if (!tokenizer_config && !jinja)
     throw PipelineError(
         str(source, ": the model has no chat template (chat_template.jinja or tokenizer_config.json)"));

@@ -297,6 +297,7 @@ TextGeneration TextGeneration::open(const std::string& source, const PipelineOpt
 const GenerationConfig& TextGeneration::default_config() const { return impl_->defaults; }
 const text::Tokenizer& TextGeneration::tokenizer() const { return impl_->tokenizer; }
 KvCache TextGeneration::cache() const { return impl_->cache; }
+std::optional<fs::path> TextGeneration::find_file(const std::string& name) const { return impl_->folder.find(name); }
 CompileStats TextGeneration::compile_stats() const { return impl_->runner->stats(); }
 
 std::vector<GeneratedText> TextGeneration::operator()(std::span<const std::string> prompts,
