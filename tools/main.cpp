@@ -57,7 +57,7 @@ using cli::Args;
 bool is_flag(const std::string& name) {
   return name == "quiet" || name == "revisions" || name == "no-special-tokens" || name == "render" ||
          name == "add-generation-prompt" || name == "normalize" || name == "no-normalize" || name == "reject-long" ||
-         name == "no-ignore" || name == "do-sample" || name == "jsonl";
+         name == "no-ignore" || name == "do-sample" || name == "jsonl" || name == "no-skip";
 }
 
 Args parse_args(int argc, char** argv, int first) {
@@ -385,7 +385,7 @@ void usage() {
                "                 [--passes default|none|NAME,...] [--fuse auto|on|off]\n"
                "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
                "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
-               "                 [--expected FILE]\n"
+               "                 [--expected FILE] [--no-skip]\n"
                "  transmuter download hf://org/repo[@revision][/path] [--dtype fp32|fp16|q8|int8|uint8|q4|q4f16|bnb4] [--quiet]\n"
                "  transmuter cache ls [--revisions]\n"
                "  transmuter cache rm org/repo[@revision]\n"

@@ -85,6 +85,10 @@ OpRegistry make_builtin_registry() {
   register_microsoft_activation(registry);
   register_microsoft_normalization(registry);
   register_microsoft_conv(registry);
+  register_microsoft_matmul(registry);
+  register_microsoft_attention(registry);
+  register_microsoft_quantized_weights(registry);
+  register_microsoft_qlinear(registry);
   return registry;
 }
 }  // namespace

@@ -123,5 +123,9 @@ void register_transmuter_conv(OpRegistry& registry);
 void register_microsoft_activation(OpRegistry& registry);
 void register_microsoft_normalization(OpRegistry& registry);
 void register_microsoft_conv(OpRegistry& registry);
+void register_microsoft_matmul(OpRegistry& registry);
+void register_microsoft_attention(OpRegistry& registry);
+void register_microsoft_quantized_weights(OpRegistry& registry);
+void register_microsoft_qlinear(OpRegistry& registry);
 
 }  // namespace transmuter

@@ -1,10 +1,12 @@
 // ONNX Runtime's GELU contrib operators (domain com.microsoft, version 1):
-// Gelu, BiasGelu, FastGelu. They are what ONNX Runtime's optimizer fuses BERT's
-// GELU subgraph into, and what src/passes/fuse_gelu.cpp produces.
+// Gelu, BiasGelu, FastGelu, QuickGelu. They are what ONNX Runtime's optimizer
+// fuses BERT's and CLIP's GELU subgraphs into, and what src/passes/fuse_gelu.cpp
+// produces.
 // https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md
 //   Gelu(X)          = 0.5 X (1 + erf(X / sqrt 2))
 //   BiasGelu(A, B)   = Gelu(A + B), B: [D] with D = A's last dimension
 //   FastGelu(X[, B]) = 0.5 Z (1 + tanh(sqrt(2/pi) (Z + 0.044715 Z^3))), Z = X + B
+//   QuickGelu(X)     = X sigmoid(alpha X), alpha = 1.702 by default (CLIP's GELU)
 // float32 runs the kernel of src/kernels/cpu/activation.h on CPU streams;
 // float16/bfloat16 are computed in float32 and rounded once.
 #include <cmath>
@@ -64,6 +66,17 @@ OpOutputs fast_gelu(NodeContext& ctx) {
   return {bias_gelu(ctx, ctx.input(0), ctx.optional_input(1), Activation::kGeluTanh)};
 }
 
+OpOutputs quick_gelu(NodeContext& ctx) {
+  const auto s = ctx.stream();
+  const mx::array& x = ctx.input(0);
+  if (!mx::issubdtype(x.dtype(), mx::floating)) throw ctx.error("input must be a float tensor, got ", x.dtype());
+  const float alpha = ctx.attr_float("alpha", 1.702f);
+  const bool widen = x.dtype() == mx::float16 || x.dtype() == mx::bfloat16;
+  mx::array xf = widen ? mx::astype(x, mx::float32, s) : x;
+  mx::array y = mx::multiply(xf, mx::sigmoid(mx::multiply(xf, mx::array(alpha, xf.dtype()), s), s), s);
+  return {widen ? mx::astype(y, x.dtype(), s) : y};
+}
+
 }  // namespace
 
 void register_microsoft_activation(OpRegistry& r) {
@@ -71,6 +84,7 @@ void register_microsoft_activation(OpRegistry& r) {
       {"Gelu", kMicrosoft, 1, kOpen, gelu},
       {"BiasGelu", kMicrosoft, 1, kOpen, bias_gelu_op, {}, false, "B must be 1-D of A's last dimension"},
       {"FastGelu", kMicrosoft, 1, kOpen, fast_gelu, {}, false, "bias must be 1-D of X's last dimension"},
+      {"QuickGelu", kMicrosoft, 1, kOpen, quick_gelu},
   });
 }
 
