@@ -3,7 +3,8 @@
 
 Collects the cases of every module in scripts/contrib_cases/ (each module's
 `cases()`), runs each through ONNX Runtime (CPU, graph optimizations off: the
-contrib kernels themselves, not a fused rewrite of them) and writes it in the
+contrib kernels themselves, not a fused rewrite of them; a case of an operator
+that ORT implements only on CUDA carries NumPy outputs instead) and writes it in the
 ONNX backend test layout that `transmuter conformance` reads:
 
     <out>/<family>_<case>/model.onnx        outputs typed from ORT's results
@@ -14,7 +15,7 @@ A stamp holding ORT's version and a hash of the case modules makes a repeated
 run a no-op. A case that ORT refuses is an error in the case: the script
 stops and names it.
 
-Usage: make_contrib_cases.py [--out DIR] [--force] [--filter SUBSTRING]
+Usage: make_contrib_cases.py [--out DIR] [--force] [--filter SUBSTRING] [--family MODULE ...]
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ def sources_digest() -> str:
     return f"onnxruntime {ort.__version__} cases {digest.hexdigest()[:16]}"
 
 
-def collect():
-    """(family, case) for every case of every module, names checked unique."""
+def collect(families: list[str] | None = None):
+    """(name, case) for every case of every module (or of the named ones), names checked unique."""
     out, seen = [], set()
     for module_info in sorted(pkgutil.iter_modules(contrib_cases.__path__), key=lambda m: m.name):
+        if families and module_info.name not in families:
+            continue
         module = importlib.import_module(f"contrib_cases.{module_info.name}")
         for case in module.cases():
             name = f"{module_info.name}_{case.name}"
@@ -74,10 +77,13 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 def write_case(out: Path, name: str, case) -> None:
     model = case.model()
     feeds = dict(case.inputs)
-    try:
-        results = run_ort(model, feeds)
-    except Exception as error:  # ORT's own message names what it refused
-        raise SystemExit(f"contrib case {name}: ONNX Runtime refused it: {error}") from error
+    if case.expected is not None:
+        results = case.expected
+    else:
+        try:
+            results = run_ort(model, feeds)
+        except Exception as error:  # ORT's own message names what it refused
+            raise SystemExit(f"contrib case {name}: ONNX Runtime refused it: {error}") from error
     # Type the graph outputs with what ORT produced, as a real export would.
     del model.graph.output[:]
     for output_name, value in zip(case.outputs, results, strict=True):
@@ -106,19 +112,21 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--force", action="store_true", help="rewrite even if the stamp matches")
     parser.add_argument("--filter", default="", help="write only cases whose name contains this")
+    parser.add_argument("--family", action="append", help="only this module's cases (repeatable)")
     args = parser.parse_args()
 
     stamp = args.out / STAMP_NAME
     digest = sources_digest()
-    if not args.force and not args.filter and stamp.exists() and stamp.read_text().strip() == digest:
+    partial = bool(args.filter or args.family)
+    if not args.force and not partial and stamp.exists() and stamp.read_text().strip() == digest:
         count = sum(1 for p in args.out.iterdir() if p.is_dir())
         print(f"{count} contrib op cases already in {args.out} ({digest})")
         return 0
 
-    cases = collect()
+    cases = collect(args.family)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
-    if not args.filter:
+    if not partial:
         wanted = {name for name, _ in cases}
         for entry in args.out.iterdir():
             if entry.is_dir() and entry.name not in wanted:
@@ -128,7 +136,7 @@ def main() -> int:
         if args.filter in name:
             write_case(args.out, name, case)
             written += 1
-    if not args.filter:
+    if not partial:
         stamp.write_text(digest + "\n")
     print(f"wrote {written} contrib op cases to {args.out} ({digest})")
     return 0

@@ -44,6 +44,10 @@ class Case:
     atol: float = 1e-5
     ms_opset: int = 1
     onnx_opset: int = ONNX_OPSET
+    # For operators that ONNX Runtime implements only on CUDA (BiasAdd,
+    # BiasSplitGelu, BiasSoftmax): the outputs computed by NumPy from the
+    # operator's definition in ContribOperators.md, instead of ORT's.
+    expected: list[np.ndarray] | None = None
 
     def model(self):
         def info(name, array):
@@ -69,12 +73,14 @@ class Case:
         )
 
 
-def op_case(name: str, op: str, inputs, outputs, attrs=None, **kwargs) -> Case:
+def op_case(name: str, op: str, inputs, outputs, attrs=None, *, domain: str = MS_DOMAIN, **kwargs) -> Case:
     """A case of one com.microsoft node.
 
     inputs: list of (name, array) or None for an optional input left out ("");
     a name starting with "const:" makes that input an initializer.
     outputs: output names; "" leaves an optional output out.
+    domain: the node's domain; ORT keeps a few contrib ops in the default
+    domain ("": SimplifiedLayerNormalization, LayerNormalization before opset 17).
     """
     node_inputs, graph_inputs, constants = [], [], []
     for entry in inputs:
@@ -90,7 +96,7 @@ def op_case(name: str, op: str, inputs, outputs, attrs=None, **kwargs) -> Case:
         node_inputs.append(input_name)
     while node_inputs and node_inputs[-1] == "":
         node_inputs.pop()
-    node = helper.make_node(op, node_inputs, list(outputs), domain=MS_DOMAIN, **(attrs or {}))
+    node = helper.make_node(op, node_inputs, list(outputs), domain=domain, **(attrs or {}))
     return Case(
         name=name,
         nodes=[node],
@@ -110,3 +116,19 @@ def normal(generator: np.random.Generator, shape, scale: float = 1.0, dtype=np.f
 
 
 __all__ = ["Case", "MS_DOMAIN", "TensorProto", "normal", "op_case", "rng"]
+
+
+@dataclass
+class ModelProtoCase(Case):
+    """A case whose model is a whole onnx.ModelProto (`proto`), e.g. one made by
+    onnxruntime.quantization; `nodes` is unused. inputs/outputs name the
+    model's graph inputs (in order) and the outputs to check."""
+
+    proto: object = None
+
+    def model(self):
+        import onnx
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self.proto)
+        return model

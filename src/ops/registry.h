@@ -65,7 +65,18 @@ struct OpRow {
   // the inputs to outputs of the same MLX dtype: ONNX lets such types only
   // into ops that move data (Identity, Reshape, Transpose, Pad, If...).
   bool sets_element_types = false;
+  // ONNX Runtime's contrib op that ORT registers in the default domain at versions
+  // where ONNX has no such schema (SimplifiedLayerNormalization, LayerNormalization
+  // before opset 17); its optimizer writes them into exports. Exempt from the
+  // checks against ONNX's schema versions.
+  bool onnxruntime_default_domain = false;
 };
+
+/** `row`, marked as ONNX Runtime's contrib op in the default domain. */
+inline OpRow onnxruntime_default_domain(OpRow row) {
+  row.onnxruntime_default_domain = true;
+  return row;
+}
 
 class OpRegistry {
  public:
@@ -125,7 +136,11 @@ void register_microsoft_normalization(OpRegistry& registry);
 void register_microsoft_conv(OpRegistry& registry);
 void register_microsoft_matmul(OpRegistry& registry);
 void register_microsoft_attention(OpRegistry& registry);
+// Called by register_microsoft_attention (src/ops/microsoft/rotary_embedding.cpp).
+void register_microsoft_rotary_embedding(OpRegistry& registry);
 void register_microsoft_quantized_weights(OpRegistry& registry);
 void register_microsoft_qlinear(OpRegistry& registry);
+// Called by register_microsoft_qlinear (src/ops/microsoft/qlinear_matmul.cpp).
+void register_microsoft_qlinear_matmul(OpRegistry& registry);
 
 }  // namespace transmuter

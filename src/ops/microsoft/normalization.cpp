@@ -1,7 +1,8 @@
 // ONNX Runtime's normalization contrib operators (domain com.microsoft,
 // version 1): SkipLayerNormalization, SkipSimplifiedLayerNormalization,
-// SimplifiedLayerNormalization. ONNX Runtime's optimizer fuses transformer
-// blocks into them, and src/passes/fuse_skip_layer_norm.cpp produces them.
+// SimplifiedLayerNormalization, EmbedLayerNormalization. ONNX Runtime's
+// optimizer fuses transformer blocks into them (and BERT's embeddings into
+// the last), and src/passes/fuse_skip_layer_norm.cpp produces the first two.
 // https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md
 //
 //   sum  = input + skip [+ bias]
@@ -9,6 +10,17 @@
 //   Skip(Simplified)LayerNormalization: output = sum / sqrt(mean(sum^2) + eps) * gamma
 //   outputs: output, mean, inv_std_var (statistics over the last axis, kept
 //   as a size-1 axis), input_skip_bias_sum
+//
+//   EmbedLayerNormalization(input_ids, [segment_ids], word_embedding,
+//       position_embedding, [segment_embedding], gamma, beta, [mask], [position_ids]):
+//     sum[b, s]  = word_embedding[input_ids[b, s]] + position_embedding[p(b, s)]
+//                  [+ segment_embedding[segment_ids[b, s]]]
+//     p(b, s)    = position_ids[b, s] ([B, S]), position_ids[0, s] ([1, S]), or s
+//     output     = LayerNorm(sum) * gamma + beta;  embedding_sum = sum
+//     mask_index = per batch row, the number of mask entries equal to 1 (int32 [B];
+//                  zeros without a mask)
+//   Ids are int32, as ONNX Runtime requires; an id outside its table is an error
+//   when the ids are known, and is clamped into the table inside a compiled trace.
 //
 // float32 runs kernels::normalize_last_axis (one pass per row, residual and
 // bias included) on CPU streams; float16/bfloat16 are computed in float32 and
@@ -152,6 +164,92 @@ OpOutputs simplified_layer_normalization(NodeContext& ctx) {
   return {mx::astype(y, x.dtype(), s), inv_std};
 }
 
+// Rows of `table` [V, D] at `ids` (int32 [B, S]): ids must lie in [0, V).
+mx::array embedding_rows(const NodeContext& ctx, const mx::array& table, const mx::array& ids, const char* ids_name,
+                         const char* table_name) {
+  const auto s = ctx.stream();
+  const int rows = table.shape(0);
+  if (rows == 0) throw ctx.error(table_name, " has no rows");
+  mx::array index = ids;
+  if (!ids.is_tracer()) {
+    mx::array low = mx::min(ids, s), high = mx::max(ids, s);
+    mx::eval({low, high});
+    const int lowest = low.item<int32_t>(), highest = high.item<int32_t>();
+    if (lowest < 0 || highest >= rows) {
+      throw ctx.error(ids_name, " holds ", lowest < 0 ? lowest : highest, ", outside ", table_name, "'s ", rows,
+                      " rows");
+    }
+  } else {
+    index = mx::clip(ids, mx::array(0, mx::int32), mx::array(rows - 1, mx::int32), s);
+  }
+  return mx::take(table, index, 0, s);
+}
+
+void check_ids(const NodeContext& ctx, const mx::array& ids, const char* name, const mx::Shape& shape) {
+  if (ids.dtype() != mx::int32) throw ctx.error(name, " must be int32, got ", ids.dtype());
+  if (ids.shape() != shape) throw ctx.error(name, " must have input_ids' shape ", shape, ", got ", ids.shape());
+}
+
+void check_table(const NodeContext& ctx, const mx::array& table, const char* name, int64_t hidden) {
+  check_float(ctx, name, table);
+  if (table.ndim() != 2 || table.shape(1) != hidden) {
+    throw ctx.error(name, " must be 2-D [rows, ", hidden, "], got shape ", table.shape());
+  }
+}
+
+OpOutputs embed_layer_normalization(NodeContext& ctx) {
+  const auto s = ctx.stream();
+  const mx::array& input_ids = ctx.input(0);
+  if (input_ids.dtype() != mx::int32) throw ctx.error("input_ids must be int32, got ", input_ids.dtype());
+  if (input_ids.ndim() != 2) throw ctx.error("input_ids must be 2-D [batch, sequence], got shape ", input_ids.shape());
+  const int batch = input_ids.shape(0), sequence = input_ids.shape(1);
+  const mx::array& word = ctx.input(2);
+  check_float(ctx, "word_embedding", word);
+  if (word.ndim() != 2) throw ctx.error("word_embedding must be 2-D [vocabulary, hidden], got shape ", word.shape());
+  const int64_t hidden = word.shape(1);
+  const mx::array& position = ctx.input(3);
+  check_table(ctx, position, "position_embedding", hidden);
+  std::optional<mx::array> gamma = hidden_vector(ctx, 5, "gamma", hidden);
+  std::optional<mx::array> beta = hidden_vector(ctx, 6, "beta", hidden);
+  if (!gamma || !beta) throw ctx.error("gamma and beta are required");
+
+  mx::array sum = embedding_rows(ctx, word, input_ids, "input_ids", "word_embedding");
+  mx::array positions = mx::broadcast_to(mx::arange(sequence, mx::int32, s), {1, sequence}, s);
+  if (std::optional<mx::array> ids = ctx.optional_input(8)) {
+    if (ids->dtype() != mx::int32) throw ctx.error("position_ids must be int32, got ", ids->dtype());
+    if (ids->shape() != input_ids.shape() && ids->shape() != mx::Shape{1, sequence}) {
+      throw ctx.error("position_ids must be [", batch, ", ", sequence, "] or [1, ", sequence, "], got shape ",
+                      ids->shape());
+    }
+    positions = *ids;
+  }
+  sum = mx::add(sum, embedding_rows(ctx, position, positions, "position_ids", "position_embedding"), s);
+  std::optional<mx::array> segment_ids = ctx.optional_input(1), segment_table = ctx.optional_input(4);
+  if (segment_ids.has_value() != segment_table.has_value()) {
+    throw ctx.error("segment_ids and segment_embedding must be given together");
+  }
+  if (segment_ids) {
+    check_ids(ctx, *segment_ids, "segment_ids", input_ids.shape());
+    check_table(ctx, *segment_table, "segment_embedding", hidden);
+    sum = mx::add(sum, embedding_rows(ctx, *segment_table, *segment_ids, "segment_ids", "segment_embedding"), s);
+  }
+
+  const float epsilon = ctx.attr_float("epsilon", 1e-12f);
+  OpOutputs outputs(ctx.output_requested(2) ? 3 : 2);
+  outputs[0] = mx::astype(kernels::normalize_last_axis(widened(sum, s), std::nullopt, std::nullopt,
+                                                       widened(*gamma, s), widened(*beta, s),
+                                                       {.epsilon = epsilon, .rms = false}, s)[0],
+                          word.dtype(), s);
+  if (std::optional<mx::array> mask = ctx.optional_input(7)) {
+    check_ids(ctx, *mask, "mask", input_ids.shape());
+    outputs[1] = mx::sum(mx::astype(mx::equal(*mask, mx::array(1, mx::int32), s), mx::int32, s), 1, false, s);
+  } else {
+    outputs[1] = mx::zeros({batch}, mx::int32, s);
+  }
+  if (ctx.output_requested(2)) outputs[2] = sum;
+  return outputs;
+}
+
 }  // namespace
 
 void register_microsoft_normalization(OpRegistry& r) {
@@ -160,8 +258,13 @@ void register_microsoft_normalization(OpRegistry& r) {
        "gamma, beta, bias 1-D of the hidden size; statistics outputs float32"},
       {"SkipSimplifiedLayerNormalization", kMicrosoft, 1, kOpen, skip_simplified_layer_normalization, {}, false,
        "gamma, bias 1-D of the hidden size; statistics outputs float32"},
-      {"SimplifiedLayerNormalization", kMicrosoft, 1, kOpen, simplified_layer_normalization, {}, false,
-       "registered in com.microsoft only (ONNX Runtime also accepts the default domain)"},
+      // ONNX Runtime registers it in the default domain (where its optimizer writes
+      // it); com.microsoft is accepted too, for hand-made graphs.
+      onnxruntime_default_domain({"SimplifiedLayerNormalization", kOnnx, 1, kOpen, simplified_layer_normalization, {},
+                                  false, "ONNX Runtime's contrib op in the default domain"}),
+      {"SimplifiedLayerNormalization", kMicrosoft, 1, kOpen, simplified_layer_normalization},
+      {"EmbedLayerNormalization", kMicrosoft, 1, kOpen, embed_layer_normalization, {}, false,
+       "ids int32 (as ONNX Runtime)"},
   });
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/matmul.h"
 #include "ops/node_context.h"
+#include "ops/onnx/matmul.h"
 #include "ops/registry.h"
 
 namespace transmuter {
@@ -26,8 +27,8 @@ mx::array integer_matmul(const mx::array& a, const mx::array& b, mx::StreamOrDev
   return mx::sum(products, -2, false, s);
 }
 
-// numpy matmul semantics, including 1-D operands (promoted to a matrix and
-// the added axis removed again) and broadcast batch axes.
+}  // namespace
+
 mx::array numpy_matmul(const NodeContext& ctx, mx::array a, mx::array b) {
   auto s = ctx.stream();
   if (a.ndim() == 0 || b.ndim() == 0) throw ctx.error("MatMul operands must have rank >= 1");
@@ -47,6 +48,8 @@ mx::array numpy_matmul(const NodeContext& ctx, mx::array a, mx::array b) {
   if (vector_a) out = mx::squeeze(out, vector_b ? -1 : -2, s);
   return out;
 }
+
+namespace {
 
 // MatMul: every version has numpy semantics; v9 and v13 only add dtypes.
 OpOutputs matmul(NodeContext& ctx) { return {numpy_matmul(ctx, ctx.input(0), ctx.input(1))}; }

@@ -215,6 +215,11 @@ OpOutputs lp_normalization(NodeContext& ctx) {
 
 void register_normalization(OpRegistry& r) {
   r.add({
+      // ONNX added LayerNormalization in opset 17; ONNX Runtime has had it in the
+      // default domain from version 1 as a contrib op with the same attributes and
+      // outputs, and its optimizer writes it into exports of any opset.
+      onnxruntime_default_domain({"LayerNormalization", kOnnx, 1, 16, layer_normalization, {}, false,
+                                  "ONNX Runtime's contrib op (ONNX has it from opset 17)"}),
       {"LayerNormalization", kOnnx, 17, kOpen, layer_normalization},
       // v1-v5 is_test/spatial/consumed_inputs, v6 is_test/spatial, v7 spatial,
       // v9 no mode attributes: all inference here. v14 training_mode, v15 dtypes.

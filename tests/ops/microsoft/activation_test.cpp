@@ -58,5 +58,27 @@ TEST(MicrosoftGelu, BiasOfTheWrongShapeNamesTheNode) {
   EXPECT_NE(message.find("test_FastGelu"), std::string::npos) << message;
 }
 
+TEST(MicrosoftBiasOps, BadShapesNameTheNodeAndTheInput) {
+  mx::array x = random_array({2, 3, 6}, 8);
+  std::string message = error_of<OpError>([&] { run_ms("BiasSplitGelu", {random_array({2, 3, 5}, 9), random_array({5}, 10)}); });
+  EXPECT_NE(message.find("test_BiasSplitGelu"), std::string::npos) << message;
+  EXPECT_NE(message.find("must be even"), std::string::npos) << message;
+  message = error_of<OpError>([&] { run_ms("BiasAdd", {x, random_array({6}, 11), random_array({2, 3, 5}, 12)}); });
+  EXPECT_NE(message.find("skip must match X"), std::string::npos) << message;
+  message = error_of<OpError>([&] { run_ms("BiasAdd", {random_array({3, 6}, 13), random_array({6}, 14), random_array({3, 6}, 15)}); });
+  EXPECT_NE(message.find("X must be 3-D"), std::string::npos) << message;
+  message = error_of<OpError>([&] { run_ms("BiasSoftmax", {x, random_array({4, 6}, 16)}); });
+  EXPECT_NE(message.find("test_BiasSoftmax"), std::string::npos) << message;
+  EXPECT_NE(message.find("does not broadcast"), std::string::npos) << message;
+}
+
+TEST(MicrosoftBiasOps, FusedMatMulInnerDimensionMismatchIsAnError) {
+  std::string message = error_of<OpError>([&] {
+    run_ms("FusedMatMul", {random_array({3, 4}, 17), random_array({5, 6}, 18)});
+  });
+  EXPECT_NE(message.find("test_FusedMatMul"), std::string::npos) << message;
+  EXPECT_NE(message.find("inner dimensions differ: 4 and 5"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace transmuter

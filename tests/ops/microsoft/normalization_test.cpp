@@ -75,5 +75,28 @@ TEST(MicrosoftNormalization, WrongGammaShapeNamesTheNode) {
   EXPECT_NE(message.find("test_SimplifiedLayerNormalization"), std::string::npos) << message;
 }
 
+// EmbedLayerNormalization's ids address table rows: a bad id is an error
+// naming the input, never an out-of-bounds read.
+TEST(MicrosoftNormalization, EmbedLayerNormalizationRejectsIdsOutsideTheirTables) {
+  auto run_embed = [&](const mx::array& ids, const mx::array& segment_ids) {
+    return run_domain_op("com.microsoft", "EmbedLayerNormalization", 1,
+                         {ids, segment_ids, random_array({10, 8}, 21), random_array({4, 8}, 22),
+                          random_array({2, 8}, 23), random_array({8}, 24), random_array({8}, 25)},
+                         {}, 2);
+  };
+  mx::array good = mx::array({1, 2, 3, 0, 9, 1}, {2, 3}, mx::int32);
+  mx::array segments = mx::zeros({2, 3}, mx::int32);
+  EXPECT_EQ(run_embed(good, segments)[0].tensor().shape(), (mx::Shape{2, 3, 8}));
+  std::string message = error_of<OpError>([&] { run_embed(mx::array({1, 2, 10, 0, 9, 1}, {2, 3}, mx::int32), segments); });
+  EXPECT_NE(message.find("input_ids holds 10, outside word_embedding's 10 rows"), std::string::npos) << message;
+  message = error_of<OpError>([&] { run_embed(good, mx::array({0, 0, -1, 0, 0, 0}, {2, 3}, mx::int32)); });
+  EXPECT_NE(message.find("segment_ids holds -1"), std::string::npos) << message;
+  message = error_of<OpError>([&] { run_embed(mx::astype(good, mx::int64), segments); });
+  EXPECT_NE(message.find("input_ids must be int32"), std::string::npos) << message;
+  // Four positions in the table, five in the sequence.
+  message = error_of<OpError>([&] { run_embed(mx::zeros({1, 5}, mx::int32), mx::zeros({1, 5}, mx::int32)); });
+  EXPECT_NE(message.find("position_ids holds 4, outside position_embedding's 4 rows"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace transmuter
