@@ -7,7 +7,7 @@
 //     MatMul                    c (constant scalar)
 //        \                     /
 //         Div or Mul  ---------            (optional)
-//            \
+//            |
 //             Add (either side) --- mask   (optional)
 //              |
 //           Softmax(axis = -1, opset >= 13)
@@ -116,7 +116,7 @@ std::optional<size_t> known_rank(const Graph& graph, const std::string& value) {
 
 // A matched subgraph, as node indices.
 struct AttentionMatch {
-  size_t scores, softmax, output;
+  size_t scores = 0, softmax = 0, output = 0;
   std::optional<size_t> scale_node, mask_add, key_transpose;
   std::vector<size_t> casts;  // identity Casts to float between the Softmax and the output MatMul
   std::string query, key_t, value, mask;
@@ -127,7 +127,8 @@ struct AttentionMatch {
 std::optional<AttentionMatch> match_at(const Graph& graph, const GraphIndex& index, size_t output) {
   const Node& out = graph.nodes[output];
   if (!is_onnx(out, "MatMul") || out.inputs.size() != 2 || out.outputs.size() != 1) return std::nullopt;
-  AttentionMatch m{.scores = 0, .softmax = 0, .output = output};
+  AttentionMatch m;
+  m.output = output;
   m.value = out.inputs[1];
   // transformers' softmax(scores, dtype=float32).to(query.dtype) exports as Cast(to float) nodes between the
   // Softmax and the MatMul. They are identities: the MatMul reads them with V, so V is float32 too, and the

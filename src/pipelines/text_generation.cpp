@@ -131,8 +131,14 @@ struct TextGeneration::Impl {
   struct Batch {
     std::vector<std::vector<int64_t>> rows;  // padding + prompt + generated, as transformers' input_ids
     std::vector<std::vector<int64_t>> mask;  // 0 for padding, 1 for tokens
+    std::vector<int64_t> tokens;             // per row, the number of 1s in its mask
     size_t prompt_length = 0;                // the padded prompt length
     size_t rows_count() const { return rows.size(); }
+    void append(size_t row, int64_t token) {
+      rows[row].push_back(token);
+      mask[row].push_back(1);
+      ++tokens[row];
+    }
   };
 
   Batch left_padded(const std::vector<std::vector<int64_t>>& prompts) const {
@@ -146,6 +152,7 @@ struct TextGeneration::Impl {
       mask.resize(batch.prompt_length, 1);
       batch.rows.push_back(std::move(row));
       batch.mask.push_back(std::move(mask));
+      batch.tokens.push_back(static_cast<int64_t>(p.size()));
     }
     return batch;
   }
@@ -154,6 +161,11 @@ struct TextGeneration::Impl {
    * 5.23's generate; the padding is masked, so its positions change nothing). */
   mx::array positions(const Batch& b, size_t count) const {
     std::vector<int64_t> flat;
+    if (count == 1) {
+      // A decode step: the new token's position is the row's token count - 1 (no pass over the mask).
+      for (int64_t tokens : b.tokens) flat.push_back(tokens - 1);
+      return int_matrix(flat, static_cast<int>(b.rows_count()), 1);
+    }
     for (const auto& mask : b.mask) {
       int64_t position = -1;
       std::vector<int64_t> all;
@@ -391,8 +403,7 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
         std::copy_n(logits.data<float>() + r * vocab, vocab, row_logits.begin());
         next = samplers[r].next(row_logits, batch.rows[r], generated);
       }
-      batch.rows[r].push_back(next);
-      batch.mask[r].push_back(1);
+      batch.append(r, next);
       if (done[r]) continue;
       results[r].tokens.push_back(next);
       if (streamer) {
