@@ -291,9 +291,12 @@ Node ModelProtoReader::read_node(Bytes bytes, const MessagePath& path, const Ops
     node.attributes.push_back(read_attribute(attributes[i], sub, opsets));
   }
   // A domain the model does not import keeps opset 0: the op lookup then
-  // reports it as unsupported, naming the node.
+  // reports it as unsupported, naming the node. Except com.microsoft: ONNX
+  // Runtime's transformer optimizer writes its contrib ops without importing
+  // the domain, and ONNX Runtime runs them at the domain's one version, 1.
   const auto found = opsets.find(node.domain);
   if (found != opsets.end()) node.opset = static_cast<int>(found->second);
+  else if (node.domain == "com.microsoft") node.opset = 1;
   return node;
 }
 

@@ -104,6 +104,20 @@ TEST(ModelFile, AiOnnxDomainIsTheDefaultDomainAndNodesGetTheirDomainsOpset) {
   EXPECT_EQ(m.graph->nodes[2].opset, 0) << "a domain the model does not import";
 }
 
+// ONNX Runtime's transformer optimizer adds com.microsoft nodes without an
+// opset_import for the domain; ORT runs them at version 1, and so do we.
+TEST(ModelFile, ComMicrosoftNodesWithoutTheDomainImportedAreVersion1) {
+  proto::GraphParts g;
+  g.nodes = {proto::node("FastGelu", {"X"}, {"Y"}, "gelu", "com.microsoft"),
+             proto::node("Mystery", {"Y"}, {"Z"}, "m", "org.unknown")};
+  g.inputs = {proto::value_info("X", OnnxType::kFloat, {2})};
+  g.outputs = {proto::value_info("Z", OnnxType::kFloat, {2})};
+  const ModelFile m = load(proto::model(proto::graph(g), {{"", 17}}));
+  EXPECT_EQ(m.graph->nodes[0].opset, 1);
+  EXPECT_EQ(m.graph->nodes[1].opset, 0) << "other domains still need their import";
+  EXPECT_EQ(m.graph->opsets.count("com.microsoft"), 0u) << "the model's opsets are reported as written";
+}
+
 TEST(ModelFile, InitializersListedAsInputsAreNotInputs) {
   proto::GraphParts g;
   g.nodes = {proto::node("Add", {"X", "W"}, {"Y"})};
