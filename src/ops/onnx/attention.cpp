@@ -19,6 +19,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_kernel.h"
 #include "ops/node_context.h"
+#include "ops/onnx/attention_common.h"
 #include "ops/registry.h"
 #include "ops/vectorized_exp.h"
 
@@ -402,12 +403,11 @@ OpOutputs rms_normalization(NodeContext& ctx) {
 
 // --- RotaryEmbedding (v23) ----------------------------------------------------------
 
-// cos/sin rows for each token, [B, S, R/2]: gathered by position_ids, or the
-// caches themselves when they are already per token. Known ids are checked;
-// traced ones are clamped into the cache (docs/architecture.md, "Bad values").
+// cos/sin rows for each token, [B, S, R/2]: gathered by position_ids
+// (cache_rows checks or clamps them), or the caches themselves when they are
+// already per token.
 mx::array rotation_table(const NodeContext& ctx, const mx::array& cache, const std::optional<mx::array>& ids,
                          std::string_view name) {
-  auto s = ctx.stream();
   if (!ids) {
     if (rank_of(cache) != 3) {
       throw ctx.error(name, " must be 3-D [batch, sequence, dim/2] without position_ids, got ",
@@ -418,21 +418,7 @@ mx::array rotation_table(const NodeContext& ctx, const mx::array& cache, const s
   if (rank_of(cache) != 2) {
     throw ctx.error(name, " must be 2-D [positions, dim/2] with position_ids, got ", cache.shape());
   }
-  const int positions = cache.shape(0);
-  mx::array index = mx::astype(*ids, mx::int64, s);
-  if (!index.is_tracer() && index.size() > 0) {
-    mx::array low = mx::min(index, false, s), high = mx::max(index, false, s);
-    mx::eval({low, high});
-    const int64_t lowest = low.item<int64_t>(), highest = high.item<int64_t>();
-    if (lowest < 0 || highest >= positions) {
-      throw ctx.error("position id ", lowest < 0 ? lowest : highest, " out of range for ", name, " with ",
-                      positions, " positions");
-    }
-  } else if (index.size() > 0) {
-    if (positions == 0) throw ctx.error(name, " has no positions to index");
-    index = mx::clip(index, mx::array(int64_t{0}), mx::array(int64_t{positions} - 1), s);
-  }
-  return mx::take(cache, index, 0, s);
+  return cache_rows(ctx, cache, *ids, name);
 }
 
 // Rotates pairs (x1, x2) of the first rotary_embedding_dim features of each
@@ -483,25 +469,7 @@ OpOutputs rotary_embedding(NodeContext& ctx) {
   sin = mx::astype(mx::expand_dims(sin, head_axis, s), x.dtype(), s);
 
   const bool interleaved = ctx.attr_int("interleaved", 0) != 0;
-  mx::Shape start = {0, 0, 0, 0}, stop = x.shape();
-  stop[3] = static_cast<int>(dim);
-  mx::array rotated = mx::slice(x, start, stop, s);
-  // x1, x2: [.., R/2] each, from the halves or from the (even, odd) pairs.
-  mx::Shape pair_shape = rotated.shape();
-  pair_shape.back() = half;
-  pair_shape.push_back(2);
-  std::vector<mx::array> parts =
-      interleaved ? mx::split(mx::reshape(rotated, pair_shape, s), 2, 4, s) : mx::split(rotated, 2, 3, s);
-  mx::array x1 = interleaved ? mx::squeeze(parts[0], 4, s) : parts[0];
-  mx::array x2 = interleaved ? mx::squeeze(parts[1], 4, s) : parts[1];
-  mx::array real = mx::subtract(mx::multiply(cos, x1, s), mx::multiply(sin, x2, s), s);
-  mx::array imag = mx::add(mx::multiply(sin, x1, s), mx::multiply(cos, x2, s), s);
-  mx::array out = interleaved ? mx::reshape(mx::stack({real, imag}, -1, s), rotated.shape(), s)
-                              : mx::concatenate({real, imag}, 3, s);
-  if (dim < head_size) {
-    start[3] = static_cast<int>(dim);
-    out = mx::concatenate({out, mx::slice(x, start, x.shape(), s)}, 3, s);
-  }
+  mx::array out = rotate_pairs(x, cos, sin, interleaved, s);
   return {mx::reshape(out, input.shape(), s)};
 }
 
