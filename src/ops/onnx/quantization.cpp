@@ -35,6 +35,7 @@
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/onnx/narrow_types.h"
+#include "ops/onnx/quantization.h"
 #include "ops/registry.h"
 #include "transmuter/dtype.h"
 
@@ -604,6 +605,12 @@ constexpr std::string_view kIntegerOutput = "integer output";
 constexpr std::string_view kNoFloat6 = "float6e2m3/float6e3m2 (new in v28) not supported";
 
 }  // namespace
+
+OpOutputs onnx_quantize_linear(NodeContext& ctx) { return quantize_linear(ctx); }
+OpOutputs onnx_dequantize_linear(NodeContext& ctx) { return dequantize_linear(ctx); }
+mx::array exact_centered_matmul(const NodeContext& ctx, mx::array a, mx::array b) {
+  return quantized_matmul(ctx, std::move(a), std::move(b), true);
+}
 
 void register_quantization(OpRegistry& r) {
   const OpRow quantize{.op_type = "QuantizeLinear", .domain = kOnnx, .since = 10, .until = 12, .fn = quantize_linear,

@@ -22,6 +22,7 @@
 #include <mlx/mlx.h>
 
 #include "ops/node_context.h"
+#include "ops/onnx/rnn.h"
 #include "ops/registry.h"
 
 namespace transmuter {
@@ -141,6 +142,7 @@ struct Layer {
   bool input_forget = false;         // LSTM: couple the input and forget gates
   bool linear_before_reset = false;  // GRU
   std::vector<Activation> activations;
+  RecurrentInput recurrent_input = nullptr;  // LSTM: what multiplies R (null: Ht-1)
 };
 
 // Everything the directions run together need at each step, stacked along
@@ -201,7 +203,8 @@ void gru_step(const Layer& layer, Directions& d, const mx::array& x_t, mx::Strea
 // ot = f(Xt Wo^T + Ht-1 Ro^T + Po . Ct + Wbo + Rbo)
 // Ht = ot . h(Ct)
 void lstm_step(const Layer& layer, Directions& d, const mx::array& x_t, mx::StreamOrDevice s) {
-  std::vector<mx::array> gates = mx::split(mx::add(x_t, mx::matmul(d.h, d.recurrence, s), s), 4, -1, s);
+  const mx::array h = layer.recurrent_input ? layer.recurrent_input(d.h, s) : d.h;
+  std::vector<mx::array> gates = mx::split(mx::add(x_t, mx::matmul(h, d.recurrence, s), s), 4, -1, s);
   auto with_peephole = [&](const mx::array& g, int index, const mx::array& c) {
     if (d.peepholes.empty()) return clipped(layer, g, s);
     return clipped(layer, mx::add(g, mx::multiply(d.peepholes[index], c, s), s), s);
@@ -301,11 +304,11 @@ Layer parse_layer(const NodeContext& ctx, CellKind kind, int num_directions_from
 
 // Inputs: X, W, R, B, sequence_lens, initial_h (, initial_c, P for LSTM).
 // Outputs: Y, Y_h (, Y_c for LSTM).
-OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
+// X, W and R come from the caller: inputs 0, 1 and 2, or DynamicQuantizeLSTM's
+// dequantized values.
+OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind, const mx::array& x_in, const mx::array& w,
+                          const mx::array& r, RecurrentInput recurrent_input = nullptr) {
   auto s = ctx.stream();
-  const mx::array& x_in = ctx.input(0);
-  const mx::array& w = ctx.input(1);
-  const mx::array& r = ctx.input(2);
   if (!mx::issubdtype(x_in.dtype(), mx::floating))
     throw ctx.error("X must be a float tensor, got ", x_in.dtype());
   if (x_in.ndim() != 3) throw ctx.error("X must have rank 3, got ", x_in.ndim());
@@ -314,6 +317,7 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
   if (w.dtype() != x_in.dtype() || r.dtype() != x_in.dtype()) throw ctx.error("W and R must have X's dtype");
 
   Layer layer = parse_layer(ctx, kind, w.shape(0));
+  layer.recurrent_input = recurrent_input;
   const int G = gate_count(kind);
   const int D = layer.num_directions;
   const int H = r.shape(2);
@@ -452,11 +456,22 @@ OpOutputs recurrent_layer(NodeContext& ctx, CellKind kind) {
   return {y, y_h};
 }
 
-OpOutputs rnn(NodeContext& ctx) { return recurrent_layer(ctx, CellKind::kRnn); }
-OpOutputs gru(NodeContext& ctx) { return recurrent_layer(ctx, CellKind::kGru); }
-OpOutputs lstm(NodeContext& ctx) { return recurrent_layer(ctx, CellKind::kLstm); }
+OpOutputs rnn(NodeContext& ctx) {
+  return recurrent_layer(ctx, CellKind::kRnn, ctx.input(0), ctx.input(1), ctx.input(2));
+}
+OpOutputs gru(NodeContext& ctx) {
+  return recurrent_layer(ctx, CellKind::kGru, ctx.input(0), ctx.input(1), ctx.input(2));
+}
+OpOutputs lstm(NodeContext& ctx) {
+  return recurrent_layer(ctx, CellKind::kLstm, ctx.input(0), ctx.input(1), ctx.input(2));
+}
 
 }  // namespace
+
+OpOutputs lstm_with_weights(NodeContext& ctx, const mx::array& x, const mx::array& w, const mx::array& r,
+                            RecurrentInput recurrent_input) {
+  return recurrent_layer(ctx, CellKind::kLstm, x, w, r, recurrent_input);
+}
 
 void register_rnn(OpRegistry& r) {
   // One implementation reads each attribute with the spec's default, so a
