@@ -31,6 +31,7 @@ const std::vector<Pass>& default_passes() {
       {"fuse_gelu", fuse_gelu},
       {"fuse_skip_layer_norm", fuse_skip_layer_norm},
       {"channels_last_convs", channels_last_convs},  // after the BatchNorm and activation fusions
+      {"pack_matmul_nbits", pack_matmul_nbits},
       {"pack_matmul_weights", pack_matmul_weights},  // last: takes the bias Adds and GELUs the others left
   };
   return passes;

@@ -24,7 +24,11 @@ void bind_initializers(const Graph& graph, const Params* overrides, Environment&
     if (overrides != nullptr) {
       auto it = overrides->find(name);
       if (it != overrides->end()) {
-        env.set(name, it->second);
+        // Params are plain arrays: an int4/uint4/float8... initializer held widened keeps its ONNX
+        // element type when the override has its MLX dtype (ops such as GatherBlockQuantized read
+        // uint4 and uint8 data differently).
+        const bool keeps_type = value.is_tensor() && value.is_widened() && it->second.dtype() == value.tensor().dtype();
+        env.set(name, keeps_type ? Value(it->second, value.element_type()) : Value(it->second));
         continue;
       }
     }
