@@ -83,6 +83,16 @@ ModelConfig read_model_config(const ModelFolder& folder) {
         m != file.end() && m->is_number_unsigned() && !config.max_position_embeddings)
       config.max_position_embeddings = m->get<size_t>();
   }
+  auto count = [&](const char* key) -> std::optional<size_t> {
+    auto v = file.find(key);
+    if (v == file.end() || !v->is_number_unsigned() || v->get<size_t>() == 0) return std::nullopt;
+    return v->get<size_t>();
+  };
+  const std::optional<size_t> heads = count("num_attention_heads"), hidden = count("hidden_size");
+  config.head_dim = count("head_dim");
+  if (!config.head_dim && heads && hidden && *hidden % *heads == 0) config.head_dim = *hidden / *heads;
+  config.kv_heads = count("num_key_value_heads");
+  if (!config.kv_heads) config.kv_heads = heads;
   return config;
 }
 

@@ -25,6 +25,11 @@ struct ModelConfig {
   std::vector<std::string> labels;
   std::string problem_type;  // "" when unset
   std::optional<size_t> max_position_embeddings;
+  // The attention's shape, for decoders whose past inputs leave it symbolic (onnxruntime-genai's
+  // builder writes the head size as 'kv_cache_dim'): head_dim, or hidden_size / num_attention_heads;
+  // num_key_value_heads, or num_attention_heads.
+  std::optional<size_t> head_dim;
+  std::optional<size_t> kv_heads;
 };
 
 /** config.json's fields; a malformed id2label (ids not 0..n-1, labels not strings) names the file. */

@@ -49,7 +49,16 @@ mx::Dtype float_dtype_of(OnnxType type) {
   return mx::float32;
 }
 
-DecoderSignature read_signature(const Model& model, const std::string& source) {
+/** A past input's dimension `axis`: its number, or config.json's when the export leaves it symbolic. */
+int past_dimension(const ValueInfo& input, size_t axis, std::optional<size_t> from_config, const char* what,
+                   const std::string& source) {
+  if (input.shape[axis].value) return static_cast<int>(*input.shape[axis].value);
+  if (from_config) return static_cast<int>(*from_config);
+  throw PipelineError(str(source, ": past input '", input.name, "' leaves its ", what,
+                          " symbolic and config.json does not give it"));
+}
+
+DecoderSignature read_signature(const Model& model, const ModelConfig& config, const std::string& source) {
   DecoderSignature s;
   auto has_output = [&](const std::string& name) {
     return std::any_of(model.outputs().begin(), model.outputs().end(),
@@ -64,12 +73,11 @@ DecoderSignature read_signature(const Model& model, const std::string& source) {
     } else if (input.name == "use_cache_branch") {
       s.has_cache_branch = true;
     } else if (input.name.starts_with("past_key_values.")) {
-      if (input.shape.size() != 4 || !input.shape[1].value || !input.shape[3].value)
+      if (input.shape.size() != 4)
         throw PipelineError(
-            str(source, ": past input '", input.name,
-                "' should be [batch, kv_heads, past_sequence, head_dim] with numeric heads and head size"));
-      s.kv_heads = static_cast<int>(*input.shape[1].value);
-      s.head_dim = static_cast<int>(*input.shape[3].value);
+            str(source, ": past input '", input.name, "' should be [batch, kv_heads, past_sequence, head_dim]"));
+      s.kv_heads = past_dimension(input, 1, config.kv_heads, "key/value head count", source);
+      s.head_dim = past_dimension(input, 3, config.head_dim, "head size", source);
       s.past_dtype = float_dtype_of(input.elem_type);
       std::string present = "present." + input.name.substr(std::string("past_key_values.").size());
       if (!has_output(present))
@@ -287,7 +295,7 @@ double seconds_since(Clock::time_point start) {
 TextGeneration TextGeneration::open(const std::string& source, const PipelineOptions& options,
                                     KvCache cache) {
   auto impl = std::make_shared<Impl>(ModelFolder::open(source, options), options);
-  impl->signature = read_signature(impl->model, source);
+  impl->signature = read_signature(impl->model, impl->config, source);
   impl->cache = resolve_cache(cache, impl->signature, source);
   std::vector<std::string> static_inputs;
   if (impl->signature.has_cache_branch) static_inputs.push_back("use_cache_branch");  // picks the If branch

@@ -101,6 +101,38 @@ INSTANTIATE_TEST_SUITE_P(Families, TextGenerationTest,
                                             ::testing::Range(0, 4)),
                          name_of);
 
+// onnxruntime-genai's builder output (GroupQueryAttention with the rotary embedding inside, no
+// position_ids input, SkipSimplifiedLayerNormalization; MatMulNBits weights for int4 at accuracy
+// level 4): greedy tokens equal onnxruntime-genai's own Generator on the same folder
+// (tests/pipelines/fixtures/genai_llama_*/expected.json, scripts/make_genai_models.py). The fp32 build is
+// the llama fixture's model, and the recording script checked that it picks transformers' tokens.
+class GenaiDecoderTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(GenaiDecoderTest, GreedyEqualsOnnxRuntimeGenai) {
+  const auto& [precision, execution] = GetParam();
+  const fs::path folder = fixture("genai_llama_" + precision);
+  std::ifstream in(folder / "expected.json");
+  const json expected = json::parse(in);
+  PipelineOptions options;
+  options.mode = execution == 0 ? ExecutionMode::kEager : ExecutionMode::kCompiled;
+  auto pipe = TextGeneration::open(folder.string(), options);
+  EXPECT_EQ(pipe.cache(), KvCache::kDynamic) << "no position_ids input: the dynamic cache";
+  generation::GenerationConfig config = pipe.default_config();
+  config.max_new_tokens = expected["max_new_tokens"];
+  for (const json& c : expected["cases"]) {
+    auto outputs = pipe.generate({c["prompt_token_ids"].get<std::vector<int64_t>>()}, config);
+    ASSERT_EQ(outputs.size(), 1u);
+    EXPECT_EQ(outputs[0].tokens, c["new_token_ids"].get<std::vector<int64_t>>())
+        << precision << " prompt '" << c["prompt"].get<std::string>() << "'";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Builds, GenaiDecoderTest,
+                         ::testing::Combine(::testing::Values("fp32", "int4"), ::testing::Range(0, 2)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) == 0 ? "_Eager" : "_Compiled");
+                         });
+
 TEST(TextGeneration, StreamsTheDecodedText) {
   auto pipe = TextGeneration::open(fixture("llama_decoder").string());
   generation::GenerationConfig config = pipe.default_config();

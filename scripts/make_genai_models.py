@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Decoders made by onnxruntime-genai's model builder, with onnxruntime-genai's own greedy outputs.
+
+onnxruntime-genai's builder (python -m onnxruntime_genai.models.builder) makes most of the LLM
+exports published for ONNX Runtime: GroupQueryAttention with the rotary embedding inside,
+SkipSimplifiedLayerNormalization, MatMulNBits weights for int4. This script rebuilds the tiny random
+Llama of scripts/make_generation_models.py (same seed, same eos row scale, so the fp32 build must
+choose transformers' tokens), saves it as a Hugging Face checkpoint with the fixture tokenizer, runs
+the builder on it for each precision in PRECISIONS, and runs onnxruntime-genai's Generator (greedy)
+on the fixture's prompts.
+
+Run by hand (needs torch, transformers 5.23, onnxruntime-genai; CI has none of them):
+    /opt/export-venv/bin/python scripts/make_genai_models.py
+
+Writes tests/pipelines/fixtures/genai_llama_<precision>/:
+    model.onnx, model.onnx.data   the builder's output
+    genai_config.json             the builder's
+    tokenizer.json, tokenizer_config.json, config.json, generation_config.json
+    expected.json                 per prompt: its ids and onnxruntime-genai's greedy new token ids
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime_genai as og
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_generation_models as gen  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "pipelines" / "fixtures"
+SOURCE = FIXTURES / "llama_decoder"
+# precision: extra builder options. int4 asks for accuracy_level 1 (float32 activations): the builder's
+# CPU default, 4, makes ORT quantize the activations to int8 per block, which Transmuter does not
+# emulate (it computes level 4 in float32, within 1e-2 of ORT: scripts/contrib_cases/quantized_weights.py),
+# so greedy tokens could not be compared exactly.
+PRECISIONS = {"fp32": [], "int4": ["block_size=32", "accuracy_level=1"]}
+PROMPTS = ["The quick brown fox", "Hello world", "one two three"]
+MAX_NEW_TOKENS = 16
+
+
+def rebuild_llama(tokenizer):
+    expected = json.loads((SOURCE / "expected.json").read_text())
+    eos_id = expected["eos_token_id"]
+    family = gen.build("llama", len(tokenizer), eos_id)
+    with torch.no_grad():
+        row = gen.output_embedding_row(family, eos_id)
+        row.copy_(row * expected["eos_logit_row_scale"])
+    return family, expected
+
+
+def greedy_genai(folder: Path, prompt_ids: list[int]) -> list[int]:
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt_ids) + MAX_NEW_TOKENS)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt_ids], dtype=np.int32))
+    new = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        new.append(int(generator.get_next_tokens()[0]))
+    return new
+
+
+def main() -> int:
+    tokenizer = gen.load_tokenizer()
+    family, source_expected = rebuild_llama(tokenizer)
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = Path(tmp) / "checkpoint"
+        family.model.save_pretrained(str(checkpoint))
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(SOURCE / name, checkpoint / name)
+        for precision, extra in PRECISIONS.items():
+            out = FIXTURES / f"genai_llama_{precision}"
+            if out.exists():
+                shutil.rmtree(out)
+            command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out),
+                       "-p", precision, "-e", "cpu", "-c", str(Path(tmp) / "cache")]
+            if extra:
+                command += ["--extra_options", *extra]
+            subprocess.run(command, check=True)
+            for name in ("config.json",):
+                shutil.copy(checkpoint / name, out / name)
+            cases = []
+            for prompt in PROMPTS:
+                ids = tokenizer(prompt)["input_ids"]
+                cases.append({"prompt": prompt, "prompt_token_ids": ids, "new_token_ids": greedy_genai(out, ids)})
+            if precision == "fp32":
+                # The fp32 build is the same model: its first prompt must give transformers' tokens.
+                single = next(c for c in source_expected["cases"] if c["name"] == "single")
+                want = single["new_token_ids"][0][:MAX_NEW_TOKENS]
+                if single["prompts"][0] == PROMPTS[0] and cases[0]["new_token_ids"] != want:
+                    raise SystemExit(f"fp32 genai build differs from transformers: {cases[0]['new_token_ids']} vs {want}")
+            (out / "expected.json").write_text(json.dumps({
+                "generated_by": "scripts/make_genai_models.py",
+                "onnxruntime_genai": og.__version__ if hasattr(og, "__version__") else "unknown",
+                "precision": precision,
+                "builder_options": extra,
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "cases": cases,
+            }, indent=2) + "\n")
+            print(f"{out}: {[c['new_token_ids'][:6] for c in cases]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
