@@ -89,6 +89,7 @@ OpRegistry make_builtin_registry() {
   register_microsoft_attention(registry);
   register_microsoft_quantized_weights(registry);
   register_microsoft_qlinear(registry);
+  register_microsoft_moe(registry);
   return registry;
 }
 }  // namespace

@@ -142,5 +142,6 @@ void register_microsoft_quantized_weights(OpRegistry& registry);
 void register_microsoft_qlinear(OpRegistry& registry);
 // Called by register_microsoft_qlinear (src/ops/microsoft/qlinear_matmul.cpp).
 void register_microsoft_qlinear_matmul(OpRegistry& registry);
+void register_microsoft_moe(OpRegistry& registry);
 
 }  // namespace transmuter
