@@ -4,15 +4,15 @@
 onnxruntime-genai's builder (python -m onnxruntime_genai.models.builder) makes most of the LLM
 exports published for ONNX Runtime: GroupQueryAttention with the rotary embedding inside,
 SkipSimplifiedLayerNormalization, MatMulNBits weights for int4. This script rebuilds the tiny random
-Llama of scripts/make_generation_models.py (same seed, same eos row scale, so the fp32 build must
-choose transformers' tokens), saves it as a Hugging Face checkpoint with the fixture tokenizer, runs
+Llama, Qwen2 and Phi-3 of scripts/make_generation_models.py (same seed, same eos row scale, so an
+fp32 build must choose transformers' tokens), saves each as a Hugging Face checkpoint with the fixture tokenizer, runs
 the builder on it for each precision in PRECISIONS, and runs onnxruntime-genai's Generator (greedy)
 on the fixture's prompts.
 
 Run by hand (needs torch, transformers 5.23, onnxruntime-genai; CI has none of them):
     /opt/export-venv/bin/python scripts/make_genai_models.py
 
-Writes tests/pipelines/fixtures/genai_llama_<precision>/:
+Writes tests/pipelines/fixtures/genai_<family>_<precision>/ (BUILDS lists them):
     model.onnx, model.onnx.data   the builder's output
     genai_config.json             the builder's
     tokenizer.json, tokenizer_config.json, config.json, generation_config.json
@@ -31,25 +31,56 @@ from pathlib import Path
 import numpy as np
 import onnxruntime_genai as og
 import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_generation_models as gen  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "pipelines" / "fixtures"
-SOURCE = FIXTURES / "llama_decoder"
 # precision: extra builder options. int4 asks for accuracy_level 1 (float32 activations): the builder's
 # CPU default, 4, makes ORT quantize the activations to int8 per block, which Transmuter does not
 # emulate (it computes level 4 in float32, within 1e-2 of ORT: scripts/contrib_cases/quantized_weights.py),
 # so greedy tokens could not be compared exactly.
 PRECISIONS = {"fp32": [], "int4": ["block_size=32", "accuracy_level=1"]}
+# family: the precisions built for it.
+# The qwen2 and phi3 fixtures of make_generation_models.py do not suit ORT's CPU GroupQueryAttention
+# (qwen2's heads are 8 wide, phi3's partial rotary cache 4: it wants multiples of 16 and 8), so Qwen2
+# is rebuilt here with 16-wide heads (qwen2_h16) and its greedy reference is transformers' generate().
+BUILDS = {"llama": ["fp32", "int4"], "qwen2_h16": ["fp32", "int4"]}
 PROMPTS = ["The quick brown fox", "Hello world", "one two three"]
 MAX_NEW_TOKENS = 16
 
 
-def rebuild_llama(tokenizer):
-    expected = json.loads((SOURCE / "expected.json").read_text())
+def qwen2_head16(tokenizer):
+    """Qwen2 with random q/k/v biases and 4 query heads of width 16 on 2 key/value heads."""
+    eos_id = tokenizer.convert_tokens_to_ids(gen.EOS)
+    torch.manual_seed(gen.SEED)
+    config = gen.eager(transformers.Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
+        initializer_range=0.3, **gen.special_ids(len(tokenizer), eos_id)))
+    model = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.3)
+    gen.randomize_norms(model, torch.Generator().manual_seed(gen.SEED))
+    model.eval()
+    model.generation_config = transformers.GenerationConfig(
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, do_sample=False)
+    ids = tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    single = {"name": "single", "prompts": [PROMPTS[0]], "new_token_ids": [out[0, ids.shape[1]:].tolist()]}
+    return gen.Family("qwen2", model, 17), {"cases": [single]}
+
+
+def rebuild(name: str, tokenizer):
+    if name == "qwen2_h16":
+        return qwen2_head16(tokenizer)
+    expected = json.loads((FIXTURES / f"{name}_decoder" / "expected.json").read_text())
     eos_id = expected["eos_token_id"]
-    family = gen.build("llama", len(tokenizer), eos_id)
+    family = gen.build(name, len(tokenizer), eos_id)
     with torch.no_grad():
         row = gen.output_embedding_row(family, eos_id)
         row.copy_(row * expected["eos_logit_row_scale"])
@@ -71,14 +102,22 @@ def greedy_genai(folder: Path, prompt_ids: list[int]) -> list[int]:
 
 def main() -> int:
     tokenizer = gen.load_tokenizer()
-    family, source_expected = rebuild_llama(tokenizer)
+    for family_name, precisions in BUILDS.items():
+        build_family(family_name, precisions, tokenizer)
+    return 0
+
+
+def build_family(family_name: str, precisions: list[str], tokenizer) -> None:
+    source = FIXTURES / "llama_decoder"  # every family here shares its tokenizer files
+    family, source_expected = rebuild(family_name, tokenizer)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(tmp) / "checkpoint"
         family.model.save_pretrained(str(checkpoint))
         for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(SOURCE / name, checkpoint / name)
-        for precision, extra in PRECISIONS.items():
-            out = FIXTURES / f"genai_llama_{precision}"
+            shutil.copy(source / name, checkpoint / name)
+        for precision in precisions:
+            extra = PRECISIONS[precision]
+            out = FIXTURES / f"genai_{family_name}_{precision}"
             if out.exists():
                 shutil.rmtree(out)
             command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out),
@@ -97,17 +136,18 @@ def main() -> int:
                 single = next(c for c in source_expected["cases"] if c["name"] == "single")
                 want = single["new_token_ids"][0][:MAX_NEW_TOKENS]
                 if single["prompts"][0] == PROMPTS[0] and cases[0]["new_token_ids"] != want:
-                    raise SystemExit(f"fp32 genai build differs from transformers: {cases[0]['new_token_ids']} vs {want}")
+                    raise SystemExit(f"{family_name} fp32 genai build differs from transformers: "
+                                     f"{cases[0]['new_token_ids']} vs {want}")
             (out / "expected.json").write_text(json.dumps({
                 "generated_by": "scripts/make_genai_models.py",
                 "onnxruntime_genai": og.__version__ if hasattr(og, "__version__") else "unknown",
+                "family": family_name,
                 "precision": precision,
                 "builder_options": extra,
                 "max_new_tokens": MAX_NEW_TOKENS,
                 "cases": cases,
             }, indent=2) + "\n")
             print(f"{out}: {[c['new_token_ids'][:6] for c in cases]}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -104,13 +104,14 @@ INSTANTIATE_TEST_SUITE_P(Families, TextGenerationTest,
 // onnxruntime-genai's builder output (GroupQueryAttention with the rotary embedding inside, no
 // position_ids input, SkipSimplifiedLayerNormalization; MatMulNBits weights for int4 at accuracy
 // level 4): greedy tokens equal onnxruntime-genai's own Generator on the same folder
-// (tests/pipelines/fixtures/genai_llama_*/expected.json, scripts/make_genai_models.py). The fp32 build is
-// the llama fixture's model, and the recording script checked that it picks transformers' tokens.
+// (tests/pipelines/fixtures/genai_*/expected.json, scripts/make_genai_models.py): Llama (the llama
+// fixture's model) and Qwen2 (q/k/v biases). The recording script checked that each fp32 build picks
+// transformers' tokens.
 class GenaiDecoderTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(GenaiDecoderTest, GreedyEqualsOnnxRuntimeGenai) {
-  const auto& [precision, execution] = GetParam();
-  const fs::path folder = fixture("genai_llama_" + precision);
+  const auto& [build, execution] = GetParam();
+  const fs::path folder = fixture("genai_" + build);
   std::ifstream in(folder / "expected.json");
   const json expected = json::parse(in);
   PipelineOptions options;
@@ -123,12 +124,14 @@ TEST_P(GenaiDecoderTest, GreedyEqualsOnnxRuntimeGenai) {
     auto outputs = pipe.generate({c["prompt_token_ids"].get<std::vector<int64_t>>()}, config);
     ASSERT_EQ(outputs.size(), 1u);
     EXPECT_EQ(outputs[0].tokens, c["new_token_ids"].get<std::vector<int64_t>>())
-        << precision << " prompt '" << c["prompt"].get<std::string>() << "'";
+        << build << " prompt '" << c["prompt"].get<std::string>() << "'";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Builds, GenaiDecoderTest,
-                         ::testing::Combine(::testing::Values("fp32", "int4"), ::testing::Range(0, 2)),
+                         ::testing::Combine(::testing::Values("llama_fp32", "llama_int4", "qwen2_h16_fp32",
+                                                              "qwen2_h16_int4"),
+                                            ::testing::Range(0, 2)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
                            return std::get<0>(info.param) + (std::get<1>(info.param) == 0 ? "_Eager" : "_Compiled");
                          });
