@@ -107,13 +107,18 @@ std::string kind_text(const ValueInfo& info) {
 }
 
 // --passes default|none|NAME[,NAME...]: the load-time rewrites on (default),
-// off, or only the named ones, to compare.
+// off, or only the named ones, to compare. --compute-type auto|float32|model:
+// what a float16/bfloat16 model computes in (LoadOptions::compute_type).
 LoadOptions parse_load_options(const Args& args) {
   const std::string passes = args.get("passes", "default");
   LoadOptions options;
   options.dtype = args.get("dtype", "fp32");
   options.hub = cli::hub_options(args);
   options.run_passes = passes != "none";
+  const std::string compute = args.get("compute-type", "auto");
+  if (compute == "float32") options.compute_type = ComputeType::kFloat32;
+  else if (compute == "model") options.compute_type = ComputeType::kModel;
+  else if (compute != "auto") throw Error("--compute-type expects auto, float32 or model, got '" + compute + "'");
   if (passes == "default" || passes == "none") return options;
   std::stringstream names(passes);
   for (std::string name; std::getline(names, name, ',');) {
@@ -379,10 +384,10 @@ int operators_main() {
 
 void usage() {
   std::cerr << "usage:\n"
-               "  transmuter info MODEL [--passes default|none|NAME,...]\n"
+               "  transmuter info MODEL [--passes default|none|NAME,...] [--compute-type auto|float32|model]\n"
                "  transmuter run MODEL [--input NAME=FILE.npy]... [--static NAME=FILE.npy]...\n"
                "                 [--output-dir DIR] [--mode eager|compiled] [--device cpu|gpu] [--dim NAME=VALUE]... [--seed N]\n"
-               "                 [--passes default|none|NAME,...] [--fuse auto|on|off]\n"
+               "                 [--passes default|none|NAME,...] [--fuse auto|on|off] [--compute-type auto|float32|model]\n"
                "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
                "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
                "                 [--expected FILE] [--no-skip]\n"

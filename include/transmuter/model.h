@@ -25,6 +25,20 @@ namespace mx = mlx::core;
  * file's memory where dtype and alignment allow. */
 using Params = std::unordered_map<std::string, mx::array>;
 
+/** The float type a float16/bfloat16 model computes in (LoadOptions::compute_type). */
+enum class ComputeType {
+  /** float32 when MLX's default device is the CPU when load() runs (as ONNX
+   * Runtime's CPU provider effectively computes float16 models: its kernels
+   * mostly compute in float, and MLX's CPU float16 kernels are scalar), the
+   * model's own types on a GPU. */
+  kAuto,
+  /** Compute in float32: the compute_in_float32 pass. */
+  kFloat32,
+  /** Run the graph in the types it is written in; the keep_float32_islands
+   * pass still computes normalizations that float16 would overflow in float32. */
+  kModel,
+};
+
 struct LoadOptions {
   /** Run the load-time rewrites of src/passes/ (e.g. folding BatchNormalization
    * into the Conv before it). They can change params(): turn them off to
@@ -34,6 +48,15 @@ struct LoadOptions {
    * docs/architecture.md lists them). Empty runs every pass. An unknown name
    * throws std::invalid_argument from load(). */
   std::vector<std::string> only_passes = {};
+  /** With run_passes, what a graph computing in float16/bfloat16 computes in.
+   * Resolved to float32, the compute_in_float32 pass converts the model's
+   * float16/bfloat16 initializers and constants to float32 once at load (they
+   * take twice the memory, and params() holds them as float32) and its
+   * internal values follow; inputs() and outputs() keep the types the file
+   * declares (the inputs are cast up on entry, the outputs rounded once on
+   * exit). Resolved to the model's types, keep_float32_islands runs instead.
+   * Graphs without float16/bfloat16 values are unchanged either way. */
+  ComputeType compute_type = ComputeType::kAuto;
   /** For an `hf://org/repo` source that names no file: which ONNX file of the
    * repo to load, as transformers.js picks it (hub::onnx_file_candidates:
    * fp32, fp16, q8, int8, uint8, q4, q4f16, bnb4). */

@@ -25,12 +25,14 @@ void drop_unread_initializers(Graph& graph) {
 
 const std::vector<Pass>& default_passes() {
   static const std::vector<Pass> passes = {
+      {"compute_in_float32", compute_in_float32},  // first: the fusions and packing see float32 weights
       {"fold_batch_norm_into_conv", fold_batch_norm_into_conv},
       {"fuse_conv_activation", fuse_conv_activation},  // after BatchNorm folding: Conv -> BN -> Relu
       {"fuse_attention", fuse_attention},
       {"fuse_gelu", fuse_gelu},
       {"fuse_skip_layer_norm", fuse_skip_layer_norm},
-      {"channels_last_convs", channels_last_convs},  // after the BatchNorm and activation fusions
+      {"keep_float32_islands", keep_float32_islands},  // after the norm fusions: wraps what stays decomposed
+      {"channels_last_convs", channels_last_convs},    // after the BatchNorm and activation fusions
       {"pack_matmul_nbits", pack_matmul_nbits},
       {"pack_matmul_weights", pack_matmul_weights},  // last: takes the bias Adds and GELUs the others left
   };

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "graph/graph.h"
@@ -32,7 +33,11 @@ std::vector<Pass> select_passes(const std::vector<std::string>& names);
  * any more. Returns the names of the passes that rewrote something. */
 std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passes);
 
-// The passes (one file each).
+// The passes (one file each). load() runs one of the two precision passes,
+// as LoadOptions::compute_type resolves: compute_in_float32 (float32) or
+// keep_float32_islands (the model's types).
+size_t compute_in_float32(Graph& graph);
+size_t keep_float32_islands(Graph& graph);
 size_t fold_batch_norm_into_conv(Graph& graph);
 size_t fuse_conv_activation(Graph& graph);
 size_t fuse_attention(Graph& graph);
@@ -41,5 +46,11 @@ size_t fuse_skip_layer_norm(Graph& graph);
 size_t channels_last_convs(Graph& graph);
 size_t pack_matmul_nbits(Graph& graph);
 size_t pack_matmul_weights(Graph& graph);
+
+/** Element types of the values of `graph` known without running it: declared
+ * (inputs, outputs, value_info), of initializers and Constants, set by Cast
+ * and other type attributes, kept by type-preserving ops (elementwise,
+ * MatMul, data movement, reductions...). Shared by the precision passes. */
+std::unordered_map<std::string, OnnxType> known_element_types(const Graph& graph);
 
 }  // namespace transmuter

@@ -2,6 +2,8 @@
 // (src/onnx) also inlines model-local functions and sorts the nodes.
 #include <filesystem>
 
+#include <mlx/device.h>
+
 #include "onnx/model_file.h"
 #include "ops/registry.h"
 #include "passes/pass_manager.h"
@@ -23,12 +25,24 @@ Params collect_params(const Graph& graph) {
   return params;
 }
 
+// The precision passes for `compute_type`: compute_in_float32 when it resolves
+// to float32, keep_float32_islands when the graph runs in its own types.
+std::vector<Pass> passes_for(const LoadOptions& options) {
+  bool float32 = options.compute_type == ComputeType::kFloat32 ||
+                 (options.compute_type == ComputeType::kAuto && mx::default_device() == mx::Device::cpu);
+  std::vector<Pass> passes = select_passes(options.only_passes);
+  std::erase_if(passes, [&](const Pass& pass) {
+    return pass.name == (float32 ? "keep_float32_islands" : "compute_in_float32");
+  });
+  return passes;
+}
+
 }  // namespace
 
 Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const LoadOptions& options,
                  int64_t ir_version, std::string producer) {
   auto state = std::make_shared<Model::State>();
-  if (options.run_passes) state->passes_applied = run_passes(*graph, select_passes(options.only_passes));
+  if (options.run_passes) state->passes_applied = run_passes(*graph, passes_for(options));
   state->bound = bind_graph(*graph, builtin_registry(), source);
   state->host_reads = std::make_unique<SignatureMemoCache>(*state->bound);
   state->ir_version = ir_version;
