@@ -45,7 +45,7 @@ def test_info_with_passes_off_shows_the_file_as_stored():
 def test_an_unknown_passes_value_is_refused():
     result = cli("info", str(RESNET), "--passes", "some")
     assert result.returncode != 0
-    assert "unknown load-time pass 'some' (passes: fold_batch_norm_into_conv," in result.stderr
+    assert "unknown load-time pass 'some' (passes: compute_in_float32, fold_batch_norm_into_conv," in result.stderr
     result = cli("info", str(RESNET), "--passes", ",")
     assert result.returncode != 0
     assert "--passes expects default, none or pass names, got ','" in result.stderr

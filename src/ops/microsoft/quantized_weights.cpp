@@ -38,6 +38,7 @@
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/quantized_matmul.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -184,7 +185,8 @@ OpOutputs matmul_nbits(NodeContext& ctx) {
   return {mx::astype(y, a.dtype(), s)};
 }
 
-// Rows of A from which QuantizedMatMul dequantizes on CPU streams (below: decode).
+// Rows of A from which QuantizedMatMul dequantizes on CPU streams for the layouts
+// the own kernel does not take (below: MLX's quantized kernel).
 constexpr int kQuantizedCpuRowsLimit = 4;
 
 // scale * q + bias as float32 [N, K] from QuantizedMatMul's checked inputs:
@@ -237,14 +239,20 @@ OpOutputs quantized_matmul(NodeContext& ctx) {
   mx::Shape out_shape = a.shape();
   out_shape.back() = n;
   mx::array x = mx::reshape(mx::astype(a, mx::float32, s), {-1, k}, s);
-  // MLX's CPU quantized matmul is scalar: from a few rows on, dequantizing
-  // this call's weight (transiently) and running the float GEMM is faster.
-  // Measured with K = N = 2048, 4 bits, against the eager MatMulNBits: 2.6
-  // against 12 ms at 1 row, 5.8 against 12 at 2; at 32 rows the quantized
-  // kernel took 4.7x the eager time, this branch the same. The stored weight
-  // stays packed either way; GPU streams always run the quantized kernel.
+  // On CPU streams 4 and 8 bits run the own kernel (kernels/cpu/quantized_matmul.h:
+  // a GEMV streaming the packed weight, blocks dequantized into the float GEMM
+  // for more rows; docs/quantized_performance.md). MLX's CPU quantized matmul,
+  // left for 2 bits, is scalar: from a few rows on, dequantizing this call's
+  // weight (transiently) and running the float GEMM is faster. Measured with
+  // K = N = 2048, 4 bits, against the eager MatMulNBits: 2.6 against 12 ms at
+  // 1 row, 5.8 against 12 at 2; at 32 rows the quantized kernel took 4.7x the
+  // eager time, this branch the same. The stored weight stays packed either
+  // way; GPU streams always run MLX's quantized kernel.
+  const bool cpu = kernels::is_cpu_stream(s);
   mx::array y =
-      x.shape(0) >= kQuantizedCpuRowsLimit && kernels::is_cpu_stream(s)
+      cpu && kernels::quantized_matmul_fits(x, w, ctx.input(2), ctx.input(3), group_size, bits, s)
+          ? kernels::quantized_matmul(x, w, ctx.input(2), ctx.input(3), group_size, bits, s)
+      : cpu && x.shape(0) >= kQuantizedCpuRowsLimit
           ? mx::matmul(x, mx::transpose(affine_dequantized(ctx, k, n, bits, group_size), s), s)
           : mx::quantized_matmul(x, w, ctx.input(2), ctx.input(3), true, group_size, bits, "affine", s);
   y = mx::reshape(y, out_shape, s);

@@ -1,0 +1,551 @@
+// Compiled once per SIMD target (Highway's foreach_target re-includes this
+// file); the kernels come from the best target of the CPU, picked at run time.
+// The plane order of x depends on the vector width, so x is permuted by the
+// same target that runs the GEMV.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/quantized_matmul.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/quantized_matmul.h"
+
+#ifndef TRANSMUTER_KERNELS_CPU_QUANTIZED_MATMUL_ARGS
+#define TRANSMUTER_KERNELS_CPU_QUANTIZED_MATMUL_ARGS
+namespace transmuter::kernels {
+
+// One product's operands (quantized_matmul.h has the layout).
+struct QuantizedArgs {
+  const float* x = nullptr;       // [m, k]
+  const float* xperm = nullptr;   // [m, kpad]: x in plane order (PermuteRows), zero past k
+  const float* xsum = nullptr;    // [m, groups]: the sum of x over each group
+  const uint32_t* w = nullptr;    // [n, words]
+  const float* scales = nullptr;  // [n, groups]
+  const float* biases = nullptr;  // [n, groups]
+  float* y = nullptr;             // [m, n]
+  int64_t m = 0, k = 0, n = 0, kpad = 0;
+  int bits = 4, group_size = 64;
+
+  int64_t words() const { return k * bits / 32; }
+  int64_t groups() const { return k / group_size; }
+};
+
+// Rows of x one GEMV pass shares each unpacked weight vector with.
+inline constexpr int64_t kGemvRows = 3;
+// Columns of one GEMV task: 32 rows of w (64 KiB at 4 bits, K = 4096) stay in
+// L2 while each tile of rows passes over them.
+inline constexpr int64_t kGemvColumns = 32;
+// How far ahead of its loads the GEMV prefetches each row of w (512 bytes:
+// measured faster than none or 2 KiB with weights that come from memory).
+inline constexpr int64_t kPrefetchWords = 128;
+// Depth of one dequantized slice: a block of 4 GEMM panels (64 columns with
+// AVX2, 128 with AVX-512) x 256 floats (64 or 128 KiB) stays in L2 while the
+// GEMM passes over it (kDepthBlock of gemm.cpp).
+inline constexpr int64_t kSliceDepth = 256;
+// Rows of one GEMM task: the rows reuse each dequantized slice; a slice of x
+// (192 x 256 floats) is re-read once per block of columns.
+inline constexpr int64_t kGemmRowBlock = 192;
+
+}  // namespace transmuter::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace transmuter::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using D = hn::ScalableTag<float>;
+using DU = hn::RebindToUnsigned<D>;
+using DI = hn::RebindToSigned<D>;
+using V = hn::Vec<D>;
+using VU = hn::Vec<DU>;
+
+// The most lanes of any target (AVX-512: 16 floats).
+constexpr size_t kMaxLanes = 16;
+
+// Values of x (and of w) one vector of words covers: planes x lanes.
+int64_t ChunkValues(int bits) {
+  return static_cast<int64_t>(32 / bits) * static_cast<int64_t>(hn::Lanes(D()));
+}
+
+// Plane J of a vector of words: lane i holds value (32 / kBits) * i + J of
+// the lane's word.
+template <int kBits, int J>
+HWY_INLINE VU Plane(VU words, VU mask) {
+  if constexpr (J == 0) {
+    return hn::And(words, mask);
+  } else if constexpr (J == 32 / kBits - 1) {
+    return hn::ShiftRight<J * kBits>(words);  // the top field needs no mask
+  } else {
+    return hn::And(hn::ShiftRight<J * kBits>(words), mask);
+  }
+}
+
+// dot[r][c] += x[r] plane J * w[c] plane J for planes J.. of one chunk of
+// words (recursion, not a loop or lambda, so the accumulators stay in registers).
+template <int kBits, int R, int C, int J = 0>
+HWY_INLINE void PlaneProducts(const VU (&words)[C], const float* const (&x)[R], int64_t offset, VU mask,
+                              V (&dot)[R][C]) {
+  if constexpr (J < 32 / kBits) {
+    const D d;
+    const DI di;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    V xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = hn::LoadU(d, x[r] + offset + J * lanes);
+    for (int c = 0; c < C; ++c) {
+      const V q = hn::ConvertTo(d, hn::BitCast(di, Plane<kBits, J>(words[c], mask)));
+      for (int r = 0; r < R; ++r) dot[r][c] = hn::MulAdd(xv[r], q, dot[r][c]);
+    }
+    PlaneProducts<kBits, R, C, J + 1>(words, x, offset, mask, dot);
+  }
+}
+
+// dot += the products of chunk `chunk` of C rows of w with R rows of xperm: its
+// first `valid` words (the rest read as 0, against zeros of xperm).
+template <int kBits, int R, int C>
+HWY_INLINE void ChunkProducts(const uint32_t* const (&w)[C], const float* const (&x)[R], int64_t chunk,
+                              int64_t valid, VU mask, V (&dot)[R][C]) {
+  const DU du;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
+  VU words[C];
+  for (int c = 0; c < C; ++c) {
+    // The rows of w come from memory once per call: a few cache lines ahead of the loads.
+    hwy::Prefetch(w[c] + chunk * lanes + kPrefetchWords);
+    words[c] = valid == lanes
+                   ? hn::LoadU(du, w[c] + chunk * lanes)
+                   : hn::MaskedLoad(hn::FirstN(du, static_cast<size_t>(valid)), du, w[c] + chunk * lanes);
+  }
+  PlaneProducts<kBits, R, C>(words, x, chunk * (32 / kBits) * lanes, mask, dot);
+}
+
+// Stores the L columns of plane J.. of one gathered vector of words,
+// dequantized (q * s + b, zero in lanes past `present`), one panel row apart.
+template <int kBits, int J = 0>
+HWY_INLINE void StorePlanes(VU words, VU mask, V s, V b, hn::Mask<D> present, int64_t width, float* row) {
+  if constexpr (J < 32 / kBits) {
+    const D d;
+    const DI di;
+    const V q = hn::ConvertTo(d, hn::BitCast(di, Plane<kBits, J>(words, mask)));
+    hn::StoreU(hn::IfThenElseZero(present, hn::MulAdd(q, s, b)), d, row + J * width);
+    StorePlanes<kBits, J + 1>(words, mask, s, b, present, width, row);
+  }
+}
+
+// x rows in plane order: xperm[r, c * V + j * L + i] = x[r, c * V + P * i + j]
+// for chunk c of V = P * L values (P = 32 / bits planes, L lanes), zero past
+// k; and xsum[r, g] = sum of x[r, group g].
+void PermuteRows(const float* x, int64_t m, int64_t k, int bits, int group_size, int64_t kpad, float* xperm,
+                 float* xsum) {
+  const int64_t planes = 32 / bits;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
+  const int64_t chunk = planes * lanes;
+  const int64_t groups = k / group_size;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * k;
+    float* out = xperm + r * kpad;
+    for (int64_t c0 = 0; c0 < kpad; c0 += chunk) {
+      for (int64_t j = 0; j < planes; ++j) {
+        for (int64_t i = 0; i < lanes; ++i) {
+          const int64_t src = c0 + planes * i + j;
+          out[c0 + j * lanes + i] = src < k ? row[src] : 0.0f;
+        }
+      }
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      float sum = 0.0f;
+      for (int64_t i = 0; i < group_size; ++i) sum += row[g * group_size + i];
+      xsum[r * groups + g] = sum;
+    }
+  }
+}
+
+// y[row0 + r, col0 + c] for r < R, c < C: one pass over C rows of w, each
+// vector of words unpacked once and multiplied into R rows of x.
+template <int kBits, int R, int C>
+HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
+  const D d;
+  const DU du;
+  constexpr int kPlanes = 32 / kBits;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t words = a.words(), groups = a.groups();
+  const int64_t words_per_group = a.group_size / kPlanes;
+  const VU mask = hn::Set(du, (1u << kBits) - 1);
+  const uint32_t* w[C];
+  const float* scales[C];
+  const float* biases[C];
+  for (int c = 0; c < C; ++c) {
+    w[c] = a.w + (col0 + c) * words;
+    scales[c] = a.scales + (col0 + c) * groups;
+    biases[c] = a.biases + (col0 + c) * groups;
+  }
+  const float* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a.xperm + (row0 + r) * a.kpad;
+  V acc[R][C], dot[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(d);
+  }
+  if (words_per_group >= lanes) {
+    // A group spans whole chunks: its dot product is scaled once.
+    const int64_t chunks_per_group = words_per_group / lanes;
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) dot[r][c] = hn::Zero(d);
+      }
+      for (int64_t i = 0; i < chunks_per_group; ++i)
+        ChunkProducts<kBits, R, C>(w, x, g * chunks_per_group + i, lanes, mask, dot);
+      for (int c = 0; c < C; ++c) {
+        const V s = hn::Set(d, scales[c][g]);
+        for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(dot[r][c], s, acc[r][c]);
+      }
+    }
+  } else {
+    // A chunk spans several groups: lane i's scale is that of group i / words_per_group of the chunk.
+    // Powers of two: shifts, not divisions, in the loop.
+    const int shift = __builtin_ctzll(static_cast<unsigned long long>(words_per_group));
+    const int64_t groups_per_chunk = lanes >> shift;
+    HWY_ALIGN int32_t index[kMaxLanes];
+    for (int64_t i = 0; i < lanes; ++i) index[i] = static_cast<int32_t>(i >> shift);
+    const auto table = hn::SetTableIndices(d, index);
+    const int64_t chunks = (words + lanes - 1) / lanes;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t valid = std::min(lanes, words - chunk * lanes);
+      for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) dot[r][c] = hn::Zero(d);
+      }
+      ChunkProducts<kBits, R, C>(w, x, chunk, valid, mask, dot);
+      const auto present = hn::FirstN(d, static_cast<size_t>(valid >> shift));
+      for (int c = 0; c < C; ++c) {
+        const V s =
+            hn::TableLookupLanes(hn::MaskedLoad(present, d, scales[c] + chunk * groups_per_chunk), table);
+        for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(dot[r][c], s, acc[r][c]);
+      }
+    }
+  }
+  // + sum over groups of biases[n, g] * sum(x in group g).
+  for (int64_t g0 = 0; g0 < groups; g0 += lanes) {
+    const auto present = hn::FirstN(d, static_cast<size_t>(std::min(lanes, groups - g0)));
+    V xs[R];
+    for (int r = 0; r < R; ++r) xs[r] = hn::MaskedLoad(present, d, a.xsum + (row0 + r) * groups + g0);
+    for (int c = 0; c < C; ++c) {
+      const V b = hn::MaskedLoad(present, d, biases[c] + g0);
+      for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(b, xs[r], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) a.y[(row0 + r) * a.n + col0 + c] = hn::GetLane(hn::SumOfLanes(d, acc[r][c]));
+  }
+}
+
+template <int kBits, int R, int C>
+void ColumnRange(const QuantizedArgs& a, int64_t row0, int64_t col0, int64_t cols) {
+  int64_t c = col0;
+  for (; c + C <= col0 + cols; c += C) Columns<kBits, R, C>(a, row0, c);
+  for (; c < col0 + cols; ++c) Columns<kBits, R, 1>(a, row0, c);
+}
+
+// Columns [col0, col0 + cols) of y for every row: tiles of up to kGemvRows
+// rows, each a pass over the block's rows of w (in L2 after the first).
+// Columns at a time: enough independent FMA chains and shared loads of x
+// within the 16 vector registers of AVX2.
+template <int kBits>
+void GemvBlockOf(const QuantizedArgs& a, int64_t col0, int64_t cols) {
+  for (int64_t r = 0; r < a.m; r += kGemvRows) {
+    switch (std::min(kGemvRows, a.m - r)) {
+      case 3:
+        ColumnRange<kBits, 3, 2>(a, r, col0, cols);
+        break;
+      case 2:
+        ColumnRange<kBits, 2, 2>(a, r, col0, cols);
+        break;
+      default:
+        ColumnRange<kBits, 1, 4>(a, r, col0, cols);
+        break;
+    }
+  }
+}
+
+void GemvBlock(const QuantizedArgs& a, int64_t col0, int64_t cols) {
+  if (a.bits == 4) {
+    GemvBlockOf<4>(a, col0, cols);
+  } else {
+    GemvBlockOf<8>(a, col0, cols);
+  }
+}
+
+// The float GEMM's packed panels (gemm.h) of W's columns [col0, col0 + cols)
+// and depths [k0, k0 + depth): panels[p, kk, j] = W[col0 + p * 2L + j, k0 + kk],
+// zero for columns past cols. k0 and depth are multiples of the group size.
+// A gather of one word from L rows of w gives, plane by plane, L columns of
+// `planes` consecutive depths: a panel half-row each.
+template <int kBits>
+void DequantizePanelsOf(const QuantizedArgs& a, int64_t col0, int64_t cols, int64_t k0, int64_t depth,
+                        float* panels) {
+  const D d;
+  const DU du;
+  const DI di;
+  constexpr int kPlanes = 32 / kBits;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t width = 2 * lanes;
+  const int64_t words = a.words(), groups = a.groups();
+  const VU mask = hn::Set(du, (1u << kBits) - 1);
+  const int64_t halves = (cols + lanes - 1) / lanes;
+  for (int64_t h = 0; h < halves; ++h) {
+    const int64_t first = col0 + h * lanes;
+    const int64_t valid = std::min(lanes, cols - h * lanes);
+    // Lanes past the last column read its row again and store zeros.
+    HWY_ALIGN int32_t word_offsets[kMaxLanes], group_offsets[kMaxLanes];
+    for (int64_t i = 0; i < lanes; ++i) {
+      word_offsets[i] = static_cast<int32_t>(std::min(i, valid - 1) * words);
+      group_offsets[i] = static_cast<int32_t>(std::min(i, valid - 1) * groups);
+    }
+    const auto word_index = hn::Load(di, word_offsets);
+    const auto group_index = hn::Load(di, group_offsets);
+    const auto present = hn::FirstN(d, static_cast<size_t>(valid));
+    const uint32_t* w = a.w + first * words;
+    const float* scales = a.scales + first * groups;
+    const float* biases = a.biases + first * groups;
+    float* out = panels + (h / 2) * depth * width + (h % 2) * lanes;
+    V s = hn::Zero(d), b = hn::Zero(d);
+    for (int64_t word = k0 / kPlanes; word < (k0 + depth) / kPlanes; ++word) {
+      const int64_t k = word * kPlanes;
+      if (k % a.group_size == 0) {
+        s = hn::GatherIndex(d, scales + k / a.group_size, group_index);
+        b = hn::GatherIndex(d, biases + k / a.group_size, group_index);
+      }
+      const VU wv = hn::GatherIndex(du, w + word, word_index);
+      float* row = out + (k - k0) * width;
+      StorePlanes<kBits>(wv, mask, s, b, present, width, row);
+    }
+  }
+  if (halves % 2 == 1) {  // the last panel's second half lies past cols
+    float* out = panels + (halves / 2) * depth * width + lanes;
+    for (int64_t kk = 0; kk < depth; ++kk) hn::StoreU(hn::Zero(d), d, out + kk * width);
+  }
+}
+
+void DequantizePanels(const QuantizedArgs& a, int64_t col0, int64_t cols, int64_t k0, int64_t depth,
+                      float* panels) {
+  if (a.bits == 4) {
+    DequantizePanelsOf<4>(a, col0, cols, k0, depth, panels);
+  } else {
+    DequantizePanelsOf<8>(a, col0, cols, k0, depth, panels);
+  }
+}
+
+}  // namespace transmuter::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace transmuter::kernels {
+
+HWY_EXPORT(ChunkValues);
+HWY_EXPORT(PermuteRows);
+HWY_EXPORT(GemvBlock);
+HWY_EXPORT(DequantizePanels);
+
+namespace {
+
+// Below this many multiply-adds a product runs on the calling thread: waking
+// another thread costs more than it saves.
+constexpr int64_t kParallelWork = 1 << 18;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// GEMV over row tiles: x permuted once, then blocks of columns across the threads.
+void run_gemv(QuantizedArgs a) {
+  const int64_t chunk = HWY_DYNAMIC_DISPATCH(ChunkValues)(a.bits);
+  a.kpad = ceil_div(a.k, chunk) * chunk;
+  thread_local std::vector<float> xperm, xsum;
+  xperm.resize(static_cast<size_t>(a.m * a.kpad));
+  xsum.resize(static_cast<size_t>(a.m * a.groups()));
+  HWY_DYNAMIC_DISPATCH(PermuteRows)(a.x, a.m, a.k, a.bits, a.group_size, a.kpad, xperm.data(), xsum.data());
+  a.xperm = xperm.data();
+  a.xsum = xsum.data();
+  const int64_t blocks = ceil_div(a.n, kGemvColumns);
+  const int64_t grain = a.m * a.n * a.k < kParallelWork ? blocks : 1;
+  parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t col0 = b * kGemvColumns;
+      HWY_DYNAMIC_DISPATCH(GemvBlock)(a, col0, std::min(kGemvColumns, a.n - col0));
+    }
+  });
+}
+
+// Blocks of W dequantized into GEMM panels, K slice by K slice, each slice's
+// product accumulated into y (the GEMM's residual input is y itself: each tile
+// reads its part of y before it stores it).
+void run_dequantized_gemm(const QuantizedArgs& a) {
+  const int64_t width = gemm_panel_width();
+  const int64_t block_cols = 4 * width;
+  const int64_t col_blocks = ceil_div(a.n, block_cols);
+  const int64_t row_blocks = ceil_div(a.m, kGemmRowBlock);
+  parallel_for(row_blocks * col_blocks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> panels;
+    panels.resize(static_cast<size_t>(block_cols * kSliceDepth));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t row0 = (t / col_blocks) * kGemmRowBlock;
+      const int64_t col0 = (t % col_blocks) * block_cols;
+      const int64_t cols = std::min(block_cols, a.n - col0);
+      for (int64_t k0 = 0; k0 < a.k; k0 += kSliceDepth) {
+        const int64_t depth = std::min(kSliceDepth, a.k - k0);
+        HWY_DYNAMIC_DISPATCH(DequantizePanels)(a, col0, cols, k0, depth, panels.data());
+        GemmArgs g;
+        g.a = a.x + row0 * a.k + k0;
+        g.lda = a.k;
+        g.packed = panels.data();
+        g.y = a.y + row0 * a.n + col0;
+        g.ldy = a.n;
+        g.residual = k0 > 0 ? g.y : nullptr;
+        g.m = std::min(kGemmRowBlock, a.m - row0);
+        g.k = depth;
+        g.n = cols;
+        run_gemm(g);  // inline: the pool is busy with this loop
+      }
+    }
+  });
+}
+
+class QuantizedMatmulKernel : public CpuKernel {
+ public:
+  QuantizedMatmulKernel(mx::Stream stream, Reference reference, int group_size, int bits)
+      : CpuKernel(stream, std::move(reference)), group_size_(group_size), bits_(bits) {}
+  const char* name() const override { return "transmuter::QuantizedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const QuantizedMatmulKernel*>(&other);
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
+  }
+  // MLX's quantized product has no derivative with respect to w (its vjp
+  // throws), so the reference is differentiated with respect to the inputs
+  // asked for only, the others held constant (CpuKernel's takes all).
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>&) override {
+    return mx::vjp(of(primals, argnums), select(primals, argnums), cotangents).second;
+  }
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    return mx::jvp(of(primals, argnums), select(primals, argnums), tangents).second;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    QuantizedArgs a;
+    a.x = in[0].data<float>();
+    a.w = in[1].data<uint32_t>();
+    a.scales = in[2].data<float>();
+    a.biases = in[3].data<float>();
+    a.y = out[0].data<float>();
+    a.m = in[0].shape(0);
+    a.k = in[0].shape(1);
+    a.n = in[1].shape(0);
+    a.bits = bits_;
+    a.group_size = group_size_;
+    return [a] {
+      if (a.m >= quantized_matmul_gemm_rows()) {
+        run_dequantized_gemm(a);
+      } else {
+        run_gemv(a);
+      }
+    };
+  }
+
+ private:
+  static std::vector<mx::array> select(const std::vector<mx::array>& primals,
+                                       const std::vector<int>& argnums) {
+    std::vector<mx::array> selected;
+    for (int i : argnums) selected.push_back(primals[i]);
+    return selected;
+  }
+
+  // The reference as a function of the inputs at `argnums`.
+  std::function<std::vector<mx::array>(const std::vector<mx::array>&)> of(
+      const std::vector<mx::array>& primals, const std::vector<int>& argnums) {
+    return [primals, argnums, group_size = group_size_, bits = bits_,
+            s = stream()](const std::vector<mx::array>& in) {
+      std::vector<mx::array> all = primals;
+      for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = in[i];
+      return std::vector<mx::array>{
+          mx::quantized_matmul(all[0], all[1], all[2], all[3], true, group_size, bits, "affine", s)};
+    };
+  }
+
+  int group_size_, bits_;
+};
+
+}  // namespace
+
+int64_t quantized_matmul_gemm_rows() {
+  // $TRANSMUTER_QUANTIZED_GEMM_ROWS overrides it for benchmarks (bench/q4_bench.py).
+  static const int64_t rows = [] {
+    if (const char* text = std::getenv("TRANSMUTER_QUANTIZED_GEMM_ROWS")) {
+      char* end = nullptr;
+      const long v = std::strtol(text, &end, 10);
+      if (end != text && *end == '\0' && v > 0) return static_cast<int64_t>(v);
+    }
+    return int64_t{6};
+  }();
+  return rows;
+}
+
+bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s) {
+  if (!is_cpu_stream(s) || (bits != 4 && bits != 8)) return false;
+  if (group_size != 32 && group_size != 64 && group_size != 128) return false;
+  if (x.dtype() != mx::float32 || x.ndim() < 1 || x.size() == 0) return false;
+  const int64_t k = x.shape(-1);
+  if (k % group_size != 0 || w.dtype() != mx::uint32 || w.ndim() != 2) return false;
+  const int64_t n = w.shape(0), words = k * bits / 32, groups = k / group_size;
+  if (n < 1 || w.shape(1) != words) return false;
+  // Gathers index w, scales and biases with int32 offsets.
+  if (n * words > (int64_t{1} << 31) - 1) return false;
+  for (const mx::array* t : {&scales, &biases}) {
+    if (t->dtype() != mx::float32 || t->ndim() != 2 || t->shape(0) != n || t->shape(1) != groups)
+      return false;
+  }
+  return true;
+}
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [group_size, bits, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{
+        mx::quantized_matmul(in[0], in[1], in[2], in[3], true, group_size, bits, "affine", stream)};
+  };
+  if (!quantized_matmul_fits(x, w, scales, biases, group_size, bits, stream)) {
+    return reference({x, w, scales, biases})[0];
+  }
+  const int k = x.shape(-1), n = w.shape(0);
+  // As make_cpu_kernel_outputs, but the weights are not wrapped in
+  // mx::contiguous when they already are: a weight that aliases the model's
+  // mapped file shares a buffer much larger than itself, and MLX's Contiguous
+  // copies such an array on every call (12 MiB per call at 4096 x 4096).
+  std::vector<mx::array> inputs = {mx::contiguous(mx::reshape(x, {-1, k}, stream), false, stream), w, scales,
+                                   biases};
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    if (!inputs[i].is_available() || !inputs[i].flags().row_contiguous) {
+      inputs[i] = mx::contiguous(inputs[i], false, stream);
+    }
+  }
+  mx::array y = mx::array::make_arrays(
+      {{inputs[0].shape(0), n}}, {mx::float32},
+      std::make_shared<QuantizedMatmulKernel>(stream, reference, group_size, bits), inputs)[0];
+  mx::Shape shape = x.shape();
+  shape.back() = n;
+  return mx::reshape(y, shape, stream);
+}
+
+}  // namespace transmuter::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,57 @@
+// Matrix products with a weight quantized in MLX's affine layout (what
+// mx::quantize makes and src/passes/pack_matmul_nbits.cpp converts
+// MatMulNBits weights into):
+//
+//   y[M, N] = x[M, K] @ W^T,   W[n, k] = scales[n, g] * q[n, k] + biases[n, g],  g = k / group_size
+//
+//   w: uint32 [N, K * bits / 32]; each word holds 32 / bits values q of one row
+//      along K, low bits first (bits 4: q[n, 8i + j] = (w[n, i] >> 4j) & 15)
+//   scales, biases: float32 [N, K / group_size]
+//
+// MLX's CPU quantized matmul is scalar (4-bit 4096 x 4096, one row: ~11 ms,
+// under 1 GB/s of weight). Two paths here, both vectorized with Highway and
+// split over N across the kernel threads (parallel_for):
+//
+// - Few rows (a decoder step): a GEMV that streams the packed weight once.
+//   A vector of words holds, in plane j = (word >> j * bits) & mask, the values
+//   k = 8i + j of lane i (bits 4); x is permuted once per call into that plane
+//   order, so each plane is one convert and one FMA per row against x, with no
+//   shuffles. The dot product of a group is scaled once (its scale), and the
+//   biases are applied once per group as biases[n, g] * sum(x in group g).
+// - More rows (a prefill): blocks of 4 GEMM panels (64 columns with AVX2) x
+//   256 of K are dequantized into the float GEMM's packed panels
+//   (kernels/cpu/gemm.h) in a buffer that stays in L2, and the GEMM
+//   accumulates the K slices into y.
+//
+// The stored weight is never expanded: the GEMV reads bits / 8 bytes per
+// weight plus 8 bytes of scale and bias per group (docs/quantized_performance.md:
+// 4096 x 4096 at 4 bits, one row, ~70 % of the memory read bandwidth with the
+// weights coming from memory). Gradients (with respect to x, scales, biases)
+// and non-CPU streams use the reference, mx::quantized_matmul.
+#pragma once
+
+#include <cstdint>
+
+#include <mlx/mlx.h>
+
+namespace transmuter::kernels {
+
+namespace mx = mlx::core;
+
+/** True when quantized_matmul() runs the kernel: a CPU stream, x float32
+ * [..., K] non-empty, bits 4 or 8, group_size 32, 64 or 128 dividing K, w
+ * uint32 [N, K * bits / 32], scales and biases float32 [N, K / group_size]. */
+bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s = {});
+
+/** x [..., K] @ dequantize(w, scales, biases)^T -> [..., N], float32: the
+ * kernel above where quantized_matmul_fits(), otherwise (and for gradients)
+ * mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine"). */
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s = {});
+
+/** Rows of x from which the kernel dequantizes blocks for the float GEMM
+ * instead of running the GEMV over row tiles (picked by bench/q4_bench.py). */
+int64_t quantized_matmul_gemm_rows();
+
+}  // namespace transmuter::kernels

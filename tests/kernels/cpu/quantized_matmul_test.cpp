@@ -1,0 +1,153 @@
+// The quantized-weight kernel against mx::quantized_matmul (MLX's scalar CPU
+// kernel) on weights made by mx::quantize, over bits 4 and 8, every group size,
+// row counts that hit both paths (the GEMV's 3-row tiles, the dequantized
+// GEMM's 192-row blocks), depths that end inside a vector of words, and
+// column counts that are not multiples of the SIMD width or of a task block.
+#include "kernels/cpu/quantized_matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "support/random_arrays.h"
+
+namespace transmuter::kernels {
+namespace {
+
+using testing::max_abs_diff;
+using testing::random_array;
+
+// Both sides sum K float32 products in different orders (the kernel also
+// factors each group as scale * sum(x q) + bias * sum(x)). The rounding error
+// of either is bounded by a few units of float32 (6e-8) times
+// magnitude = sum_k |x_k| (|scale q| + |bias|), the sum of the absolute
+// values of every term either side adds; it grows like sqrt(K) for random
+// signs (~2e-6 of the magnitude at K = 1024). 1e-5 of the magnitude is the
+// check; the measured worst case (printed) is 5e-8 with AVX-512.
+constexpr float kRelativeTolerance = 1e-5f;
+
+struct QuantizedWeight {
+  mx::array w, scales, biases;
+};
+
+QuantizedWeight quantized_weight(int n, int k, int group_size, int bits, uint64_t seed) {
+  std::vector<mx::array> q = mx::quantize(random_array({n, k}, seed, 0.5f), group_size, bits, "affine");
+  mx::eval(q);
+  return {q[0], q[1], q[2]};
+}
+
+// max over the outputs of |got - reference| / magnitude (see kRelativeTolerance).
+float relative_error(const mx::array& x, const QuantizedWeight& q, const mx::array& got, int group_size,
+                     int bits) {
+  mx::array reference =
+      mx::quantized_matmul(x, q.w, q.scales, q.biases, true, group_size, bits, "affine", mx::Device::cpu);
+  mx::array terms = mx::dequantize(q.w, mx::abs(q.scales), mx::abs(q.biases), group_size, bits, "affine");
+  mx::array magnitude = mx::matmul(mx::abs(x), mx::transpose(terms));
+  mx::array ratio =
+      mx::divide(mx::abs(mx::subtract(got, reference)), mx::maximum(magnitude, mx::array(1e-30f)));
+  return mx::max(ratio).item<float>();
+}
+
+TEST(QuantizedMatmulKernel, MatchesMlxOnEveryLayoutAndTilingEdge) {
+  // Rows from quantized_matmul_gemm_rows() on take the dequantized GEMM: 1-5
+  // below run the GEMV (5: a 3-row and a 2-row tile), 7 and 64 the GEMM.
+  ASSERT_GT(quantized_matmul_gemm_rows(), 5);
+  ASSERT_LE(quantized_matmul_gemm_rows(), 7);
+  float worst = 0.0f;
+  for (int bits : {4, 8}) {
+    for (int group_size : {32, 64, 128}) {
+      // K: 3 groups (at group 32 it ends inside a vector of words) and 1024;
+      // N: 1, one short of the 4-column tile and of the 32-column block, past the 64-column GEMM block.
+      for (auto [k, n] : {std::pair{3 * group_size, 1}, {3 * group_size, 31}, {1024, 67}, {1024, 3}}) {
+        const QuantizedWeight q =
+            quantized_weight(n, k, group_size, bits, static_cast<uint64_t>(k + n + bits));
+        for (int m : {1, 2, 3, 5, 7, 64}) {
+          mx::array x = random_array({m, k}, static_cast<uint64_t>(m * 7 + group_size));
+          ASSERT_TRUE(quantized_matmul_fits(x, q.w, q.scales, q.biases, group_size, bits, mx::Device::cpu));
+          mx::array got = quantized_matmul(x, q.w, q.scales, q.biases, group_size, bits, mx::Device::cpu);
+          ASSERT_EQ(got.shape(), (mx::Shape{m, n}));
+          const float error = relative_error(x, q, got, group_size, bits);
+          worst = std::max(worst, error);
+          EXPECT_LT(error, kRelativeTolerance)
+              << "bits " << bits << " group " << group_size << " M " << m << " K " << k << " N " << n;
+        }
+      }
+    }
+  }
+  std::printf("worst error / magnitude: %.3g\n", worst);
+}
+
+TEST(QuantizedMatmulKernel, GemmRowBlocksAndLeadingAxes) {
+  // 200 rows: two of the GEMM's 192-row blocks; [2, 100, K] folds into rows.
+  const QuantizedWeight q = quantized_weight(130, 256, 64, 4, 11);
+  mx::array x = random_array({2, 100, 256}, 12);
+  mx::array got = quantized_matmul(x, q.w, q.scales, q.biases, 64, 4, mx::Device::cpu);
+  ASSERT_EQ(got.shape(), (mx::Shape{2, 100, 130}));
+  EXPECT_LT(relative_error(mx::reshape(x, {200, 256}), q, mx::reshape(got, {200, 130}), 64, 4),
+            kRelativeTolerance);
+  // A single row given as a vector.
+  mx::array v = random_array({256}, 13);
+  mx::array y = quantized_matmul(v, q.w, q.scales, q.biases, 64, 4, mx::Device::cpu);
+  ASSERT_EQ(y.shape(), (mx::Shape{130}));
+  EXPECT_LT(relative_error(mx::reshape(v, {1, 256}), q, mx::reshape(y, {1, 130}), 64, 4), kRelativeTolerance);
+}
+
+TEST(QuantizedMatmulKernel, LayoutsItDoesNotTakeRunMlx) {
+  const QuantizedWeight q2 = quantized_weight(16, 128, 64, 2, 21);
+  mx::array x = random_array({2, 128}, 22);
+  EXPECT_FALSE(quantized_matmul_fits(x, q2.w, q2.scales, q2.biases, 64, 2, mx::Device::cpu));
+  mx::array reference =
+      mx::quantized_matmul(x, q2.w, q2.scales, q2.biases, true, 64, 2, "affine", mx::Device::cpu);
+  EXPECT_EQ(max_abs_diff(quantized_matmul(x, q2.w, q2.scales, q2.biases, 64, 2, mx::Device::cpu), reference),
+            0.0f);
+
+  const QuantizedWeight q4 = quantized_weight(16, 128, 64, 4, 23);
+  EXPECT_FALSE(
+      quantized_matmul_fits(mx::astype(x, mx::float16), q4.w, q4.scales, q4.biases, 64, 4, mx::Device::cpu));
+  EXPECT_FALSE(
+      quantized_matmul_fits(x, q4.w, mx::astype(q4.scales, mx::float16), q4.biases, 64, 4, mx::Device::cpu));
+  EXPECT_FALSE(
+      quantized_matmul_fits(x, q4.w, q4.scales, q4.biases, 32, 4, mx::Device::cpu));  // scales' shape
+  EXPECT_FALSE(
+      quantized_matmul_fits(random_array({2, 64}, 24), q4.w, q4.scales, q4.biases, 64, 4, mx::Device::cpu));
+  EXPECT_FALSE(
+      quantized_matmul_fits(random_array({0, 128}, 25), q4.w, q4.scales, q4.biases, 64, 4, mx::Device::cpu));
+}
+
+TEST(QuantizedMatmulKernel, GradientsAreMlxs) {
+  const QuantizedWeight q = quantized_weight(40, 128, 32, 4, 31);
+  mx::array x = random_array({3, 128}, 32);
+  mx::array cotangent = random_array({3, 40}, 33);
+  mx::array tangent = random_array({3, 128}, 34);
+  auto kernel = [&](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{quantized_matmul(in[0], q.w, q.scales, q.biases, 32, 4, mx::Device::cpu)};
+  };
+  auto reference = [&](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{
+        mx::quantized_matmul(in[0], q.w, q.scales, q.biases, true, 32, 4, "affine", mx::Device::cpu)};
+  };
+  // Both are MLX's derivative (the same graph), so they agree exactly.
+  auto [outputs, grads] = mx::vjp(kernel, {x}, {cotangent});
+  auto [ref_outputs, ref_grads] = mx::vjp(reference, {x}, {cotangent});
+  EXPECT_EQ(max_abs_diff(grads[0], ref_grads[0]), 0.0f);
+  EXPECT_LT(relative_error(x, q, outputs[0], 32, 4), kRelativeTolerance);
+  auto [jvp_outputs, tangents] = mx::jvp(kernel, {x}, {tangent});
+  auto [ref_jvp_outputs, ref_tangents] = mx::jvp(reference, {x}, {tangent});
+  EXPECT_EQ(max_abs_diff(tangents[0], ref_tangents[0]), 0.0f);
+  // With respect to the scales too (MLX has none with respect to w).
+  auto of_scales = [&](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{quantized_matmul(x, q.w, in[0], q.biases, 32, 4, mx::Device::cpu)};
+  };
+  auto ref_of_scales = [&](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{
+        mx::quantized_matmul(x, q.w, in[0], q.biases, true, 32, 4, "affine", mx::Device::cpu)};
+  };
+  EXPECT_EQ(max_abs_diff(mx::vjp(of_scales, {q.scales}, {cotangent}).second[0],
+                         mx::vjp(ref_of_scales, {q.scales}, {cotangent}).second[0]),
+            0.0f);
+}
+
+}  // namespace
+}  // namespace transmuter::kernels
