@@ -235,14 +235,7 @@ void rename_reads(Node& node, const std::string& from, const std::string& to) {
 }
 
 Node make_cast(const Graph& graph, const std::string& input, const std::string& output, OnnxType to) {
-  Node cast;
-  cast.name = "compute_in_float32/" + output;
-  cast.op_type = "Cast";
-  cast.inputs = {input};
-  cast.outputs = {output};
-  cast.attributes = {int_attribute("to", static_cast<int64_t>(to))};
-  cast.opset = static_cast<int>(graph.opsets.at(""));
-  return cast;
+  return cast_node(graph, "compute_in_float32/" + output, input, output, to);
 }
 
 bool has_half_tensor_attribute(const Node& node) {

@@ -114,14 +114,7 @@ std::optional<Island> match_norm(const Graph& graph, const GraphIndex& index,
 }
 
 Node make_cast(const Graph& graph, const std::string& input, const std::string& output, OnnxType to) {
-  Node cast;
-  cast.name = "keep_float32_islands/" + output;
-  cast.op_type = "Cast";
-  cast.inputs = {input};
-  cast.outputs = {output};
-  cast.attributes = {int_attribute("to", static_cast<int64_t>(to))};
-  cast.opset = static_cast<int>(graph.opsets.at(""));
-  return cast;
+  return cast_node(graph, "keep_float32_islands/" + output, input, output, to);
 }
 
 // A value name no node, input or initializer of `graph` uses.

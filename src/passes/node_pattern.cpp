@@ -169,4 +169,16 @@ std::string fresh_initializer_name(const Graph& graph, const std::string& base) 
   return name;
 }
 
+Node cast_node(const Graph& graph, const std::string& name, const std::string& input, const std::string& output,
+               OnnxType to) {
+  Node cast;
+  cast.name = name;
+  cast.op_type = "Cast";
+  cast.inputs = {input};
+  cast.outputs = {output};
+  cast.attributes = {int_attribute("to", static_cast<int64_t>(to))};
+  cast.opset = static_cast<int>(graph.opsets.at(""));
+  return cast;
+}
+
 }  // namespace transmuter

@@ -86,4 +86,8 @@ void erase_nodes(Graph& graph, const std::vector<bool>& removed);
 /** Declares `domain` at `version` in graph.opsets unless it is imported. */
 void import_domain(Graph& graph, const std::string& domain, int64_t version);
 
+/** A default-domain Cast(input) -> output to `to`, at the graph's opset, named `name`. */
+Node cast_node(const Graph& graph, const std::string& name, const std::string& input, const std::string& output,
+               OnnxType to);
+
 }  // namespace transmuter
