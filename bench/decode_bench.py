@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,21 +30,11 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from host import machine  # noqa: E402
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 SUMMARY = re.compile(r"(\d+) prompt tokens, (\d+) generated; first token after ([\d.]+) ms, then ([\d.]+) tokens/s;"
                      r" ([\d.]+) s in all(?:; (\d+) compiled plans)?")
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def machine() -> dict:
-    return {"loadavg": os.getloadavg(), "cpus": os.cpu_count(), "cpu": cpu_model(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 class OrtLoop:

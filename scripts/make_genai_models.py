@@ -87,6 +87,15 @@ def rebuild(name: str, tokenizer):
     return family, expected
 
 
+def run_builder(checkpoint: Path, out: Path, precision: str, extra: list[str], cache: Path) -> None:
+    """onnxruntime-genai's model builder for the CPU on a saved checkpoint (extra: its --extra_options)."""
+    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out),
+               "-p", precision, "-e", "cpu", "-c", str(cache)]
+    if extra:
+        command += ["--extra_options", *extra]
+    subprocess.run(command, check=True)
+
+
 def greedy_genai(folder: Path, prompt_ids: list[int]) -> list[int]:
     model = og.Model(str(folder))
     params = og.GeneratorParams(model)
@@ -120,11 +129,7 @@ def build_family(family_name: str, precisions: list[str], tokenizer) -> None:
             out = FIXTURES / f"genai_{family_name}_{precision}"
             if out.exists():
                 shutil.rmtree(out)
-            command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out),
-                       "-p", precision, "-e", "cpu", "-c", str(Path(tmp) / "cache")]
-            if extra:
-                command += ["--extra_options", *extra]
-            subprocess.run(command, check=True)
+            run_builder(checkpoint, out, precision, extra, Path(tmp) / "cache")
             for name in ("config.json",):
                 shutil.copy(checkpoint / name, out / name)
             cases = []

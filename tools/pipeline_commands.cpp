@@ -244,6 +244,7 @@ double number_option(const Args& args, const std::string& name, double fallback)
 generation::GenerationConfig generation_config(const Args& args, const TextGeneration& pipe) {
   generation::GenerationConfig config = pipe.default_config();
   if (args.has("max-new-tokens")) config.max_new_tokens = count_option(args, "max-new-tokens", 0);
+  if (args.has("min-new-tokens")) config.min_new_tokens = count_option(args, "min-new-tokens", 0);
   if (args.has("do-sample")) config.do_sample = true;
   config.temperature = number_option(args, "temperature", config.temperature);
   if (args.has("top-k")) config.top_k = static_cast<int64_t>(count_option(args, "top-k", 0));
@@ -309,7 +310,8 @@ void write_generated(std::ostream& out, const GeneratedText& g) {
 int generate_main(const Args& args) {
   require_model(
       args,
-      "usage: transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--do-sample] [--temperature T] "
+      "usage: transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--min-new-tokens N] [--do-sample] "
+      "[--temperature T] "
       "[--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--no-repeat-ngram N] [--stop TEXT]... "
       "[--seed N] [--cache auto|none|dynamic|static] [--jsonl]");
   auto pipe = TextGeneration::open(args.positional[0], pipeline_options(args), cache_option(args));

@@ -224,7 +224,8 @@ class FillMask {
 
 /** How a decoder's past keys and values are kept between steps. */
 enum class KvCache {
-  /** kStatic when the model takes position_ids and past inputs, else kDynamic (kNone without past). */
+  /** kStatic when the model takes past inputs and either position_ids or GroupQueryAttention's mask
+   * positions, else kDynamic (kNone without past). */
   kAuto,
   /** Every step runs the whole sequence again (the model's past inputs get length 0). */
   kNone,
@@ -232,7 +233,10 @@ enum class KvCache {
   kDynamic,
   /** The past is preallocated to a capacity (the max length rounded up to 64) and the attention mask
    * covers only the filled part: every decode step has the same shapes, so one compiled plan serves
-   * them all. Needs a position_ids input (positions cannot come from the past's length). */
+   * them all. Needs a position_ids input (positions cannot come from the past's length), or
+   * com.microsoft GroupQueryAttention decoders (onnxruntime-genai's builds), whose positions and valid
+   * keys come from the attention mask's sum: there the mask spans the capacity, and the present (the
+   * past with the new key written at the row's length) is the next step's past as it is. */
   kStatic,
 };
 

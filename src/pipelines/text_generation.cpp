@@ -8,6 +8,13 @@
 // them. The static cache keeps the past at a fixed capacity C: a decode step feeds all C slots with
 // the mask covering the filled ones, and writes the new token's key/value (the present's slot C) into
 // slot `filled` of the cache, so that every decode step has the same shapes.
+//
+// GroupQueryAttention decoders (onnxruntime-genai's builds: no position_ids) take each row's valid
+// keys and positions from the attention mask's sum (seqlens_k = sum - 1) and the cache length from
+// its width, with the past right-aligned at slot 0: their static step feeds a mask of the capacity's
+// width, 1 over the row's tokens, and its present (the past with the new key at slot `filled`, the
+// capacity wide) is the next past as it is. Right alignment admits no left padding: such a batch's
+// prompts must have one length.
 #include <algorithm>
 #include <chrono>
 #include <mutex>
@@ -35,6 +42,7 @@ struct DecoderSignature {
   bool has_mask = false;
   bool has_positions = false;
   bool has_cache_branch = false;           // merged decoders: use_cache_branch picks the with-past graph
+  bool positions_from_mask = false;        // GroupQueryAttention: positions are the mask's running sum
   std::vector<std::string> past_names;     // past_key_values.N.key, .value, layer by layer
   std::vector<std::string> present_names;  // present.N.key, .value, in the same order
   int kv_heads = 0;
@@ -74,8 +82,8 @@ DecoderSignature read_signature(const Model& model, const ModelConfig& config, c
       s.has_cache_branch = true;
     } else if (input.name.starts_with("past_key_values.")) {
       if (input.shape.size() != 4)
-        throw PipelineError(
-            str(source, ": past input '", input.name, "' should be [batch, kv_heads, past_sequence, head_dim]"));
+        throw PipelineError(str(source, ": past input '", input.name,
+                                "' should be [batch, kv_heads, past_sequence, head_dim]"));
       s.kv_heads = past_dimension(input, 1, config.kv_heads, "key/value head count", source);
       s.head_dim = past_dimension(input, 3, config.head_dim, "head size", source);
       s.past_dtype = float_dtype_of(input.elem_type);
@@ -91,17 +99,20 @@ DecoderSignature read_signature(const Model& model, const ModelConfig& config, c
     }
   }
   if (!has_output(s.logits)) throw PipelineError(str(source, ": the decoder has no 'logits' output"));
+  s.positions_from_mask =
+      !s.has_positions && s.has_mask && model.op_histogram().contains("com.microsoft.GroupQueryAttention");
   return s;
 }
 
 KvCache resolve_cache(KvCache asked, const DecoderSignature& s, const std::string& source) {
   const bool has_past = !s.past_names.empty();
+  const bool static_possible = s.has_positions || s.positions_from_mask;
   if (asked == KvCache::kAuto)
-    return !has_past ? KvCache::kNone : (s.has_positions ? KvCache::kStatic : KvCache::kDynamic);
+    return !has_past ? KvCache::kNone : (static_possible ? KvCache::kStatic : KvCache::kDynamic);
   if (asked != KvCache::kNone && !has_past)
     throw PipelineError(
         str(source, ": the model has no past_key_values inputs, so it can only run without a cache"));
-  if (asked == KvCache::kStatic && !s.has_positions)
+  if (asked == KvCache::kStatic && !static_possible)
     throw PipelineError(str(source,
                             ": a static cache needs a position_ids input (the model would take positions "
                             "from the past's length, which is the capacity)"));
@@ -284,6 +295,17 @@ mx::array static_mask(const std::vector<std::vector<int64_t>>& mask, size_t capa
   return int_matrix(flat, static_cast<int>(mask.size()), static_cast<int>(capacity + 1));
 }
 
+/** GroupQueryAttention's static step mask: 1 over each row's tokens (the new one included), then 0 up to
+ * the capacity. */
+mx::array mask_over_capacity(const std::vector<int64_t>& tokens, size_t capacity) {
+  std::vector<int64_t> flat;
+  for (int64_t count : tokens) {
+    flat.insert(flat.end(), static_cast<size_t>(count), 1);
+    flat.insert(flat.end(), capacity - static_cast<size_t>(count), 0);
+  }
+  return int_matrix(flat, static_cast<int>(tokens.size()), static_cast<int>(capacity));
+}
+
 size_t round_up(size_t n, size_t step) { return (n + step - 1) / step * step; }
 
 double seconds_since(Clock::time_point start) {
@@ -317,7 +339,9 @@ TextGeneration TextGeneration::open(const std::string& source, const PipelineOpt
 const GenerationConfig& TextGeneration::default_config() const { return impl_->defaults; }
 const text::Tokenizer& TextGeneration::tokenizer() const { return impl_->tokenizer; }
 KvCache TextGeneration::cache() const { return impl_->cache; }
-std::optional<fs::path> TextGeneration::find_file(const std::string& name) const { return impl_->folder.find(name); }
+std::optional<fs::path> TextGeneration::find_file(const std::string& name) const {
+  return impl_->folder.find(name);
+}
 CompileStats TextGeneration::compile_stats() const { return impl_->runner->stats(); }
 
 std::vector<GeneratedText> TextGeneration::operator()(std::span<const std::string> prompts,
@@ -342,6 +366,13 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
   for (size_t i = 0; i < prompts.size(); ++i)
     if (prompts[i].empty())
       throw PipelineError(str("prompt ", i, " is empty: generation needs at least one token"));
+  if (impl.signature.positions_from_mask)
+    for (const auto& prompt : prompts)
+      if (prompt.size() != prompts.front().size())
+        throw PipelineError(
+            str("this decoder's GroupQueryAttention takes positions from the attention mask's sum, "
+                "which admits no left padding: prompts of different lengths (",
+                prompts.front().size(), " and ", prompt.size(), " tokens) must run one at a time"));
   Impl::Batch batch = impl.left_padded(prompts);
   const size_t rows = batch.rows_count();
   if (impl.config.max_position_embeddings && batch.prompt_length >= *impl.config.max_position_embeddings)
@@ -386,13 +417,15 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
         // A static cache prefills eagerly: its one compiled plan is the decode step's.
         return (*impl.runner)(inputs, impl.cache != KvCache::kStatic);
       }
-      mx::array mask =
-          impl.cache == KvCache::kStatic ? static_mask(batch.mask, capacity) : impl.mask_of(batch);
+      mx::array mask = impl.cache != KvCache::kStatic       ? impl.mask_of(batch)
+                       : impl.signature.positions_from_mask ? mask_over_capacity(batch.tokens, capacity)
+                                                            : static_mask(batch.mask, capacity);
       return (*impl.runner)(
           impl.step_inputs(impl.last_tokens(batch, 1), mask, impl.positions(batch, 1), past, true));
     }();
     ++steps;
-    if (impl.cache == KvCache::kDynamic) {
+    if (impl.cache == KvCache::kDynamic ||
+        (impl.cache == KvCache::kStatic && impl.signature.positions_from_mask && generated > 0)) {
       past = impl.presents(outputs);
     } else if (impl.cache == KvCache::kStatic) {
       if (generated == 0)

@@ -107,17 +107,30 @@ INSTANTIATE_TEST_SUITE_P(Families, TextGenerationTest,
 // (tests/pipelines/fixtures/genai_*/expected.json, scripts/make_genai_models.py): Llama (the llama
 // fixture's model) and Qwen2 (q/k/v biases). The recording script checked that each fp32 build picks
 // transformers' tokens.
+// The static cache (the default: positions and valid keys come from the mask's sum) in eager and
+// compiled runs, where one plan serves every decode step of every prompt, and the dynamic cache.
+struct GenaiRun {
+  ExecutionMode mode;
+  KvCache cache;
+  const char* name;
+};
+constexpr GenaiRun kGenaiRuns[] = {{ExecutionMode::kEager, KvCache::kAuto, "EagerStatic"},
+                                   {ExecutionMode::kCompiled, KvCache::kAuto, "CompiledStatic"},
+                                   {ExecutionMode::kCompiled, KvCache::kDynamic, "CompiledDynamic"}};
+
 class GenaiDecoderTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(GenaiDecoderTest, GreedyEqualsOnnxRuntimeGenai) {
-  const auto& [build, execution] = GetParam();
+  const auto& [build, run_index] = GetParam();
+  const GenaiRun& run = kGenaiRuns[run_index];
   const fs::path folder = fixture("genai_" + build);
   std::ifstream in(folder / "expected.json");
   const json expected = json::parse(in);
   PipelineOptions options;
-  options.mode = execution == 0 ? ExecutionMode::kEager : ExecutionMode::kCompiled;
-  auto pipe = TextGeneration::open(folder.string(), options);
-  EXPECT_EQ(pipe.cache(), KvCache::kDynamic) << "no position_ids input: the dynamic cache";
+  options.mode = run.mode;
+  auto pipe = TextGeneration::open(folder.string(), options, run.cache);
+  EXPECT_EQ(pipe.cache(), run.cache == KvCache::kAuto ? KvCache::kStatic : run.cache)
+      << "GroupQueryAttention decoders take the static cache by default";
   generation::GenerationConfig config = pipe.default_config();
   config.max_new_tokens = expected["max_new_tokens"];
   for (const json& c : expected["cases"]) {
@@ -126,15 +139,33 @@ TEST_P(GenaiDecoderTest, GreedyEqualsOnnxRuntimeGenai) {
     EXPECT_EQ(outputs[0].tokens, c["new_token_ids"].get<std::vector<int64_t>>())
         << build << " prompt '" << c["prompt"].get<std::string>() << "'";
   }
+  if (run.mode == ExecutionMode::kCompiled && pipe.cache() == KvCache::kStatic)
+    EXPECT_EQ(pipe.compile_stats().plans_built, 1u) << "the decode steps of every prompt share one plan";
 }
 
 INSTANTIATE_TEST_SUITE_P(Builds, GenaiDecoderTest,
                          ::testing::Combine(::testing::Values("llama_fp32", "llama_int4", "qwen2_h16_fp32",
                                                               "qwen2_h16_int4"),
-                                            ::testing::Range(0, 2)),
+                                            ::testing::Range(0, 3)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
-                           return std::get<0>(info.param) + (std::get<1>(info.param) == 0 ? "_Eager" : "_Compiled");
+                           return std::get<0>(info.param) + "_" + kGenaiRuns[std::get<1>(info.param)].name;
                          });
+
+// Right-aligned pasts admit no left padding: prompts of different lengths are refused with a reason,
+// prompts of one length run as a batch (each row as it runs alone).
+TEST(TextGeneration, GroupQueryAttentionBatchesNeedOneLength) {
+  auto pipe = TextGeneration::open(fixture("genai_llama_fp32").string());
+  generation::GenerationConfig config = pipe.default_config();
+  config.max_new_tokens = 6;
+  const std::string error = error_of<PipelineError>([&] {
+    pipe.generate({{805, 362, 745}, {805, 362}}, config);
+  });
+  EXPECT_NE(error.find("prompts of different lengths (3 and 2 tokens)"), std::string::npos) << error;
+  auto batch = pipe.generate({{805, 362, 745}, {616, 88, 12}}, config);
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(batch[0].tokens, pipe.generate({{805, 362, 745}}, config)[0].tokens);
+  EXPECT_EQ(batch[1].tokens, pipe.generate({{616, 88, 12}}, config)[0].tokens);
+}
 
 TEST(TextGeneration, StreamsTheDecodedText) {
   auto pipe = TextGeneration::open(fixture("llama_decoder").string());

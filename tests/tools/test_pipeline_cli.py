@@ -137,6 +137,19 @@ def test_generate_streams_transformers_greedy_text():
     assert "24 generated" in result.stderr
 
 
+def test_generate_min_new_tokens_bans_eos_until_then():
+    import json
+
+    case = next(c for c in expected("llama_decoder")["cases"] if c["name"] == "stops_on_eos")
+    want = case["new_token_ids"][0]  # transformers' greedy tokens, ending at eos
+    args = ["generate", str(FIXTURES / "llama_decoder"), case["prompts"][0], "--max-new-tokens", "24", "--jsonl"]
+    free = json.loads(cli(*args).stdout)
+    assert free["tokens"] == want and free["stop_reason"] == "eos_token"
+    held = json.loads(cli(*args, "--min-new-tokens", "24").stdout)
+    assert held["stop_reason"] == "max_length" and len(held["tokens"]) == 24
+    assert held["tokens"][:len(want) - 1] == want[:-1] and held["tokens"][len(want) - 1] != want[-1]
+
+
 def test_generate_errors():
     result = cli("generate", str(FIXTURES / "gpt2_decoder"), "", stdin=None)
     assert result.returncode == 1 and "the prompt is empty" in result.stderr

@@ -57,7 +57,8 @@ void TransposeKeys(const float* k, int64_t keys, int64_t dim, int64_t ld, float*
 // scores[r, j] = sum_d q[r, d] * kt[d, j] for R query rows and the columns
 // [j0, j0 + V * lanes): R x V accumulators, one broadcast of q per row and d.
 template <int R, int V>
-HWY_INLINE void ScoreTile(const float* q, int64_t dim, const float* kt, int64_t ld, int64_t j0, float* scores) {
+HWY_INLINE void ScoreTile(const float* q, int64_t dim, const float* kt, int64_t ld, int64_t j0,
+                          float* scores) {
   const hn::ScalableTag<float> df;
   const size_t lanes = hn::Lanes(df);
   using Vec = hn::Vec<decltype(df)>;
@@ -84,6 +85,43 @@ HWY_INLINE void ScoreRows(const float* q, int64_t dim, const float* kt, int64_t 
   int64_t j = 0;
   for (; j + 2 * lanes <= ld; j += 2 * lanes) ScoreTile<R, 2>(q, dim, kt, ld, j, scores);
   for (; j < ld; j += lanes) ScoreTile<R, 1>(q, dim, kt, ld, j, scores);
+}
+
+// scores[j] = q . k[j] for one query row, the keys read where they are: for the few rows of a decode
+// step, transposing every key first costs more than the products. Four keys at a time, each a
+// vector of partial sums over the head's lanes, then summed across the lanes.
+void ScoreRowInPlace(const float* q, const float* k, int64_t keys, int64_t dim, float* scores) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t whole = dim / lanes * lanes;
+  auto dot_tail = [&](const float* key) {
+    float total = 0.0f;
+    for (int64_t d = whole; d < dim; ++d) total += q[d] * key[d];
+    return total;
+  };
+  int64_t j = 0;
+  for (; j + 4 <= keys; j += 4) {
+    const float* key = k + j * dim;
+    auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    for (int64_t d = 0; d < whole; d += lanes) {
+      const auto qv = hn::LoadU(df, q + d);
+      a0 = hn::MulAdd(qv, hn::LoadU(df, key + d), a0);
+      a1 = hn::MulAdd(qv, hn::LoadU(df, key + dim + d), a1);
+      a2 = hn::MulAdd(qv, hn::LoadU(df, key + 2 * dim + d), a2);
+      a3 = hn::MulAdd(qv, hn::LoadU(df, key + 3 * dim + d), a3);
+    }
+    scores[j] = hn::GetLane(hn::SumOfLanes(df, a0)) + dot_tail(key);
+    scores[j + 1] = hn::GetLane(hn::SumOfLanes(df, a1)) + dot_tail(key + dim);
+    scores[j + 2] = hn::GetLane(hn::SumOfLanes(df, a2)) + dot_tail(key + 2 * dim);
+    scores[j + 3] = hn::GetLane(hn::SumOfLanes(df, a3)) + dot_tail(key + 3 * dim);
+  }
+  for (; j < keys; ++j) {
+    const float* key = k + j * dim;
+    auto acc = hn::Zero(df);
+    for (int64_t d = 0; d < whole; d += lanes)
+      acc = hn::MulAdd(hn::LoadU(df, q + d), hn::LoadU(df, key + d), acc);
+    scores[j] = hn::GetLane(hn::SumOfLanes(df, acc)) + dot_tail(key);
+  }
 }
 
 // out[r, c..c + V * lanes) = sum_j p[r, j] * v[j, c..]: R x V accumulators.
@@ -126,7 +164,8 @@ HWY_INLINE void ValueRows(const float* p, int64_t ld, int64_t keys, const float*
 }
 
 // One work item: query rows [first, first + rows) of head (b, h).
-void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, int64_t rows, AttentionScratch& scratch) {
+void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, int64_t rows,
+                 AttentionScratch& scratch) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   const int64_t ld = (a.keys + lanes - 1) / lanes * lanes;
   const int64_t kv_head = h / (a.q_heads / a.kv_heads);
@@ -135,7 +174,7 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
   const float* v = a.v + (b * a.kv_heads + kv_head) * a.keys * a.value_dim;
   float* out = a.out + ((b * a.q_heads + h) * a.queries + first) * a.value_dim;
 
-  scratch.key_t.resize(static_cast<size_t>(a.head_dim * ld) + lanes);
+  if (rows >= 4) scratch.key_t.resize(static_cast<size_t>(a.head_dim * ld) + lanes);
   scratch.scores.resize(static_cast<size_t>(rows * ld) + lanes);
   // Whole vectors from aligned starts: round the buffers' starts up.
   auto align = [&](std::vector<float>& buffer) {
@@ -143,13 +182,16 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
     const uintptr_t bytes = static_cast<uintptr_t>(lanes) * sizeof(float);
     return reinterpret_cast<float*>((at + bytes - 1) / bytes * bytes);
   };
-  float* kt = align(scratch.key_t);
   float* scores = align(scratch.scores);
-  TransposeKeys(k, a.keys, a.head_dim, ld, kt);
-
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) ScoreRows<4>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
-  for (; r < rows; ++r) ScoreRows<1>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
+  if (rows < 4) {
+    for (; r < rows; ++r) ScoreRowInPlace(q + r * a.head_dim, k, a.keys, a.head_dim, scores + r * ld);
+  } else {
+    float* kt = align(scratch.key_t);
+    TransposeKeys(k, a.keys, a.head_dim, ld, kt);
+    for (; r + 4 <= rows; r += 4) ScoreRows<4>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
+    for (; r < rows; ++r) ScoreRows<1>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
+  }
 
   const EmptyRow empty = a.zero_empty_rows ? EmptyRow::kZeros : EmptyRow::kNaN;
   int64_t used_keys = 0;  // keys any row of the block attends (causal: fewer)
@@ -243,7 +285,9 @@ class AttentionKernel : public CpuKernel {
         std::fill(a.out, a.out + a.batch * a.q_heads * a.queries * a.value_dim, 0.0f);
         return;
       }
-      parallel_for(items, 1, [&](int64_t begin, int64_t end) { HWY_DYNAMIC_DISPATCH(AttendItems)(a, begin, end); });
+      parallel_for(items, 1, [&](int64_t begin, int64_t end) {
+        HWY_DYNAMIC_DISPATCH(AttendItems)(a, begin, end);
+      });
     };
   }
 
@@ -252,12 +296,14 @@ class AttentionKernel : public CpuKernel {
   bool has_mask_;
 };
 
-bool fits_kernel(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<mx::array>& mask) {
+bool fits_kernel(const mx::array& q, const mx::array& k, const mx::array& v,
+                 const std::optional<mx::array>& mask) {
   for (const mx::array* t : {&q, &k, &v}) {
     if (t->dtype() != mx::float32 || t->ndim() != 4) return false;
   }
   if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) ||
-      k.shape(2) != v.shape(2) || k.shape(3) != q.shape(3) || k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0) {
+      k.shape(2) != v.shape(2) || k.shape(3) != q.shape(3) || k.shape(1) == 0 ||
+      q.shape(1) % k.shape(1) != 0) {
     return false;
   }
   if (!mask) return true;
@@ -268,8 +314,8 @@ bool fits_kernel(const mx::array& q, const mx::array& k, const mx::array& v, con
 }  // namespace
 
 mx::array scaled_dot_product_attention_reference(const mx::array& q, const mx::array& k, const mx::array& v,
-                                                 const std::optional<mx::array>& mask, const SoftmaxOptions& options,
-                                                 mx::StreamOrDevice s) {
+                                                 const std::optional<mx::array>& mask,
+                                                 const SoftmaxOptions& options, mx::StreamOrDevice s) {
   // GQA by grouping query heads: Q [B, Hkv, G, Sq, D] against K [B, Hkv, 1, Sk, D].
   const int batch = q.shape(0), q_heads = q.shape(1), queries = q.shape(2);
   const int kv_heads = k.shape(1), keys = k.shape(2);
@@ -290,7 +336,8 @@ mx::array scaled_dot_product_attention(const mx::array& q, const mx::array& k, c
   const bool has_mask = mask.has_value();
   Reference reference = [options, has_mask, stream](const std::vector<mx::array>& in) {
     std::optional<mx::array> m = has_mask ? std::optional<mx::array>(in[3]) : std::nullopt;
-    return std::vector<mx::array>{scaled_dot_product_attention_reference(in[0], in[1], in[2], m, options, stream)};
+    return std::vector<mx::array>{
+        scaled_dot_product_attention_reference(in[0], in[1], in[2], m, options, stream)};
   };
   std::vector<mx::array> inputs = {q, k, v};
   if (mask) inputs.push_back(*mask);

@@ -589,18 +589,27 @@ OpOutputs group_query_attention(NodeContext& ctx) {
                                      mx::less(from_new, mx::array(sequence), s), s);
   mx::array is_past = mx::less(slot, start4, s);
   mx::array gather = mx::clip(from_new, mx::array(0), mx::array(sequence - 1), s);
+  auto widened = [&](const mx::array& old) {
+    mx::array wide = f32(old, s);
+    if (past_capacity < capacity) {
+      wide = mx::pad(wide, {{0, 0}, {0, 0}, {0, capacity - past_capacity}, {0, 0}}, mx::array(0.0f),
+                     "constant", s);
+    }
+    return wide;
+  };
   auto present = [&](const mx::array& fresh, const std::optional<mx::array>& old) {
+    if (old && batch == 1) {
+      // One row (a decode step over a static cache): the past up to P_0 (zeros after, as ONNX Runtime
+      // writes) with the new keys written at P_0, one select and one copy of the buffer instead of a
+      // gather and two selects. P_0 is clipped so that a traced bad length writes nothing outside it.
+      mx::array kept = mx::where(is_past, widened(*old), mx::array(0.0f), s);
+      mx::array at = mx::clip(start, mx::array(0), mx::array(capacity - sequence), s);
+      return mx::slice_update(kept, fresh, at, {2}, s);
+    }
     mx::Shape shape = {batch, kv_heads, capacity, head_size};
     mx::array placed = mx::take_along_axis(fresh, mx::broadcast_to(gather, shape, s), 2, s);
     mx::array rest = mx::zeros(shape, mx::float32, s);
-    if (old) {
-      mx::array wide = f32(*old, s);
-      if (past_capacity < capacity) {
-        wide = mx::pad(wide, {{0, 0}, {0, 0}, {0, capacity - past_capacity}, {0, 0}}, mx::array(0.0f),
-                       "constant", s);
-      }
-      rest = mx::where(is_past, wide, rest, s);
-    }
+    if (old) rest = mx::where(is_past, widened(*old), rest, s);
     return mx::where(is_new, placed, rest, s);
   };
   mx::array present_key = present(k, past_key), present_value = present(v, past_value);
