@@ -4,13 +4,13 @@
 onnxruntime-genai's builder (python -m onnxruntime_genai.models.builder) makes most of the LLM
 exports published for ONNX Runtime: GroupQueryAttention with the rotary embedding inside,
 SkipSimplifiedLayerNormalization, MatMulNBits weights for int4. This script rebuilds the tiny random
-Llama, Qwen2 and Phi-3 of scripts/make_generation_models.py (same seed, same eos row scale, so an
-fp32 build must choose transformers' tokens), saves each as a Hugging Face checkpoint with the fixture tokenizer, runs
-the builder on it for each precision in PRECISIONS, and runs onnxruntime-genai's Generator (greedy)
-on the fixture's prompts.
+Llama of scripts/make_generation_models.py (same seed, same eos row scale) and tiny Qwen2, Phi-3,
+Gemma, Gemma 2 and gpt-oss built here (an fp32 build must choose transformers' tokens), saves each
+as a Hugging Face checkpoint with the fixture tokenizer, runs the builder on it for each precision in
+PRECISIONS, and runs onnxruntime-genai's Generator (greedy) on the fixture's prompts.
 
 Run by hand (needs torch, transformers 5.23, onnxruntime-genai; CI has none of them):
-    /opt/export-venv/bin/python scripts/make_genai_models.py
+    /opt/export-venv/bin/python scripts/make_genai_models.py [--only FAMILY ...]
 
 Writes tests/pipelines/fixtures/genai_<family>_<precision>/ (BUILDS lists them):
     model.onnx, model.onnx.data   the builder's output
@@ -21,6 +21,7 @@ Writes tests/pipelines/fixtures/genai_<family>_<precision>/ (BUILDS lists them):
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -42,28 +43,63 @@ FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "pipelines" / "fixtur
 # emulate (it computes level 4 in float32, within 1e-2 of ORT: scripts/contrib_cases/quantized_weights.py),
 # so greedy tokens could not be compared exactly.
 PRECISIONS = {"fp32": [], "int4": ["block_size=32", "accuracy_level=1"]}
-# family: the precisions built for it.
-# The qwen2 and phi3 fixtures of make_generation_models.py do not suit ORT's CPU GroupQueryAttention
-# (qwen2's heads are 8 wide, phi3's partial rotary cache 4: it wants multiples of 16 and 8), so Qwen2
-# is rebuilt here with 16-wide heads (qwen2_h16) and its greedy reference is transformers' generate().
-BUILDS = {"llama": ["fp32", "int4"], "qwen2_h16": ["fp32", "int4"]}
+# family: the precisions built for it. Llama is make_generation_models.py's; the qwen2 and phi3 fixtures
+# there do not suit ORT's CPU GroupQueryAttention (qwen2's heads are 8 wide, phi3's partial rotary cache
+# 4: it wants multiples of 16 and 8), so those and the other families are built here (FRESH) with
+# 16-wide heads, and their greedy reference is transformers' generate().
+BUILDS = {name: ["fp32", "int4"] for name in ("llama", "qwen2_h16", "phi3_h16", "gemma", "gemma2")}
+# gpt-oss's int4 build reads the published checkpoint's MXFP4 expert tensors, which a random one lacks.
+BUILDS["gpt_oss"] = ["fp32"]
 PROMPTS = ["The quick brown fox", "Hello world", "one two three"]
 MAX_NEW_TOKENS = 16
 
 
-def qwen2_head16(tokenizer):
-    """Qwen2 with random q/k/v biases and 4 query heads of width 16 on 2 key/value heads."""
+def small(config_class, **fields):
+    """A tiny decoder's config: hidden 64 in 2 layers, 4 query heads of width 16 on 2 key/value heads
+    (ORT's CPU GroupQueryAttention wants head and rotary widths in multiples of 16 and 8)."""
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, initializer_range=0.3)
+    shape.update(fields)
+    return gen.eager(config_class(**shape))
+
+
+# family: (model class, its config). Qwen2 gets random q/k/v biases (fresh ones are zero).
+FRESH = {
+    "qwen2_h16": lambda ids: (transformers.Qwen2ForCausalLM,
+                              small(transformers.Qwen2Config, rms_norm_eps=1e-6, use_sliding_window=False, **ids)),
+    # Phi-3: fused qkv_proj and gate_up_proj, full rotary.
+    "phi3_h16": lambda ids: (transformers.Phi3ForCausalLM,
+                             small(transformers.Phi3Config, original_max_position_embeddings=64, **ids)),
+    # Gemma: embeddings scaled by sqrt(hidden), RMSNorm weights as 1 + w, tanh-GELU gated MLP.
+    "gemma": lambda ids: (transformers.GemmaForCausalLM,
+                          small(transformers.GemmaConfig, head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                                tie_word_embeddings=True, **ids)),
+    # Gemma 2: attention logits soft-capped inside GroupQueryAttention, final logits soft-capped, norms
+    # after attention and MLP too, a sliding window on every other layer.
+    "gemma2": lambda ids: (transformers.Gemma2ForCausalLM,
+                           small(transformers.Gemma2Config, head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                                 attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=8,
+                                 query_pre_attn_scalar=16, tie_word_embeddings=True, **ids)),
+    # gpt-oss: a mixture of 4 experts, 2 routed per token (com.microsoft MoE / QMoE with gpt-oss's clamped
+    # SwiGLU), attention sinks (GroupQueryAttention's head_sink) and a sliding window on every other layer.
+    "gpt_oss": lambda ids: (transformers.GptOssForCausalLM,
+                            small(transformers.GptOssConfig, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                  sliding_window=8, **ids)),
+}
+
+
+def fresh_family(name: str, tokenizer):
+    """A family built here (not in make_generation_models.py), with transformers' greedy generate() on the
+    first prompt as its reference."""
     eos_id = tokenizer.convert_tokens_to_ids(gen.EOS)
     torch.manual_seed(gen.SEED)
-    config = gen.eager(transformers.Qwen2Config(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
-        initializer_range=0.3, **gen.special_ids(len(tokenizer), eos_id)))
-    model = transformers.Qwen2ForCausalLM(config)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0.0, 0.3)
+    model_class, config = FRESH[name](gen.special_ids(len(tokenizer), eos_id))
+    model = model_class(config)
+    if name == "qwen2_h16":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0.0, 0.3)
     gen.randomize_norms(model, torch.Generator().manual_seed(gen.SEED))
     model.eval()
     model.generation_config = transformers.GenerationConfig(
@@ -72,12 +108,12 @@ def qwen2_head16(tokenizer):
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
     single = {"name": "single", "prompts": [PROMPTS[0]], "new_token_ids": [out[0, ids.shape[1]:].tolist()]}
-    return gen.Family("qwen2", model, 17), {"cases": [single]}
+    return gen.Family(name, model, 17), {"cases": [single]}
 
 
 def rebuild(name: str, tokenizer):
-    if name == "qwen2_h16":
-        return qwen2_head16(tokenizer)
+    if name in FRESH:
+        return fresh_family(name, tokenizer)
     expected = json.loads((FIXTURES / f"{name}_decoder" / "expected.json").read_text())
     eos_id = expected["eos_token_id"]
     family = gen.build(name, len(tokenizer), eos_id)
@@ -110,9 +146,12 @@ def greedy_genai(folder: Path, prompt_ids: list[int]) -> list[int]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", choices=sorted(BUILDS), help="families to build (default: all)")
+    args = parser.parse_args()
     tokenizer = gen.load_tokenizer()
-    for family_name, precisions in BUILDS.items():
-        build_family(family_name, precisions, tokenizer)
+    for family_name in args.only or BUILDS:
+        build_family(family_name, BUILDS[family_name], tokenizer)
     return 0
 
 

@@ -145,7 +145,8 @@ TEST_P(GenaiDecoderTest, GreedyEqualsOnnxRuntimeGenai) {
 
 INSTANTIATE_TEST_SUITE_P(Builds, GenaiDecoderTest,
                          ::testing::Combine(::testing::Values("llama_fp32", "llama_int4", "qwen2_h16_fp32",
-                                                              "qwen2_h16_int4"),
+                                                              "qwen2_h16_int4", "phi3_h16_fp32", "phi3_h16_int4",
+                                                              "gemma_fp32", "gemma_int4"),
                                             ::testing::Range(0, 3)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
                            return std::get<0>(info.param) + "_" + kGenaiRuns[std::get<1>(info.param)].name;
