@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from host import machine  # noqa: E402
+from host import machine, save_run  # noqa: E402
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 SUMMARY = re.compile(r"(\d+) prompt tokens, (\d+) generated; first token after ([\d.]+) ms, then ([\d.]+) tokens/s;"
                      r" ([\d.]+) s in all(?:; (\d+) compiled plans)?")
@@ -182,14 +182,7 @@ def main() -> int:
           f"{large_kib / 1024:.0f} MiB")
     result["machine_after"] = machine()
 
-    out_dir = ROOT / "bench" / "results" / "decode"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    json_path = out_dir / f"{stamp}.json"
-    result["json"] = str(json_path.relative_to(ROOT))
-    json_path.write_text(json.dumps(result, indent=1) + "\n")
-    write_doc(result, ROOT / "docs" / "decode_performance.md")
-    print(f"wrote {json_path.relative_to(ROOT)} and docs/decode_performance.md")
+    save_run(result, ROOT, "decode", "decode_performance.md", write_doc)
     return 0
 
 

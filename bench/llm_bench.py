@@ -43,7 +43,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from host import machine  # noqa: E402
+from host import machine, save_run  # noqa: E402
 SUMMARY = re.compile(r"(\d+) prompt tokens, (\d+) generated; first token after ([\d.]+) ms, then ([\d.]+) tokens/s")
 LOAD_LINE = re.compile(r"load_ms: ([\d.]+)")
 TEXT = ("The history of the town goes back to a small market by the river, where farmers from the hills sold "
@@ -267,13 +267,7 @@ def main() -> int:
     result["machine_after"] = machine()
     if args.no_write:
         return 0
-    out_dir = ROOT / "bench" / "results" / "llm"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    result["json"] = str(json_path.relative_to(ROOT))
-    json_path.write_text(json.dumps(result, indent=1) + "\n")
-    write_doc(result, ROOT / "docs" / "llm_performance.md")
-    print(f"wrote {json_path.relative_to(ROOT)} and docs/llm_performance.md")
+    save_run(result, ROOT, "llm", "llm_performance.md", write_doc)
     return 0
 
 

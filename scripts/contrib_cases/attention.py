@@ -225,6 +225,27 @@ def _gqa(name, g, batch, seq, heads, kv_heads, head, past_len, seqlens, total, a
     return op_case(f"gqa_{name}", "GroupQueryAttention", inputs, outputs, attrs, **kw)
 
 
+def _resident_rows(tokens: int, capacity: int, window: int) -> int:
+    """sliding_window_cache's L(T): the rows of a C-row buffer holding positions after T tokens."""
+    g = capacity - window + 1
+    return tokens if tokens <= capacity else tokens - g * -(-(tokens - capacity) // g)
+
+
+def _zero_unresident(case, seqlens, capacity: int, window: int):
+    """sliding_window_cache leaves present rows [L(T), C) unspecified (ORT: uninitialized memory);
+    Transmuter writes zeros there, so the reference gets zeros too. The rows that hold positions, the
+    output and everything the attention reads are ORT's own."""
+    def settle(results):
+        output, key, value = (np.array(r) for r in results[:3])
+        for b, seqlen in enumerate(seqlens):
+            rows = _resident_rows(seqlen + 1, capacity, window)
+            key[b, :, rows:] = 0
+            value[b, :, rows:] = 0
+        return [output, key, value, *results[3:]]
+    case.settle = settle
+    return case
+
+
 def _gqa_cases():
     out = []
     g = rng(703)
@@ -290,6 +311,22 @@ def _gqa_cases():
         out.append(_gqa(f"prompt_qk_output{mode}", g, 2, 5, 4, 2, 16, None, [4, 4], 5,
                         {"qk_output": mode, "softcap": 2.0}, qk=True))
         out.append(_gqa(f"gen_qk_output{mode}", g, 2, 1, 4, 2, 16, 4, [4, 4], 5, {"qk_output": mode}, qk=True))
+    # sliding_window_cache: window-sized buffers of C rows (past_len), window W = 4, T = seqlens_k + 1.
+    def windowed(name, batch, seq, kv_heads, capacity, seqlens, attrs=None, **kw):
+        case = _gqa(f"window_cache_{name}", g, batch, seq, 4, kv_heads, 16, capacity, seqlens, max(seqlens) + 1,
+                    {"local_window_size": 4, "sliding_window_cache": 1, **(attrs or {})}, **kw)
+        return _zero_unresident(case, seqlens, capacity, 4)
+
+    out.append(windowed("prompt", 1, 5, 2, 8, [4]))
+    out.append(windowed("prompt_longer_than_cache", 1, 17, 2, 8, [16], rotary=8))  # L(17) = 7
+    out.append(windowed("gen", 1, 1, 2, 8, [5]))
+    out.append(windowed("gen_evicts", 1, 1, 2, 8, [8], rotary=8))  # 8 rows held, 4 kept
+    out.append(windowed("gen_capacity_is_window", 1, 1, 2, 4, [9]))
+    out.append(windowed("gen_ragged", 2, 1, 2, 8, [8, 3], rotary=8))
+    out.append(windowed("subsequent_prompt_evicts", 1, 3, 2, 8, [9], rotary=8))
+    out.append(windowed("gen_softcap_sink", 2, 1, 1, 6, [12, 20], {"softcap": 3.0}, rotary=8,
+                        head_sink=normal(g, (4,))))
+    out.append(windowed("fp16_gen", 2, 1, 2, 8, [10, 5], rotary=8, dtype=np.float16))
     # float16 (ORT computes in float32 and rounds once too, but rotates Q and K in float16).
     out.append(_gqa("fp16_prompt", g, 2, 5, 4, 2, 16, None, [4, 2], 5, dtype=np.float16))
     out.append(_gqa("fp16_gen_rotary", g, 2, 1, 4, 2, 16, 6, [6, 3], 7, rotary=8, dtype=np.float16))

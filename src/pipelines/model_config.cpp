@@ -93,6 +93,7 @@ ModelConfig read_model_config(const ModelFolder& folder) {
   if (!config.head_dim && heads && hidden && *hidden % *heads == 0) config.head_dim = *hidden / *heads;
   config.kv_heads = count("num_key_value_heads");
   if (!config.kv_heads) config.kv_heads = heads;
+  config.sliding_window = count("sliding_window");
   return config;
 }
 

@@ -30,6 +30,8 @@ struct ModelConfig {
   // num_key_value_heads, or num_attention_heads.
   std::optional<size_t> head_dim;
   std::optional<size_t> kv_heads;
+  // sliding_window: the window of local-attention layers (their window-sized caches, below).
+  std::optional<size_t> sliding_window;
 };
 
 /** config.json's fields; a malformed id2label (ids not 0..n-1, labels not strings) names the file. */

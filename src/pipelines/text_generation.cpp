@@ -14,7 +14,9 @@
 // its width, with the past right-aligned at slot 0: their static step feeds a mask of the capacity's
 // width, 1 over the row's tokens, and its present (the past with the new key at slot `filled`, the
 // capacity wide) is the next past as it is. Right alignment admits no left padding: such a batch's
-// prompts must have one length.
+// prompts must have one length. Their local-attention layers (GroupQueryAttention's
+// sliding_window_cache; the past's length is named 'past_sliding_length') keep a window-sized buffer
+// in every mode, config.json's sliding_window rows from the prefill on, which the op itself evicts from.
 #include <algorithm>
 #include <chrono>
 #include <mutex>
@@ -45,6 +47,7 @@ struct DecoderSignature {
   bool positions_from_mask = false;        // GroupQueryAttention: positions are the mask's running sum
   std::vector<std::string> past_names;     // past_key_values.N.key, .value, layer by layer
   std::vector<std::string> present_names;  // present.N.key, .value, in the same order
+  std::vector<int> window_rows;            // per past: its window-sized buffer's rows, 0 when it grows
   int kv_heads = 0;
   int head_dim = 0;
   mx::Dtype past_dtype = mx::float32;
@@ -87,6 +90,13 @@ DecoderSignature read_signature(const Model& model, const ModelConfig& config, c
       s.kv_heads = past_dimension(input, 1, config.kv_heads, "key/value head count", source);
       s.head_dim = past_dimension(input, 3, config.head_dim, "head size", source);
       s.past_dtype = float_dtype_of(input.elem_type);
+      s.window_rows.push_back(0);
+      if (input.shape[2].symbol == "past_sliding_length") {
+        if (!config.sliding_window)
+          throw PipelineError(str(source, ": past input '", input.name,
+                                  "' is a sliding-window cache, but config.json gives no sliding_window"));
+        s.window_rows.back() = static_cast<int>(*config.sliding_window);
+      }
       std::string present = "present." + input.name.substr(std::string("past_key_values.").size());
       if (!has_output(present))
         throw PipelineError(str(source, ": past input '", input.name, "' has no output '", present, "'"));
@@ -211,10 +221,12 @@ struct TextGeneration::Impl {
     return int_matrix(flat, static_cast<int>(b.rows_count()), static_cast<int>(b.mask.front().size()));
   }
 
+  /** The prefill's past: no rows, or a window-sized cache's zeros. */
   std::vector<mx::array> empty_past(int rows) const {
     std::vector<mx::array> past;
     for (size_t i = 0; i < signature.past_names.size(); ++i)
-      past.push_back(mx::zeros({rows, signature.kv_heads, 0, signature.head_dim}, signature.past_dtype));
+      past.push_back(mx::zeros({rows, signature.kv_heads, signature.window_rows[i], signature.head_dim},
+                               signature.past_dtype));
     return past;
   }
 
@@ -258,10 +270,17 @@ struct TextGeneration::Impl {
 
 namespace {
 
-/** The static cache's slots: presents of the prompt, then zeros up to the capacity. */
-std::vector<mx::array> fill_static_cache(const std::vector<mx::array>& presents, int capacity) {
+/** The static cache's slots: presents of the prompt, then zeros up to the capacity (window-sized caches,
+ * `window_rows` nonzero, stay as they are). */
+std::vector<mx::array> fill_static_cache(const std::vector<mx::array>& presents, int capacity,
+                                         const std::vector<int>& window_rows) {
   std::vector<mx::array> cache;
-  for (const auto& present : presents) {
+  for (size_t i = 0; i < presents.size(); ++i) {
+    const mx::array& present = presents[i];
+    if (window_rows[i] != 0) {
+      cache.push_back(present);
+      continue;
+    }
     const int filled = present.shape(2);
     mx::array rest =
         mx::zeros({present.shape(0), present.shape(1), capacity - filled, present.shape(3)}, present.dtype());
@@ -429,7 +448,7 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
       past = impl.presents(outputs);
     } else if (impl.cache == KvCache::kStatic) {
       if (generated == 0)
-        past = fill_static_cache(impl.presents(outputs), capacity);
+        past = fill_static_cache(impl.presents(outputs), capacity, impl.signature.window_rows);
       else
         update_static_cache(past, impl.presents(outputs), static_cast<int>(length - 1));
     }

@@ -139,14 +139,16 @@ TEST_P(GenaiDecoderTest, GreedyEqualsOnnxRuntimeGenai) {
     EXPECT_EQ(outputs[0].tokens, c["new_token_ids"].get<std::vector<int64_t>>())
         << build << " prompt '" << c["prompt"].get<std::string>() << "'";
   }
-  if (run.mode == ExecutionMode::kCompiled && pipe.cache() == KvCache::kStatic)
+  if (run.mode == ExecutionMode::kCompiled && pipe.cache() == KvCache::kStatic) {
     EXPECT_EQ(pipe.compile_stats().plans_built, 1u) << "the decode steps of every prompt share one plan";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Builds, GenaiDecoderTest,
                          ::testing::Combine(::testing::Values("llama_fp32", "llama_int4", "qwen2_h16_fp32",
-                                                              "qwen2_h16_int4", "phi3_h16_fp32", "phi3_h16_int4",
-                                                              "gemma_fp32", "gemma_int4"),
+                                                              "qwen2_h16_int4", "phi3_h16_fp32",
+                                                              "phi3_h16_int4", "gemma_fp32", "gemma_int4",
+                                                              "gemma2_fp32", "gemma2_int4", "gpt_oss_fp32"),
                                             ::testing::Range(0, 3)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
                            return std::get<0>(info.param) + "_" + kGenaiRuns[std::get<1>(info.param)].name;

@@ -423,6 +423,69 @@ OpOutputs multi_head_attention(NodeContext& ctx) {
 
 // --- GroupQueryAttention ---------------------------------------------------------------
 
+/** The keys and values one GroupQueryAttention step attends over, which of them each query sees, and the
+ * presents it writes. */
+struct KeySlots {
+  mx::array keys, values;                // [B, Kv, count, H]
+  mx::array allowed;                     // [B, 1, S, count]
+  mx::array present_key, present_value;  // [B, Kv, capacity, H]
+  int count;
+};
+
+/** sliding_window_cache's resident row count L(T) for T tokens seen, in a buffer of C rows with window W:
+ * T while it fits, then T less whole evictions of G = C - W + 1 rows (ONNX Runtime's contract, under
+ * which the layout depends on T alone). */
+mx::array resident_rows(const mx::array& tokens, int capacity, int64_t window, mx::StreamOrDevice s) {
+  const int g = capacity - static_cast<int>(window) + 1;
+  mx::array over = mx::maximum(mx::subtract(tokens, mx::array(capacity), s), mx::array(0), s);
+  mx::array evictions = mx::floor_divide(mx::add(over, mx::array(g - 1), s), mx::array(g), s);
+  return mx::subtract(tokens, mx::multiply(evictions, mx::array(g), s), s);
+}
+
+/** sliding_window_cache: the past holds, in rows [0, L(T - S)), the most recent positions before this step
+ * in order. The step attends over those rows and its new ones side by side ([past; new], C + S slots,
+ * each slot with its absolute position), within the window, and the present keeps the L(T) most recent
+ * of them in rows [0, L(T)), zeros after. `before` [B] is T - S (0 on the first prompt), `valid` T. */
+KeySlots windowed_slots(const mx::array& k, const mx::array& v, const mx::array& past_key,
+                        const mx::array& past_value, const mx::array& before, const mx::array& valid,
+                        int64_t window, mx::StreamOrDevice s) {
+  const int batch = k.shape(0), sequence = k.shape(2);
+  const int capacity = past_key.shape(2), count = capacity + sequence;
+  auto per_batch = [&](const mx::array& x) { return mx::reshape(x, {batch, 1, 1, 1}, s); };
+  const mx::array held = per_batch(resident_rows(before, capacity, window, s));  // past rows in use
+  const mx::array fresh = per_batch(mx::subtract(valid, before, s));             // tokens this step
+  const mx::array kept = per_batch(resident_rows(valid, capacity, window, s));   // rows after it
+  const mx::array start = per_batch(before);
+
+  // Slot j < C is past row j, at position T - S - held + j; slot C + i is new token i, at T - S + i.
+  mx::array slot = mx::reshape(mx::arange(0, count, mx::int32, s), {1, 1, 1, count}, s);
+  mx::array past_slot = mx::less(slot, mx::array(capacity), s);
+  mx::array new_index = mx::subtract(slot, mx::array(capacity), s);
+  mx::array position =
+      mx::where(past_slot, mx::add(mx::subtract(start, held, s), slot, s), mx::add(start, new_index, s), s);
+  mx::array there = mx::where(past_slot, mx::less(slot, held, s), mx::less(new_index, fresh, s), s);
+  mx::array query =
+      mx::add(start, mx::reshape(mx::arange(0, sequence, mx::int32, s), {1, 1, sequence, 1}, s), s);
+  mx::array allowed = mx::logical_and(there, mx::less_equal(position, query, s), s);
+  allowed = mx::logical_and(
+      allowed, mx::greater(position, mx::subtract(query, mx::array(static_cast<int>(window)), s), s), s);
+
+  mx::array keys = mx::concatenate({f32(past_key, s), k}, 2, s);
+  mx::array values = mx::concatenate({f32(past_value, s), v}, 2, s);
+  // Present row r < L(T) is entry held + fresh - kept + r of the past's rows followed by the new ones.
+  mx::array row = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, capacity, 1}, s);
+  mx::array entry = mx::add(mx::subtract(mx::add(held, fresh, s), kept, s), row, s);
+  mx::array source = mx::where(mx::less(entry, held, s), entry,
+                               mx::add(mx::subtract(entry, held, s), mx::array(capacity), s), s);
+  source = mx::broadcast_to(mx::clip(source, mx::array(0), mx::array(count - 1), s),
+                            {batch, k.shape(1), capacity, k.shape(3)}, s);
+  mx::array in_use = mx::less(row, kept, s);
+  auto present = [&](const mx::array& slots) {
+    return mx::where(in_use, mx::take_along_axis(slots, source, 2, s), mx::array(0.0f), s);
+  };
+  return {keys, values, allowed, present(keys), present(values), count};
+}
+
 OpOutputs group_query_attention(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array& query = required_input(ctx, 0, "query");
@@ -432,9 +495,6 @@ OpOutputs group_query_attention(NodeContext& ctx) {
   if (heads % kv_heads != 0)
     throw ctx.error("num_heads ", heads, " is not a multiple of kv_num_heads ", kv_heads);
   const int group = heads / kv_heads;
-  if (ctx.attr_int("sliding_window_cache", 0) != 0) {
-    throw ctx.error("sliding_window_cache (a window-sized KV buffer) is not supported");
-  }
   for (const char* name : {"k_quant_type", "v_quant_type"}) {
     if (ctx.attr_string(name, "NONE") != "NONE")
       throw ctx.error(name, " other than NONE (a quantized KV cache) is not supported");
@@ -452,6 +512,12 @@ OpOutputs group_query_attention(NodeContext& ctx) {
   if (softcap < 0) throw ctx.error("softcap must be nonnegative, got ", softcap);
   const int64_t qk_output = ctx.attr_int("qk_output", 0);
   if (qk_output < 0 || qk_output > 2) throw ctx.error("qk_output must be 0, 1 or 2, got ", qk_output);
+  const bool windowed = ctx.attr_int("sliding_window_cache", 0) != 0;
+  if (windowed && window <= 0)
+    throw ctx.error("sliding_window_cache needs local_window_size > 0, got ", window);
+  if (windowed && (ctx.has_input(10) || (qk_output != 0 && ctx.output_requested(3)))) {
+    throw ctx.error("sliding_window_cache with attention_bias or output_qk is not supported");
+  }
   if (query.ndim() != 3) throw ctx.error("query must be 3-D [batch, sequence, hidden], got ", query.shape());
   const int batch = query.shape(0), sequence = query.shape(1);
 
@@ -527,7 +593,11 @@ OpOutputs group_query_attention(NodeContext& ctx) {
     throw ctx.error("total_sequence_length ", total_length, " exceeds the sequence length ", sequence,
                     " but there is no past_key/past_value");
   }
-  const int capacity = std::max(past_capacity, static_cast<int>(total_length));
+  if (windowed && (!past_key || past_capacity < window)) {
+    throw ctx.error("sliding_window_cache needs past_key/past_value buffers of at least local_window_size ",
+                    window, " rows, got ", past_capacity);
+  }
+  const int capacity = windowed ? past_capacity : std::max(past_capacity, static_cast<int>(total_length));
   if (!seqlens.is_tracer()) {
     // Known lengths are checked; traced ones only select keys (a bad one
     // writes nothing outside the buffer).
@@ -582,48 +652,55 @@ OpOutputs group_query_attention(NodeContext& ctx) {
     k = rotate_pairs(k, cos, sin, interleaved, s);
   }
 
-  // present[b, :, j] = past for j < P_b, new key j - P_b for j < P_b + S, else 0.
-  mx::array slot = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, capacity, 1}, s);
-  mx::array from_new = mx::subtract(slot, start4, s);
-  mx::array is_new = mx::logical_and(mx::greater_equal(from_new, mx::array(0), s),
-                                     mx::less(from_new, mx::array(sequence), s), s);
-  mx::array is_past = mx::less(slot, start4, s);
-  mx::array gather = mx::clip(from_new, mx::array(0), mx::array(sequence - 1), s);
-  auto widened = [&](const mx::array& old) {
-    mx::array wide = f32(old, s);
-    if (past_capacity < capacity) {
-      wide = mx::pad(wide, {{0, 0}, {0, 0}, {0, capacity - past_capacity}, {0, 0}}, mx::array(0.0f),
-                     "constant", s);
-    }
-    return wide;
-  };
-  auto present = [&](const mx::array& fresh, const std::optional<mx::array>& old) {
-    if (old && batch == 1) {
-      // One row (a decode step over a static cache): the past up to P_0 (zeros after, as ONNX Runtime
-      // writes) with the new keys written at P_0, one select and one copy of the buffer instead of a
-      // gather and two selects. P_0 is clipped so that a traced bad length writes nothing outside it.
-      mx::array kept = mx::where(is_past, widened(*old), mx::array(0.0f), s);
-      mx::array at = mx::clip(start, mx::array(0), mx::array(capacity - sequence), s);
-      return mx::slice_update(kept, fresh, at, {2}, s);
-    }
-    mx::Shape shape = {batch, kv_heads, capacity, head_size};
-    mx::array placed = mx::take_along_axis(fresh, mx::broadcast_to(gather, shape, s), 2, s);
-    mx::array rest = mx::zeros(shape, mx::float32, s);
-    if (old) rest = mx::where(is_past, widened(*old), rest, s);
-    return mx::where(is_new, placed, rest, s);
-  };
-  mx::array present_key = present(k, past_key), present_value = present(v, past_value);
+  auto full_slots = [&]() -> KeySlots {
+    // present[b, :, j] = past for j < P_b, new key j - P_b for j < P_b + S, else 0.
+    mx::array slot = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, capacity, 1}, s);
+    mx::array from_new = mx::subtract(slot, start4, s);
+    mx::array is_new = mx::logical_and(mx::greater_equal(from_new, mx::array(0), s),
+                                       mx::less(from_new, mx::array(sequence), s), s);
+    mx::array is_past = mx::less(slot, start4, s);
+    mx::array gather = mx::clip(from_new, mx::array(0), mx::array(sequence - 1), s);
+    auto widened = [&](const mx::array& old) {
+      mx::array wide = f32(old, s);
+      if (past_capacity < capacity) {
+        wide = mx::pad(wide, {{0, 0}, {0, 0}, {0, capacity - past_capacity}, {0, 0}}, mx::array(0.0f),
+                       "constant", s);
+      }
+      return wide;
+    };
+    auto present = [&](const mx::array& fresh, const std::optional<mx::array>& old) {
+      if (old && batch == 1) {
+        // One row (a decode step over a static cache): the past up to P_0 (zeros after, as ONNX Runtime
+        // writes) with the new keys written at P_0, one select and one copy of the buffer instead of a
+        // gather and two selects. P_0 is clipped so that a traced bad length writes nothing outside it.
+        mx::array kept = mx::where(is_past, widened(*old), mx::array(0.0f), s);
+        mx::array at = mx::clip(start, mx::array(0), mx::array(capacity - sequence), s);
+        return mx::slice_update(kept, fresh, at, {2}, s);
+      }
+      mx::Shape shape = {batch, kv_heads, capacity, head_size};
+      mx::array placed = mx::take_along_axis(fresh, mx::broadcast_to(gather, shape, s), 2, s);
+      mx::array rest = mx::zeros(shape, mx::float32, s);
+      if (old) rest = mx::where(is_past, widened(*old), rest, s);
+      return mx::where(is_new, placed, rest, s);
+    };
+    mx::array present_key = present(k, past_key), present_value = present(v, past_value);
 
-  // Which keys each query sees: [B, 1, S, capacity].
-  mx::array key_index = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, 1, capacity}, s);
-  mx::array position = mx::add(query_index, start4, s);
-  mx::array allowed = mx::less(key_index, mx::reshape(valid, {batch, 1, 1, 1}, s), s);
-  if (causal) allowed = mx::logical_and(allowed, mx::less_equal(key_index, position, s), s);
-  if (window > 0) {
-    allowed = mx::logical_and(
-        allowed, mx::greater(key_index, mx::subtract(position, mx::array(static_cast<int>(window)), s), s),
-        s);
-  }
+    // Which keys each query sees: [B, 1, S, capacity].
+    mx::array key_index = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, 1, capacity}, s);
+    mx::array position = mx::add(query_index, start4, s);
+    mx::array allowed = mx::less(key_index, mx::reshape(valid, {batch, 1, 1, 1}, s), s);
+    if (causal) allowed = mx::logical_and(allowed, mx::less_equal(key_index, position, s), s);
+    if (window > 0) {
+      allowed = mx::logical_and(
+          allowed, mx::greater(key_index, mx::subtract(position, mx::array(static_cast<int>(window)), s), s),
+          s);
+    }
+    return {present_key, present_value, allowed, present_key, present_value, capacity};
+  };
+  const KeySlots slots =
+      windowed ? windowed_slots(k, v, *past_key, *past_value, start, valid, window, s) : full_slots();
+  const int key_count = slots.count;
+  const mx::array& allowed = slots.allowed;
 
   std::optional<mx::array> extra;
   if (ctx.has_input(10)) {
@@ -659,14 +736,14 @@ OpOutputs group_query_attention(NodeContext& ctx) {
   std::optional<mx::array> qk;
   if (softcap == 0 && !sink && !want_qk) {
     mx::array mask = mx::where(allowed, extra ? *extra : mx::array(0.0f), neg_inf, s);
-    y = kernels::scaled_dot_product_attention(q, present_key, present_value, mask,
+    y = kernels::scaled_dot_product_attention(q, slots.keys, slots.values, mask,
                                               {.scale = scale, .zero_fully_masked_rows = true}, s);
   } else {
     // Query heads grouped over their kv head: [B, Kv, G, S, H] against [B, Kv, 1, T, H].
     mx::array qg = mx::reshape(q, {batch, kv_heads, group, sequence, head_size}, s);
-    mx::array kt = mx::expand_dims(mx::swapaxes(present_key, -1, -2, s), 2, s);
+    mx::array kt = mx::expand_dims(mx::swapaxes(slots.keys, -1, -2, s), 2, s);
     mx::array scores = mx::reshape(mx::multiply(mx::matmul(qg, kt, s), mx::array(scale), s),
-                                   {batch, heads, sequence, capacity}, s);
+                                   {batch, heads, sequence, key_count}, s);
     if (softcap > 0) {
       scores = mx::multiply(mx::tanh(mx::divide(scores, mx::array(softcap), s), s), mx::array(softcap), s);
     }
@@ -677,20 +754,20 @@ OpOutputs group_query_attention(NodeContext& ctx) {
     if (sink) {
       mx::array column = mx::broadcast_to(*sink, {batch, heads, sequence, 1}, s);
       probs = mx::softmax(mx::concatenate({scores, column}, 3, s), -1, /*precise=*/true, s);
-      probs = mx::slice(probs, {0, 0, 0, 0}, {batch, heads, sequence, capacity}, s);
+      probs = mx::slice(probs, {0, 0, 0, 0}, {batch, heads, sequence, key_count}, s);
     } else {
       probs = mx::softmax(scores, -1, /*precise=*/true, s);
     }
     if (want_qk && qk_output == 2) qk = probs;
-    mx::array pg = mx::reshape(probs, {batch, kv_heads, group, sequence, capacity}, s);
-    y = mx::reshape(mx::matmul(pg, mx::expand_dims(present_value, 2, s), s),
+    mx::array pg = mx::reshape(probs, {batch, kv_heads, group, sequence, key_count}, s);
+    y = mx::reshape(mx::matmul(pg, mx::expand_dims(slots.values, 2, s), s),
                     {batch, heads, sequence, head_size}, s);
   }
-  OpOutputs out = {mx::astype(from_heads(y, s), dtype, s), mx::astype(present_key, dtype, s),
-                   mx::astype(present_value, dtype, s)};
+  OpOutputs out = {mx::astype(from_heads(y, s), dtype, s), mx::astype(slots.present_key, dtype, s),
+                   mx::astype(slots.present_value, dtype, s)};
   if (ctx.num_outputs() > 3) {
     if (ctx.output_requested(3) && qk_output == 0) throw ctx.error("output_qk needs qk_output 1 or 2");
-    out.push_back(qk ? mx::astype(*qk, dtype, s) : mx::zeros({batch, heads, sequence, capacity}, dtype, s));
+    out.push_back(qk ? mx::astype(*qk, dtype, s) : mx::zeros({batch, heads, sequence, key_count}, dtype, s));
   }
   return out;
 }
@@ -719,8 +796,9 @@ void register_microsoft_attention(OpRegistry& r) {
        .until = kOpen,
        .fn = group_query_attention,
        .host_inputs = {6},
-       .restrictions = "no quantized KV cache (k_scale, v_scale, *_quant_type), no sliding_window_cache, no "
-                       "q_norm_weight / k_norm_weight"},
+       .restrictions =
+           "no quantized KV cache (k_scale, v_scale, *_quant_type), no "
+           "q_norm_weight / k_norm_weight, no attention_bias / output_qk with sliding_window_cache"},
   });
   register_microsoft_rotary_embedding(r);
 }

@@ -213,6 +213,23 @@ TEST(MicrosoftAttention, GroupQueryAttentionErrorsNameTheInput) {
                        {int_attr("num_heads", 4), int_attr("kv_num_heads", 2), float_attr("softcap", -1.0f)});
                  }),
                  "GroupQueryAttention", "softcap must be nonnegative");
+  // sliding_window_cache: a window, and buffers at least as long as it.
+  const std::vector<Attribute> windowed = {int_attr("num_heads", 4), int_attr("kv_num_heads", 2),
+                                           int_attr("sliding_window_cache", 1),
+                                           int_attr("local_window_size", 4)};
+  expect_message(
+      error_of<OpError>([&] {
+        run_ms("GroupQueryAttention", {q, k, k, Value(), Value(), seqlens, total},
+               {int_attr("num_heads", 4), int_attr("kv_num_heads", 2), int_attr("sliding_window_cache", 1)});
+      }),
+      "GroupQueryAttention", "sliding_window_cache needs local_window_size > 0, got -1");
+  mx::array short_past = random_array({1, 2, 3, 8}, 24);
+  expect_message(
+      error_of<OpError>([&] {
+        run_ms("GroupQueryAttention", {q, k, k, short_past, short_past, seqlens, total}, windowed);
+      }),
+      "GroupQueryAttention",
+      "sliding_window_cache needs past_key/past_value buffers of at least local_window_size 4 rows, got 3");
 }
 
 TEST(MicrosoftAttention, GroupQueryAttentionSharedBufferKeepsItsLength) {
