@@ -69,6 +69,7 @@
 
 #include <mlx/mlx.h>
 
+#include "ops/microsoft/bit_fields.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -403,21 +404,6 @@ constexpr size_t kFc1Weights = 2, kFc1Scales = 3, kFc1Bias = 4, kFc2Weights = 5,
                  kFc3Weights = 8, kFc3Scales = 9, kFc3Bias = 10, kFc1ZeroPoints = 11, kFc2ZeroPoints = 12,
                  kFc3ZeroPoints = 13, kRouterWeights = 14;
 
-// The `bits`-bit fields of each byte of `packed` along its last axis, low bits
-// first: [..., n] uint8 -> [..., n * 8 / bits] uint8.
-mx::array unpack_fields(const mx::array& packed, int bits, mx::StreamOrDevice s) {
-  if (bits == 8) return packed;
-  const int per_byte = 8 / bits;
-  std::vector<uint8_t> shift_values(per_byte);
-  for (int j = 0; j < per_byte; ++j) shift_values[j] = static_cast<uint8_t>(j * bits);
-  mx::array shifts(shift_values.begin(), {per_byte}, mx::uint8);
-  mx::array fields = mx::bitwise_and(mx::right_shift(mx::expand_dims(packed, -1, s), shifts, s),
-                                     mx::array(static_cast<uint8_t>((1 << bits) - 1), mx::uint8), s);
-  mx::Shape shape = packed.shape();
-  shape.back() *= per_byte;
-  return mx::reshape(fields, shape, s);
-}
-
 int weight_bits(const NodeContext& ctx, const char* name) {
   const int64_t bits = ctx.attr_int(name, ctx.attr_int("expert_weight_bits", 4));
   if (bits != 2 && bits != 4 && bits != 8) throw ctx.error(name, " must be 2, 4 or 8, got ", bits);
@@ -463,15 +449,15 @@ mx::array dequantized_experts(const NodeContext& ctx, const char* prefix, size_t
       const int zp_packed = (blocks * bits + 7) / 8;
       require_shape(ctx, zp_name.c_str(), *z, {e, n, zp_packed},
                     "[num_experts, features, ceil(blocks * bits / 8)]");
-      zp = mx::slice(unpack_fields(*z, bits, s), {0, 0, 0}, {e, n, blocks}, s);
+      zp = mx::slice(unpack_bit_fields(*z, bits, s), {0, 0, 0}, {e, n, blocks}, s);
     } else {
       const int zp_packed = (n * bits + 7) / 8;
       require_shape(ctx, zp_name.c_str(), *z, {e, zp_packed}, "[num_experts, ceil(features * bits / 8)]");
-      zp = mx::slice(unpack_fields(*z, bits, s), {0, 0}, {e, n}, s);
+      zp = mx::slice(unpack_bit_fields(*z, bits, s), {0, 0}, {e, n}, s);
     }
     zp = mx::reshape(mx::astype(zp, mx::float32, s), {e, n, blocks, 1}, s);
   }
-  mx::array q = mx::astype(unpack_fields(w, bits, s), mx::float32, s);
+  mx::array q = mx::astype(unpack_bit_fields(w, bits, s), mx::float32, s);
   q = mx::reshape(q, {e, n, blocks, k / blocks}, s);
   return mx::reshape(mx::multiply(mx::subtract(q, zp, s), scale, s), {e, n, k}, s);
 }

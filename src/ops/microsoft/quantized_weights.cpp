@@ -39,6 +39,7 @@
 
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/quantized_matmul.h"
+#include "ops/microsoft/bit_fields.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -50,21 +51,6 @@ bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 bool is_float_dtype(mx::Dtype t) { return t == mx::float32 || t == mx::float16 || t == mx::bfloat16; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The `bits`-bit fields of each byte of `packed` along its last axis, low bits
-// first: [..., n] uint8 -> [..., n * 8 / bits] uint8.
-mx::array unpack_fields(const mx::array& packed, int bits, mx::StreamOrDevice s) {
-  if (bits == 8) return packed;
-  const int per_byte = 8 / bits;
-  std::vector<uint8_t> shift_values(per_byte);
-  for (int j = 0; j < per_byte; ++j) shift_values[j] = static_cast<uint8_t>(j * bits);
-  mx::array shifts(shift_values.begin(), {per_byte}, mx::uint8);
-  mx::array fields = mx::bitwise_and(mx::right_shift(mx::expand_dims(packed, -1, s), shifts, s),
-                                     mx::array(static_cast<uint8_t>((1 << bits) - 1), mx::uint8), s);
-  mx::Shape shape = packed.shape();
-  shape.back() *= per_byte;
-  return mx::reshape(fields, shape, s);
-}
 
 // Throws an OpError naming the input and the accepted shapes unless `t` has
 // shape `a` (or `b`).
@@ -139,7 +125,7 @@ mx::array dequantized_weight(const NodeContext& ctx, const NBitsShape& d, mx::Dt
     if (zp->dtype() == mx::uint8) {
       const int packed = static_cast<int>(ceil_div(int64_t{d.k_blocks} * d.bits, 8));
       require_shape(ctx, "zero_points (packed uint8)", *zp, {d.n, packed}, mx::Shape{d.n * packed});
-      mx::array fields = unpack_fields(mx::reshape(*zp, {d.n, packed}, s), d.bits, s);
+      mx::array fields = unpack_bit_fields(mx::reshape(*zp, {d.n, packed}, s), d.bits, s);
       zero_point = mx::astype(mx::slice(fields, {0, 0}, {d.n, d.k_blocks}, s), mx::float32, s);
     } else {
       if (zp->dtype() != t) {
@@ -150,7 +136,7 @@ mx::array dequantized_weight(const NodeContext& ctx, const NBitsShape& d, mx::Dt
     }
   }
 
-  mx::array q = mx::astype(unpack_fields(mx::reshape(b, {d.n, d.k_blocks * d.blob_size}, s), d.bits, s),
+  mx::array q = mx::astype(unpack_bit_fields(mx::reshape(b, {d.n, d.k_blocks * d.blob_size}, s), d.bits, s),
                            mx::float32, s);  // [N, k_blocks * block_size]
   if (std::optional<mx::array> g_idx = ctx.optional_input(4)) {
     mx::array index = group_index(ctx, *g_idx, d);
@@ -193,7 +179,7 @@ constexpr int kQuantizedCpuRowsLimit = 4;
 // w's uint32 words hold the values low bits first, like little-endian bytes.
 mx::array affine_dequantized(const NodeContext& ctx, int k, int n, int bits, int group_size) {
   const auto s = ctx.stream();
-  mx::array q = mx::astype(unpack_fields(mx::view(ctx.input(1), mx::uint8, s), bits, s), mx::float32, s);
+  mx::array q = mx::astype(unpack_bit_fields(mx::view(ctx.input(1), mx::uint8, s), bits, s), mx::float32, s);
   q = mx::reshape(q, {n, k / group_size, group_size}, s);
   mx::array w = mx::add(mx::multiply(q, mx::expand_dims(ctx.input(2), -1, s), s),
                         mx::expand_dims(ctx.input(3), -1, s), s);
@@ -387,7 +373,7 @@ OpOutputs gather_block_quantized(NodeContext& ctx) {
                                                              : mx::take(t, index, gather_axis, s);
     if (out_qaxis < 0) return g;
     if (packed) {
-      g = unpack_fields(g, static_cast<int>(bits), s);
+      g = unpack_bit_fields(g, static_cast<int>(bits), s);
       mx::Shape end = g.shape();
       end[out_qaxis] = blocks;
       g = mx::slice(g, mx::Shape(g.ndim(), 0), end, s);
@@ -404,7 +390,7 @@ OpOutputs gather_block_quantized(NodeContext& ctx) {
   if (small_float) {
     out = mx::multiply(mx::astype(gathered, mx::float32, s), scale, s);
   } else {
-    if (per_byte > 1) gathered = unpack_fields(gathered, static_cast<int>(bits), s);
+    if (per_byte > 1) gathered = unpack_bit_fields(gathered, static_cast<int>(bits), s);
     mx::array values = mx::astype(gathered, mx::int32, s);
     mx::array zero_point = mx::array(type == OnnxType::kUint8 ? int32_t{1} << (bits - 1) : int32_t{0});
     if (zero_points) zero_point = mx::astype(per_element(*zero_points, per_byte > 1), mx::int32, s);
