@@ -50,13 +50,14 @@ TEXT = ("The history of the town goes back to a small market by the river, where
         "wool, cheese and timber to boatmen who carried them down to the coast. ")
 
 
-def prompt_ids(folder: Path, count: int) -> list[int]:
+def prompt_of(folder: Path, count: int) -> tuple[list[int], str]:
+    """The benchmark prompt: its first `count` token ids and their text (what transmuter re-encodes)."""
     from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = tokenizer.encode(TEXT * (1 + count // 8), add_special_tokens=False).ids
     if len(ids) < count:
         raise SystemExit(f"the prompt text gives only {len(ids)} tokens")
-    return ids[:count]
+    return ids[:count], tokenizer.decode(ids[:count])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,9 +164,7 @@ def agreed_prefix(a: list[int], b: list[int]) -> int:
 
 def bench_build(args, name: str, binary: Path) -> dict:
     folder = args.models / name
-    ids = prompt_ids(folder, args.prompt_tokens)
-    from tokenizers import Tokenizer
-    prompt = Tokenizer.from_file(str(folder / "tokenizer.json")).decode(ids)
+    ids, prompt = prompt_of(folder, args.prompt_tokens)
     facts = model_facts(folder, len(ids) + args.new_tokens)
     rounds = []
     for index in range(args.rounds):
