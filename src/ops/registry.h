@@ -136,7 +136,9 @@ void register_microsoft_normalization(OpRegistry& registry);
 void register_microsoft_conv(OpRegistry& registry);
 void register_microsoft_matmul(OpRegistry& registry);
 void register_microsoft_attention(OpRegistry& registry);
-// Called by register_microsoft_attention (src/ops/microsoft/rotary_embedding.cpp).
+// Called by register_microsoft_attention (src/ops/microsoft/group_query_attention.cpp,
+// rotary_embedding.cpp).
+void register_microsoft_group_query_attention(OpRegistry& registry);
 void register_microsoft_rotary_embedding(OpRegistry& registry);
 void register_microsoft_quantized_weights(OpRegistry& registry);
 void register_microsoft_qlinear(OpRegistry& registry);

@@ -3,23 +3,78 @@
 #include <mlx/allocator.h>
 #include <mlx/backend/cpu/encoder.h>
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace transmuter::kernels {
 
-void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  for (const mx::array& in : inputs) {
-    if (!in.flags().row_contiguous) {
-      throw std::logic_error(std::string(name()) + ": kernel input is not row-contiguous");
+namespace {
+
+// dst (row-contiguous, same shape and type) = src read through its strides: runs of the last axis
+// with memcpy when it is dense, element by element otherwise (broadcasts, transposes).
+void copy_row_contiguous(const mx::array& src, mx::array& dst) {
+  if (src.size() == 0) return;
+  const size_t item = src.itemsize();
+  const char* from = src.data<char>();
+  char* to = dst.data<char>();
+  const int rank = src.ndim();
+  if (rank == 0) {
+    std::memcpy(to, from, item);
+    return;
+  }
+  const int64_t inner = src.shape(rank - 1), inner_stride = src.strides()[rank - 1];
+  const int64_t outer = static_cast<int64_t>(src.size()) / inner;
+  std::vector<int> index(rank - 1, 0);
+  int64_t offset = 0;  // elements from src's first one to the current run
+  for (int64_t run = 0; run < outer; ++run) {
+    const char* at = from + offset * static_cast<int64_t>(item);
+    if (inner_stride == 1) {
+      std::memcpy(to, at, inner * item);
+    } else {
+      for (int64_t j = 0; j < inner; ++j) std::memcpy(to + j * item, at + j * inner_stride * item, item);
+    }
+    to += inner * item;
+    for (int axis = rank - 2; axis >= 0; --axis) {  // the next run: an odometer over the outer axes
+      offset += src.strides()[axis];
+      if (++index[axis] < src.shape(axis)) break;
+      offset -= src.strides()[axis] * src.shape(axis);
+      index[axis] = 0;
     }
   }
+}
+
+}  // namespace
+
+void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  // Inputs that are views (transposes, broadcasts) are copied into dense temporaries on the stream's
+  // thread, before the kernel's task. Doing it here rather than as an mx::contiguous op per input
+  // keeps the graph to one primitive per kernel: a compiled decode step replays ~20 kernels a layer,
+  // and each extra primitive costs the calling thread its set-up and bookkeeping.
+  std::vector<mx::array> dense = inputs;
+  std::vector<std::pair<mx::array, mx::array>> copies;  // (view, its dense copy)
+  for (mx::array& in : dense) {
+    if (in.flags().row_contiguous) continue;
+    mx::array copy(in.shape(), in.dtype(), nullptr, {});
+    copy.set_data(mx::allocator::malloc(copy.nbytes()));
+    copies.emplace_back(in, copy);
+    in = copy;
+  }
   for (mx::array& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-  KernelTask task = make_task(inputs, outputs);
+  KernelTask task = make_task(dense, outputs);
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const mx::array& in : inputs) encoder.set_input_array(in);
   for (mx::array& out : outputs) encoder.set_output_array(out);
-  encoder.dispatch(std::move(task));
+  if (copies.empty()) {
+    encoder.dispatch(std::move(task));
+    return;
+  }
+  encoder.dispatch([copies = std::move(copies), task = std::move(task)]() mutable {
+    for (auto& [view, copy] : copies) copy_row_contiguous(view, copy);
+    task();
+  });
 }
 
 void CpuKernel::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
@@ -27,7 +82,8 @@ void CpuKernel::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&)
   throw std::logic_error(std::string(name()) + ": a Transmuter CPU kernel was scheduled on a GPU stream");
 }
 
-std::vector<mx::array> CpuKernel::vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+std::vector<mx::array> CpuKernel::vjp(const std::vector<mx::array>& primals,
+                                      const std::vector<mx::array>& cotangents,
                                       const std::vector<int>& argnums, const std::vector<mx::array>&) {
   auto [outputs, gradients] = mx::vjp(reference_, primals, cotangents);
   std::vector<mx::array> selected;
@@ -35,7 +91,8 @@ std::vector<mx::array> CpuKernel::vjp(const std::vector<mx::array>& primals, con
   return selected;
 }
 
-std::vector<mx::array> CpuKernel::jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+std::vector<mx::array> CpuKernel::jvp(const std::vector<mx::array>& primals,
+                                      const std::vector<mx::array>& tangents,
                                       const std::vector<int>& argnums) {
   // mx::jvp wants a tangent for every primal; those not asked for are zero.
   std::vector<mx::array> all;
@@ -45,16 +102,14 @@ std::vector<mx::array> CpuKernel::jvp(const std::vector<mx::array>& primals, con
   return output_tangents;
 }
 
-bool is_cpu_stream(mx::StreamOrDevice s) {
-  return mx::to_stream(s).device == mx::Device::cpu;
-}
+bool is_cpu_stream(mx::StreamOrDevice s) { return mx::to_stream(s).device == mx::Device::cpu; }
 
 std::vector<mx::array> make_cpu_kernel_outputs(
     const std::function<std::shared_ptr<CpuKernel>(mx::Stream)>& make_kernel, const Reference& reference,
-    std::vector<mx::array> inputs, std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes, mx::StreamOrDevice s) {
+    std::vector<mx::array> inputs, std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes,
+    mx::StreamOrDevice s) {
   if (!is_cpu_stream(s)) return reference(inputs);
   const mx::Stream stream = mx::to_stream(s);
-  for (mx::array& in : inputs) in = mx::contiguous(in, false, stream);
   return mx::array::make_arrays(std::move(shapes), dtypes, make_kernel(stream), inputs);
 }
 

@@ -8,8 +8,9 @@
 // the kernel on non-CPU streams, where MLX's own ops are fast. So a kernel
 // changes the speed of a CPU forward pass, never the math of a gradient.
 //
-// Kernels read row-contiguous inputs: make_cpu_kernel_outputs() wraps each
-// input in mx::contiguous (free when it already is).
+// Kernels read row-contiguous inputs: eval_cpu copies any other input (a
+// transposed or broadcast view) into a dense temporary first, on the stream's
+// thread, so the graph holds one primitive per kernel call.
 #pragma once
 
 #include <functional>
@@ -32,7 +33,8 @@ using KernelTask = std::function<void()>;
 
 class CpuKernel : public mx::Primitive {
  public:
-  CpuKernel(mx::Stream stream, Reference reference) : mx::Primitive(stream), reference_(std::move(reference)) {}
+  CpuKernel(mx::Stream stream, Reference reference)
+      : mx::Primitive(stream), reference_(std::move(reference)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) final;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) final;
@@ -44,7 +46,8 @@ class CpuKernel : public mx::Primitive {
  protected:
   /** The task computing `outputs` (already allocated, row-contiguous) from
    * `inputs` (row-contiguous). Called on the thread that evaluates. */
-  virtual KernelTask make_task(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) const = 0;
+  virtual KernelTask make_task(const std::vector<mx::array>& inputs,
+                               std::vector<mx::array>& outputs) const = 0;
 
  private:
   Reference reference_;
@@ -58,6 +61,7 @@ bool is_cpu_stream(mx::StreamOrDevice s);
  * outputs and must be what the reference returns. */
 std::vector<mx::array> make_cpu_kernel_outputs(
     const std::function<std::shared_ptr<CpuKernel>(mx::Stream)>& make_kernel, const Reference& reference,
-    std::vector<mx::array> inputs, std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes, mx::StreamOrDevice s);
+    std::vector<mx::array> inputs, std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes,
+    mx::StreamOrDevice s);
 
 }  // namespace transmuter::kernels

@@ -447,8 +447,8 @@ class QuantizedMatmulKernel : public CpuKernel {
     a.scales = in[2].data<float>();
     a.biases = in[3].data<float>();
     a.y = out[0].data<float>();
-    a.m = in[0].shape(0);
-    a.k = in[0].shape(1);
+    a.k = in[0].shape(-1);
+    a.m = static_cast<int64_t>(in[0].size()) / a.k;  // x's rows, any leading axes
     a.n = in[1].shape(0);
     a.bits = bits_;
     a.group_size = group_size_;
@@ -527,24 +527,14 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   if (!quantized_matmul_fits(x, w, scales, biases, group_size, bits, stream)) {
     return reference({x, w, scales, biases})[0];
   }
-  const int k = x.shape(-1), n = w.shape(0);
-  // As make_cpu_kernel_outputs, but the weights are not wrapped in
-  // mx::contiguous when they already are: a weight that aliases the model's
-  // mapped file shares a buffer much larger than itself, and MLX's Contiguous
-  // copies such an array on every call (12 MiB per call at 4096 x 4096).
-  std::vector<mx::array> inputs = {mx::contiguous(mx::reshape(x, {-1, k}, stream), false, stream), w, scales,
-                                   biases};
-  for (size_t i = 1; i < inputs.size(); ++i) {
-    if (!inputs[i].is_available() || !inputs[i].flags().row_contiguous) {
-      inputs[i] = mx::contiguous(inputs[i], false, stream);
-    }
-  }
-  mx::array y = mx::array::make_arrays(
-      {{inputs[0].shape(0), n}}, {mx::float32},
-      std::make_shared<QuantizedMatmulKernel>(stream, reference, group_size, bits), inputs)[0];
   mx::Shape shape = x.shape();
-  shape.back() = n;
-  return mx::reshape(y, shape, stream);
+  shape.back() = w.shape(0);
+  // x keeps its leading axes: one primitive per call, no reshapes around it.
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<QuantizedMatmulKernel>(kernel_stream, reference, group_size, bits);
+      },
+      reference, {x, w, scales, biases}, {shape}, {mx::float32}, stream)[0];
 }
 
 }  // namespace transmuter::kernels

@@ -1,10 +1,11 @@
 // ONNX Runtime's attention contrib operators (domain com.microsoft, version 1):
-// Attention, MultiHeadAttention, GroupQueryAttention (RotaryEmbedding is in
-// rotary_embedding.cpp). ONNX Runtime's transformer optimizer fuses BERT, GPT-2
-// and Llama-style blocks into them.
+// Attention and MultiHeadAttention (GroupQueryAttention is in
+// group_query_attention.cpp, RotaryEmbedding in rotary_embedding.cpp). ONNX
+// Runtime's transformer optimizer fuses BERT, GPT-2 and Llama-style blocks into
+// them.
 // https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md
 //
-// All three, per head (B batch, N heads, S queries, P past keys, T = P + L keys):
+// Both, per head (B batch, N heads, S queries, P past keys, T = P + L keys):
 //   scores = scale * Q K^T + bias             scale default 1/sqrt(head_size)
 //   output = softmax(scores) V                [B, S, N * H_v]
 //
@@ -19,20 +20,9 @@
 //   [3B+2] (only its first B, key lengths, are read on CPU), [B, T] or
 //   [B, S, T] 0/1, Attention's [B, 1, M, M] rows P..P+S and columns 0..T.
 //
-// GroupQueryAttention: Kv <= N key/value heads (query head h reads kv head
-//   h / (N / Kv)); per batch b, T_b = seqlens_k[b] + 1 valid keys and the new
-//   tokens sit at P_b = T_b - S (0 on the first prompt, S = total_sequence_length).
-//   Optional rotary embedding of Q and K at positions P_b + i (position_ids when
-//   given), present = past[.., :P_b] ++ K ++ zeros, of length
-//   max(past length, total_sequence_length). Key j is seen by query i when
-//   j < T_b and, causal, j <= P_b + i and, with local_window_size W,
-//   j > P_b + i - W. scores are soft-capped (softcap * tanh(scores / softcap))
-//   before attention_bias is added; head_sink adds exp(sink_h) to the softmax
-//   denominator, smooth_softmax (when there is no head_sink) exp(0).
-//
 // float16/bfloat16 are computed in float32 and rounded once. The float32
-// attention runs the fused CPU kernel (src/kernels/cpu/attention.h) unless
-// softcap, a sink or the qk output needs the scores (then the composition).
+// attention runs the fused CPU kernel (src/kernels/cpu/attention.h) unless the
+// qk output needs the scores (then the composition).
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -42,6 +32,7 @@
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/attention.h"
+#include "ops/microsoft/attention_helpers.h"
 #include "ops/node_context.h"
 #include "ops/onnx/attention_common.h"
 #include "ops/registry.h"
@@ -49,35 +40,9 @@
 namespace transmuter {
 namespace {
 
+using namespace microsoft_attention;
+
 constexpr float kLowest = std::numeric_limits<float>::lowest();
-
-bool is_attention_float(mx::Dtype t) { return t == mx::float32 || t == mx::float16 || t == mx::bfloat16; }
-
-void require_float(const NodeContext& ctx, const mx::array& x, std::string_view name, mx::Dtype like) {
-  if (!is_attention_float(x.dtype())) {
-    throw ctx.error(name, " must be float32, float16 or bfloat16, got ", x.dtype());
-  }
-  if (x.dtype() != like) throw ctx.error(name, " has dtype ", x.dtype(), " but the query has ", like);
-}
-
-// Input i, which the operator requires; named in the error when it is missing.
-const mx::array& required_input(const NodeContext& ctx, size_t i, std::string_view name) {
-  if (!ctx.has_input(i)) throw ctx.error(name, " (input ", i, ") is required");
-  return ctx.input(i);
-}
-
-mx::array f32(const mx::array& x, mx::StreamOrDevice s) { return mx::astype(x, mx::float32, s); }
-
-// [B, S, N * H] -> [B, N, S, H].
-mx::array to_heads(const mx::array& x, int heads, mx::StreamOrDevice s) {
-  mx::array split = mx::reshape(x, {x.shape(0), x.shape(1), heads, x.shape(2) / heads}, s);
-  return mx::transpose(split, {0, 2, 1, 3}, s);
-}
-
-// [B, N, S, H] -> [B, S, N * H].
-mx::array from_heads(const mx::array& x, mx::StreamOrDevice s) {
-  return mx::reshape(mx::transpose(x, {0, 2, 1, 3}, s), {x.shape(0), x.shape(2), x.shape(1) * x.shape(3)}, s);
-}
 
 // --- The additive bias of Attention and MultiHeadAttention ---------------------
 
@@ -174,19 +139,6 @@ mx::array biased_attention(const NodeContext& ctx, const mx::array& q, const mx:
   if (bias) scores = mx::add(scores, *bias, s);
   *qk = scores;
   return mx::matmul(mx::softmax(scores, -1, /*precise=*/true, s), v, s);
-}
-
-float scale_attr(const NodeContext& ctx, int head_size) {
-  const float scale = ctx.attr_float("scale", 0.0f);
-  return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
-}
-
-int positive_heads(const NodeContext& ctx, std::string_view name) {
-  const int64_t heads = ctx.required_int(name);
-  if (heads <= 0 || heads > std::numeric_limits<int>::max()) {
-    throw ctx.error(name, " must be positive, got ", heads);
-  }
-  return static_cast<int>(heads);
 }
 
 // --- Attention -------------------------------------------------------------------
@@ -421,357 +373,6 @@ OpOutputs multi_head_attention(NodeContext& ctx) {
   return out;
 }
 
-// --- GroupQueryAttention ---------------------------------------------------------------
-
-/** The keys and values one GroupQueryAttention step attends over, which of them each query sees, and the
- * presents it writes. */
-struct KeySlots {
-  mx::array keys, values;                // [B, Kv, count, H]
-  mx::array allowed;                     // [B, 1, S, count]
-  mx::array present_key, present_value;  // [B, Kv, capacity, H]
-  int count;
-};
-
-/** sliding_window_cache's resident row count L(T) for T tokens seen, in a buffer of C rows with window W:
- * T while it fits, then T less whole evictions of G = C - W + 1 rows (ONNX Runtime's contract, under
- * which the layout depends on T alone). */
-mx::array resident_rows(const mx::array& tokens, int capacity, int64_t window, mx::StreamOrDevice s) {
-  const int g = capacity - static_cast<int>(window) + 1;
-  mx::array over = mx::maximum(mx::subtract(tokens, mx::array(capacity), s), mx::array(0), s);
-  mx::array evictions = mx::floor_divide(mx::add(over, mx::array(g - 1), s), mx::array(g), s);
-  return mx::subtract(tokens, mx::multiply(evictions, mx::array(g), s), s);
-}
-
-/** sliding_window_cache: the past holds, in rows [0, L(T - S)), the most recent positions before this step
- * in order. The step attends over those rows and its new ones side by side ([past; new], C + S slots,
- * each slot with its absolute position), within the window, and the present keeps the L(T) most recent
- * of them in rows [0, L(T)), zeros after. `before` [B] is T - S (0 on the first prompt), `valid` T. */
-KeySlots windowed_slots(const mx::array& k, const mx::array& v, const mx::array& past_key,
-                        const mx::array& past_value, const mx::array& before, const mx::array& valid,
-                        int64_t window, mx::StreamOrDevice s) {
-  const int batch = k.shape(0), sequence = k.shape(2);
-  const int capacity = past_key.shape(2), count = capacity + sequence;
-  auto per_batch = [&](const mx::array& x) { return mx::reshape(x, {batch, 1, 1, 1}, s); };
-  const mx::array held = per_batch(resident_rows(before, capacity, window, s));  // past rows in use
-  const mx::array fresh = per_batch(mx::subtract(valid, before, s));             // tokens this step
-  const mx::array kept = per_batch(resident_rows(valid, capacity, window, s));   // rows after it
-  const mx::array start = per_batch(before);
-
-  // Slot j < C is past row j, at position T - S - held + j; slot C + i is new token i, at T - S + i.
-  mx::array slot = mx::reshape(mx::arange(0, count, mx::int32, s), {1, 1, 1, count}, s);
-  mx::array past_slot = mx::less(slot, mx::array(capacity), s);
-  mx::array new_index = mx::subtract(slot, mx::array(capacity), s);
-  mx::array position =
-      mx::where(past_slot, mx::add(mx::subtract(start, held, s), slot, s), mx::add(start, new_index, s), s);
-  mx::array there = mx::where(past_slot, mx::less(slot, held, s), mx::less(new_index, fresh, s), s);
-  mx::array query =
-      mx::add(start, mx::reshape(mx::arange(0, sequence, mx::int32, s), {1, 1, sequence, 1}, s), s);
-  mx::array allowed = mx::logical_and(there, mx::less_equal(position, query, s), s);
-  allowed = mx::logical_and(
-      allowed, mx::greater(position, mx::subtract(query, mx::array(static_cast<int>(window)), s), s), s);
-
-  mx::array keys = mx::concatenate({f32(past_key, s), k}, 2, s);
-  mx::array values = mx::concatenate({f32(past_value, s), v}, 2, s);
-  // Present row r < L(T) is entry held + fresh - kept + r of the past's rows followed by the new ones.
-  mx::array row = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, capacity, 1}, s);
-  mx::array entry = mx::add(mx::subtract(mx::add(held, fresh, s), kept, s), row, s);
-  mx::array source = mx::where(mx::less(entry, held, s), entry,
-                               mx::add(mx::subtract(entry, held, s), mx::array(capacity), s), s);
-  source = mx::broadcast_to(mx::clip(source, mx::array(0), mx::array(count - 1), s),
-                            {batch, k.shape(1), capacity, k.shape(3)}, s);
-  mx::array in_use = mx::less(row, kept, s);
-  auto present = [&](const mx::array& slots) {
-    return mx::where(in_use, mx::take_along_axis(slots, source, 2, s), mx::array(0.0f), s);
-  };
-  return {keys, values, allowed, present(keys), present(values), count};
-}
-
-OpOutputs group_query_attention(NodeContext& ctx) {
-  auto s = ctx.stream();
-  const mx::array& query = required_input(ctx, 0, "query");
-  const mx::Dtype dtype = query.dtype();
-  require_float(ctx, query, "query", dtype);
-  const int heads = positive_heads(ctx, "num_heads"), kv_heads = positive_heads(ctx, "kv_num_heads");
-  if (heads % kv_heads != 0)
-    throw ctx.error("num_heads ", heads, " is not a multiple of kv_num_heads ", kv_heads);
-  const int group = heads / kv_heads;
-  for (const char* name : {"k_quant_type", "v_quant_type"}) {
-    if (ctx.attr_string(name, "NONE") != "NONE")
-      throw ctx.error(name, " other than NONE (a quantized KV cache) is not supported");
-  }
-  if (ctx.has_input(12) || ctx.has_input(13))
-    throw ctx.error("k_scale/v_scale (a quantized KV cache) are not supported");
-  if (ctx.has_input(14) || ctx.has_input(15)) {
-    throw ctx.error(
-        "q_norm_weight/k_norm_weight are not supported (ONNX Runtime's CPU kernel rejects them too)");
-  }
-  const bool causal = ctx.attr_int("causal", 1) != 0;
-  const int64_t window = ctx.attr_int("local_window_size", -1);
-  if (!causal && window != -1) throw ctx.error("local_window_size must be -1 when causal is 0, got ", window);
-  const float softcap = ctx.attr_float("softcap", 0.0f);
-  if (softcap < 0) throw ctx.error("softcap must be nonnegative, got ", softcap);
-  const int64_t qk_output = ctx.attr_int("qk_output", 0);
-  if (qk_output < 0 || qk_output > 2) throw ctx.error("qk_output must be 0, 1 or 2, got ", qk_output);
-  const bool windowed = ctx.attr_int("sliding_window_cache", 0) != 0;
-  if (windowed && window <= 0)
-    throw ctx.error("sliding_window_cache needs local_window_size > 0, got ", window);
-  if (windowed && (ctx.has_input(10) || (qk_output != 0 && ctx.output_requested(3)))) {
-    throw ctx.error("sliding_window_cache with attention_bias or output_qk is not supported");
-  }
-  if (query.ndim() != 3) throw ctx.error("query must be 3-D [batch, sequence, hidden], got ", query.shape());
-  const int batch = query.shape(0), sequence = query.shape(1);
-
-  // Q [B, N, S, H], new K and V [B, Kv, S, H], in float32.
-  mx::array q = f32(query, s), k = q, v = q;
-  int head_size = 0;
-  if (ctx.has_input(1) != ctx.has_input(2)) throw ctx.error("key and value must be given together");
-  if (!ctx.has_input(1)) {
-    const int packed = heads + 2 * kv_heads;
-    if (query.shape(2) % packed != 0) {
-      throw ctx.error("packed QKV query hidden size ", query.shape(2),
-                      " is not divisible by num_heads + 2 * "
-                      "kv_num_heads = ",
-                      packed);
-    }
-    head_size = query.shape(2) / packed;
-    auto part = [&](int from, int n) {
-      return to_heads(mx::slice(q, {0, 0, from * head_size}, {batch, sequence, (from + n) * head_size}, s), n,
-                      s);
-    };
-    k = part(heads, kv_heads);
-    v = part(heads + kv_heads, kv_heads);
-    q = part(0, heads);
-  } else {
-    if (query.shape(2) % heads != 0) {
-      throw ctx.error("query hidden size ", query.shape(2), " is not divisible by ", heads, " heads");
-    }
-    head_size = query.shape(2) / heads;
-    const mx::array &key = ctx.input(1), &value = ctx.input(2);
-    require_float(ctx, key, "key", dtype);
-    require_float(ctx, value, "value", dtype);
-    const mx::Shape want = {batch, sequence, kv_heads * head_size};
-    if (key.shape() != want || value.shape() != want) {
-      throw ctx.error("key ", key.shape(), " and value ", value.shape(), " must be [", batch, ", ", sequence,
-                      ", ", want[2], "]");
-    }
-    q = to_heads(q, heads, s);
-    k = to_heads(f32(key, s), kv_heads, s);
-    v = to_heads(f32(value, s), kv_heads, s);
-  }
-
-  const mx::array& seqlens = required_input(ctx, 5, "seqlens_k");
-  const mx::array& total_input = required_input(ctx, 6, "total_sequence_length");
-  if (total_input.size() != 1 || !mx::issubdtype(total_input.dtype(), mx::integer)) {
-    throw ctx.error("total_sequence_length must be an int32 scalar, got ", total_input.dtype(), " ",
-                    total_input.shape());
-  }
-  if (seqlens.ndim() != 1 || seqlens.shape(0) != batch || !mx::issubdtype(seqlens.dtype(), mx::integer)) {
-    throw ctx.error("seqlens_k must be an int32 vector of the batch size ", batch, ", got ", seqlens.dtype(),
-                    " ", seqlens.shape());
-  }
-  const int64_t total_length = ctx.host_int(6);
-  int past_capacity = 0;
-  std::optional<mx::array> past_key, past_value;
-  if (ctx.has_input(3) != ctx.has_input(4)) throw ctx.error("past_key and past_value must be given together");
-  if (ctx.has_input(3)) {
-    past_key = ctx.input(3);
-    past_value = ctx.input(4);
-    require_float(ctx, *past_key, "past_key", dtype);
-    require_float(ctx, *past_value, "past_value", dtype);
-    if (past_key->ndim() != 4 || past_key->shape(0) != batch || past_key->shape(1) != kv_heads ||
-        past_key->shape(3) != head_size || past_value->shape() != past_key->shape()) {
-      throw ctx.error("past_key ", past_key->shape(), " and past_value ", past_value->shape(), " must be [",
-                      batch, ", ", kv_heads, ", past_sequence, ", head_size, "]");
-    }
-    past_capacity = past_key->shape(2);
-  }
-  const bool first_prompt = sequence == total_length;
-  if (total_length < sequence || total_length > std::numeric_limits<int>::max()) {
-    throw ctx.error("total_sequence_length ", total_length, " is below the sequence length ", sequence);
-  }
-  if (!first_prompt && !past_key) {
-    throw ctx.error("total_sequence_length ", total_length, " exceeds the sequence length ", sequence,
-                    " but there is no past_key/past_value");
-  }
-  if (windowed && (!past_key || past_capacity < window)) {
-    throw ctx.error("sliding_window_cache needs past_key/past_value buffers of at least local_window_size ",
-                    window, " rows, got ", past_capacity);
-  }
-  const int capacity = windowed ? past_capacity : std::max(past_capacity, static_cast<int>(total_length));
-  if (!seqlens.is_tracer()) {
-    // Known lengths are checked; traced ones only select keys (a bad one
-    // writes nothing outside the buffer).
-    mx::array wide = mx::astype(seqlens, mx::int64, s);
-    mx::array low = mx::min(wide, false, s), high = mx::max(wide, false, s);
-    mx::eval({low, high});
-    const int64_t lowest = low.item<int64_t>() + 1, highest = high.item<int64_t>() + 1;
-    const int64_t least = first_prompt ? 1 : sequence;
-    if (lowest < least || highest > total_length) {
-      throw ctx.error("seqlens_k + 1 must lie in [", least, ", ", total_length,
-                      "] (total_sequence_length), got ", lowest < least ? lowest : highest);
-    }
-  }
-
-  // Per batch: valid keys T_b and the position P_b of the first new token.
-  mx::array valid = mx::add(mx::astype(seqlens, mx::int32, s), mx::array(1), s);  // [B]
-  mx::array start =
-      first_prompt ? mx::zeros({batch}, mx::int32, s) : mx::subtract(valid, mx::array(sequence), s);
-  mx::array start4 = mx::reshape(start, {batch, 1, 1, 1}, s);
-  mx::array query_index = mx::reshape(mx::arange(0, sequence, mx::int32, s), {1, 1, sequence, 1}, s);
-
-  if (ctx.attr_int("do_rotary", 0) != 0) {
-    if (!ctx.has_input(7) || !ctx.has_input(8)) throw ctx.error("do_rotary needs cos_cache and sin_cache");
-    const mx::array &cos_cache = ctx.input(7), &sin_cache = ctx.input(8);
-    if (cos_cache.ndim() != 2 || sin_cache.shape() != cos_cache.shape() ||
-        2 * cos_cache.shape(1) > head_size) {
-      throw ctx.error("cos_cache ", cos_cache.shape(), " and sin_cache ", sin_cache.shape(),
-                      " must be [max_sequence, rotary_dim / 2] with rotary_dim <= head size ", head_size);
-    }
-    // Positions [B, S]: P_b + i, or position_ids (on the first prompt only its
-    // first element, as an offset, as ONNX Runtime reads it).
-    mx::array offsets = mx::reshape(start, {batch, 1}, s);
-    if (ctx.has_input(9)) {
-      const mx::array& ids = ctx.input(9);
-      if (!mx::issubdtype(ids.dtype(), mx::integer) || ids.shape() != mx::Shape{batch, sequence}) {
-        throw ctx.error("position_ids must be int64 [", batch, ", ", sequence, "], got ", ids.dtype(), " ",
-                        ids.shape());
-      }
-      offsets = first_prompt
-                    ? mx::reshape(mx::slice(mx::astype(ids, mx::int32, s), {0, 0}, {1, 1}, s), {1, 1}, s)
-                    : mx::astype(ids, mx::int32, s);
-    }
-    mx::array positions =
-        first_prompt || !ctx.has_input(9)
-            ? mx::add(offsets, mx::reshape(mx::arange(0, sequence, mx::int32, s), {1, sequence}, s), s)
-            : offsets;
-    positions = mx::broadcast_to(positions, {batch, sequence}, s);
-    mx::array cos = mx::expand_dims(cache_rows(ctx, f32(cos_cache, s), positions, "cos_cache"), 1, s);
-    mx::array sin = mx::expand_dims(cache_rows(ctx, f32(sin_cache, s), positions, "sin_cache"), 1, s);
-    const bool interleaved = ctx.attr_int("rotary_interleaved", 0) != 0;
-    q = rotate_pairs(q, cos, sin, interleaved, s);
-    k = rotate_pairs(k, cos, sin, interleaved, s);
-  }
-
-  auto full_slots = [&]() -> KeySlots {
-    // present[b, :, j] = past for j < P_b, new key j - P_b for j < P_b + S, else 0.
-    mx::array slot = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, capacity, 1}, s);
-    mx::array from_new = mx::subtract(slot, start4, s);
-    mx::array is_new = mx::logical_and(mx::greater_equal(from_new, mx::array(0), s),
-                                       mx::less(from_new, mx::array(sequence), s), s);
-    mx::array is_past = mx::less(slot, start4, s);
-    mx::array gather = mx::clip(from_new, mx::array(0), mx::array(sequence - 1), s);
-    auto widened = [&](const mx::array& old) {
-      mx::array wide = f32(old, s);
-      if (past_capacity < capacity) {
-        wide = mx::pad(wide, {{0, 0}, {0, 0}, {0, capacity - past_capacity}, {0, 0}}, mx::array(0.0f),
-                       "constant", s);
-      }
-      return wide;
-    };
-    auto present = [&](const mx::array& fresh, const std::optional<mx::array>& old) {
-      if (old && batch == 1) {
-        // One row (a decode step over a static cache): the past up to P_0 (zeros after, as ONNX Runtime
-        // writes) with the new keys written at P_0, one select and one copy of the buffer instead of a
-        // gather and two selects. P_0 is clipped so that a traced bad length writes nothing outside it.
-        mx::array kept = mx::where(is_past, widened(*old), mx::array(0.0f), s);
-        mx::array at = mx::clip(start, mx::array(0), mx::array(capacity - sequence), s);
-        return mx::slice_update(kept, fresh, at, {2}, s);
-      }
-      mx::Shape shape = {batch, kv_heads, capacity, head_size};
-      mx::array placed = mx::take_along_axis(fresh, mx::broadcast_to(gather, shape, s), 2, s);
-      mx::array rest = mx::zeros(shape, mx::float32, s);
-      if (old) rest = mx::where(is_past, widened(*old), rest, s);
-      return mx::where(is_new, placed, rest, s);
-    };
-    mx::array present_key = present(k, past_key), present_value = present(v, past_value);
-
-    // Which keys each query sees: [B, 1, S, capacity].
-    mx::array key_index = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, 1, capacity}, s);
-    mx::array position = mx::add(query_index, start4, s);
-    mx::array allowed = mx::less(key_index, mx::reshape(valid, {batch, 1, 1, 1}, s), s);
-    if (causal) allowed = mx::logical_and(allowed, mx::less_equal(key_index, position, s), s);
-    if (window > 0) {
-      allowed = mx::logical_and(
-          allowed, mx::greater(key_index, mx::subtract(position, mx::array(static_cast<int>(window)), s), s),
-          s);
-    }
-    return {present_key, present_value, allowed, present_key, present_value, capacity};
-  };
-  const KeySlots slots =
-      windowed ? windowed_slots(k, v, *past_key, *past_value, start, valid, window, s) : full_slots();
-  const int key_count = slots.count;
-  const mx::array& allowed = slots.allowed;
-
-  std::optional<mx::array> extra;
-  if (ctx.has_input(10)) {
-    const mx::array& bias = ctx.input(10);
-    require_float(ctx, bias, "attention_bias", dtype);
-    if (bias.ndim() != 4 || (bias.shape(0) != batch && bias.shape(0) != 1) ||
-        (bias.shape(1) != heads && bias.shape(1) != 1) || bias.shape(2) != sequence ||
-        bias.shape(3) != total_length) {
-      throw ctx.error("attention_bias must be [", batch, " or 1, ", heads, " or 1, ", sequence, ", ",
-                      total_length, "], got ", bias.shape());
-    }
-    extra = f32(bias, s);
-    if (capacity > total_length) {
-      extra = mx::pad(*extra, {{0, 0}, {0, 0}, {0, 0}, {0, capacity - static_cast<int>(total_length)}},
-                      mx::array(0.0f), "constant", s);
-    }
-  }
-  std::optional<mx::array> sink;
-  if (ctx.has_input(11)) {
-    const mx::array& head_sink = ctx.input(11);
-    require_float(ctx, head_sink, "head_sink", dtype);
-    if (head_sink.shape() != mx::Shape{heads})
-      throw ctx.error("head_sink must be [", heads, "], got ", head_sink.shape());
-    sink = mx::reshape(f32(head_sink, s), {1, heads, 1, 1}, s);
-  } else if (ctx.attr_int("smooth_softmax", 0) != 0) {
-    sink = mx::zeros({1, 1, 1, 1}, mx::float32, s);
-  }
-  const float scale = scale_attr(ctx, head_size);
-  const bool want_qk = qk_output != 0 && ctx.output_requested(3);
-  const mx::array neg_inf(-std::numeric_limits<float>::infinity());
-
-  mx::array y = q;
-  std::optional<mx::array> qk;
-  if (softcap == 0 && !sink && !want_qk) {
-    mx::array mask = mx::where(allowed, extra ? *extra : mx::array(0.0f), neg_inf, s);
-    y = kernels::scaled_dot_product_attention(q, slots.keys, slots.values, mask,
-                                              {.scale = scale, .zero_fully_masked_rows = true}, s);
-  } else {
-    // Query heads grouped over their kv head: [B, Kv, G, S, H] against [B, Kv, 1, T, H].
-    mx::array qg = mx::reshape(q, {batch, kv_heads, group, sequence, head_size}, s);
-    mx::array kt = mx::expand_dims(mx::swapaxes(slots.keys, -1, -2, s), 2, s);
-    mx::array scores = mx::reshape(mx::multiply(mx::matmul(qg, kt, s), mx::array(scale), s),
-                                   {batch, heads, sequence, key_count}, s);
-    if (softcap > 0) {
-      scores = mx::multiply(mx::tanh(mx::divide(scores, mx::array(softcap), s), s), mx::array(softcap), s);
-    }
-    if (extra) scores = mx::add(scores, *extra, s);
-    if (want_qk && qk_output == 1) qk = mx::where(allowed, scores, mx::array(0.0f), s);
-    scores = mx::where(allowed, scores, neg_inf, s);
-    mx::array probs = scores;
-    if (sink) {
-      mx::array column = mx::broadcast_to(*sink, {batch, heads, sequence, 1}, s);
-      probs = mx::softmax(mx::concatenate({scores, column}, 3, s), -1, /*precise=*/true, s);
-      probs = mx::slice(probs, {0, 0, 0, 0}, {batch, heads, sequence, key_count}, s);
-    } else {
-      probs = mx::softmax(scores, -1, /*precise=*/true, s);
-    }
-    if (want_qk && qk_output == 2) qk = probs;
-    mx::array pg = mx::reshape(probs, {batch, kv_heads, group, sequence, key_count}, s);
-    y = mx::reshape(mx::matmul(pg, mx::expand_dims(slots.values, 2, s), s),
-                    {batch, heads, sequence, head_size}, s);
-  }
-  OpOutputs out = {mx::astype(from_heads(y, s), dtype, s), mx::astype(slots.present_key, dtype, s),
-                   mx::astype(slots.present_value, dtype, s)};
-  if (ctx.num_outputs() > 3) {
-    if (ctx.output_requested(3) && qk_output == 0) throw ctx.error("output_qk needs qk_output 1 or 2");
-    out.push_back(qk ? mx::astype(*qk, dtype, s) : mx::zeros({batch, heads, sequence, key_count}, dtype, s));
-  }
-  return out;
-}
-
 }  // namespace
 
 void register_microsoft_attention(OpRegistry& r) {
@@ -790,16 +391,8 @@ void register_microsoft_attention(OpRegistry& r) {
        .until = kOpen,
        .fn = multi_head_attention,
        .restrictions = "no past_sequence_length / cache_indirection (shared-buffer beam search)"},
-      {.op_type = "GroupQueryAttention",
-       .domain = kMicrosoft,
-       .since = 1,
-       .until = kOpen,
-       .fn = group_query_attention,
-       .host_inputs = {6},
-       .restrictions =
-           "no quantized KV cache (k_scale, v_scale, *_quant_type), no "
-           "q_norm_weight / k_norm_weight, no attention_bias / output_qk with sliding_window_cache"},
   });
+  register_microsoft_group_query_attention(r);
   register_microsoft_rotary_embedding(r);
 }
 

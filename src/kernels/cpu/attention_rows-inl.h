@@ -1,0 +1,99 @@
+// Row products of attention shared by the attention kernels (attention.cpp,
+// group_query_attention.cpp) as Highway per-target code. Include it after
+// hwy/highway.h inside a file that foreach_target re-includes (the include
+// guard below toggles per target, Highway's "-inl.h" convention).
+#if defined(TRANSMUTER_KERNELS_CPU_ATTENTION_ROWS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TRANSMUTER_KERNELS_CPU_ATTENTION_ROWS_INL_H_
+#undef TRANSMUTER_KERNELS_CPU_ATTENTION_ROWS_INL_H_
+#else
+#define TRANSMUTER_KERNELS_CPU_ATTENTION_ROWS_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+
+HWY_BEFORE_NAMESPACE();
+namespace transmuter::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// scores[j] = q . k[j] for one query row, the keys read where they are: for the few rows of a decode
+// step, transposing every key first costs more than the products. Four keys at a time, each a
+// vector of partial sums over the head's lanes, then summed across the lanes.
+inline void ScoreRowInPlace(const float* q, const float* k, int64_t keys, int64_t dim, float* scores) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t whole = dim / lanes * lanes;
+  auto dot_tail = [&](const float* key) {
+    float total = 0.0f;
+    for (int64_t d = whole; d < dim; ++d) total += q[d] * key[d];
+    return total;
+  };
+  int64_t j = 0;
+  for (; j + 4 <= keys; j += 4) {
+    const float* key = k + j * dim;
+    auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    for (int64_t d = 0; d < whole; d += lanes) {
+      const auto qv = hn::LoadU(df, q + d);
+      a0 = hn::MulAdd(qv, hn::LoadU(df, key + d), a0);
+      a1 = hn::MulAdd(qv, hn::LoadU(df, key + dim + d), a1);
+      a2 = hn::MulAdd(qv, hn::LoadU(df, key + 2 * dim + d), a2);
+      a3 = hn::MulAdd(qv, hn::LoadU(df, key + 3 * dim + d), a3);
+    }
+    scores[j] = hn::GetLane(hn::SumOfLanes(df, a0)) + dot_tail(key);
+    scores[j + 1] = hn::GetLane(hn::SumOfLanes(df, a1)) + dot_tail(key + dim);
+    scores[j + 2] = hn::GetLane(hn::SumOfLanes(df, a2)) + dot_tail(key + 2 * dim);
+    scores[j + 3] = hn::GetLane(hn::SumOfLanes(df, a3)) + dot_tail(key + 3 * dim);
+  }
+  for (; j < keys; ++j) {
+    const float* key = k + j * dim;
+    auto acc = hn::Zero(df);
+    for (int64_t d = 0; d < whole; d += lanes)
+      acc = hn::MulAdd(hn::LoadU(df, q + d), hn::LoadU(df, key + d), acc);
+    scores[j] = hn::GetLane(hn::SumOfLanes(df, acc)) + dot_tail(key);
+  }
+}
+
+// out[r, c..c + V * lanes) = sum_j p[r, j] * v[j, c..]: R x V accumulators.
+template <int R, int V>
+HWY_INLINE void ValueTile(const float* p, int64_t ld, int64_t keys, const float* v, int64_t dim, int64_t c0,
+                          float* out) {
+  const hn::ScalableTag<float> df;
+  const size_t lanes = hn::Lanes(df);
+  using Vec = hn::Vec<decltype(df)>;
+  Vec acc[R][V];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < V; ++c) acc[r][c] = hn::Zero(df);
+  }
+  for (int64_t j = 0; j < keys; ++j) {
+    Vec value[V];
+    for (int c = 0; c < V; ++c) value[c] = hn::LoadU(df, v + j * dim + c0 + c * lanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec pv = hn::Set(df, p[r * ld + j]);
+      for (int c = 0; c < V; ++c) acc[r][c] = hn::MulAdd(pv, value[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < V; ++c) hn::StoreU(acc[r][c], df, out + r * dim + c0 + c * lanes);
+  }
+}
+
+template <int R>
+HWY_INLINE void ValueRows(const float* p, int64_t ld, int64_t keys, const float* v, int64_t dim, float* out) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  int64_t c = 0;
+  for (; c + 2 * lanes <= dim; c += 2 * lanes) ValueTile<R, 2>(p, ld, keys, v, dim, c, out);
+  for (; c + lanes <= dim; c += lanes) ValueTile<R, 1>(p, ld, keys, v, dim, c, out);
+  for (; c < dim; ++c) {  // a head size that is not a whole number of vectors
+    for (int r = 0; r < R; ++r) {
+      float total = 0.0f;
+      for (int64_t j = 0; j < keys; ++j) total += p[r * ld + j] * v[j * dim + c];
+      out[r * dim + c] = total;
+    }
+  }
+}
+
+}  // namespace transmuter::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // TRANSMUTER_KERNELS_CPU_ATTENTION_ROWS_INL_H_ toggle
