@@ -9,16 +9,18 @@
 //                   |
 //                   Y
 //                                   =>
-//   A   w (uint32 [N, K * bits / 32])   scales' (float32)   biases (float32)   [bias]
+//   A   w (uint32 [N, K * bits / 32])   scales' (float32)   [biases (float32)]   [bias]
 //    \              |                        |                   |              /
 //     ai.transmuter QuantizedMatMul (K, N, bits, group_size = block_size)
 //                   |
 //                   Y
 //
 //   scales' = scales as float32 [N, K / bs]; biases = -scales' * zp, with zp the
-//   unpacked uint8 zero points, the float ones, or 2^(bits - 1) when absent: MLX
-//   dequantizes w = scale * q + bias, ORT (q - zp) * scale, one float32 rounding
-//   apart. w is B's bytes read as little-endian uint32 words: both pack the
+//   unpacked uint8 zero points or the float ones: MLX dequantizes w = scale * q +
+//   bias, ORT (q - zp) * scale, one float32 rounding apart. Without zero points
+//   (zp = 2^(bits - 1)) no biases are stored: the kernel derives them from the
+//   scales, so the weight takes the file's bytes (4-bit, block 32: 0.625 bytes a
+//   weight, not 0.75). w is B's bytes read as little-endian uint32 words: both pack the
 //   values along K low bits first.
 //
 // (On CPU streams, from 4 rows of A on, the op dequantizes the packed weight
@@ -106,10 +108,9 @@ std::optional<NBitsMatch> match_nbits(const Graph& graph, size_t i) {
   return m;
 }
 
-// The zero points as float32 [N, blocks].
+// The given zero points as float32 [N, blocks].
 mx::array zero_points_of(const Graph& graph, const NBitsMatch& m) {
   const int blocks = m.k / m.block_size;
-  if (m.zero_points.empty()) return mx::full({m.n, blocks}, static_cast<float>(1 << (m.bits - 1)));
   const mx::array& zp = *initializer(graph, m.zero_points);
   if (zp.dtype() != mx::uint8) return mx::astype(mx::reshape(zp, {m.n, blocks}), mx::float32);
   const int per_byte = 8 / m.bits;
@@ -130,7 +131,7 @@ Node quantized_node(const Node& original, const NBitsMatch& m, const std::string
   fused.domain = kDomain;
   fused.opset = 1;
   fused.name = (original.name.empty() ? original.outputs[0] : original.name) + "/quantized";
-  fused.inputs = {original.inputs[0], w, scales, biases};
+  fused.inputs = {original.inputs[0], w, scales, biases};  // biases "" : a symmetric weight
   if (has_input(original, 5)) fused.inputs.push_back(original.inputs[5]);
   fused.outputs = original.outputs;
   fused.attributes = {int_attribute("K", m.k), int_attribute("N", m.n), int_attribute("bits", m.bits),
@@ -158,14 +159,18 @@ size_t pack_matmul_nbits(Graph& graph) {
       mx::array bytes = mx::copy(mx::reshape(*initializer(graph, m.b), {m.n, m.k * m.bits / 8}));
       mx::array w = mx::view(bytes, mx::uint32);
       mx::array scales = mx::astype(mx::reshape(*initializer(graph, m.scales), {m.n, blocks}), mx::float32);
-      mx::array biases = mx::negative(mx::multiply(scales, zero_points_of(graph, m)));
-      mx::eval({w, scales, biases});
+      mx::eval({w, scales});
       const std::string w_name = fresh_initializer_name(graph, m.b + "/mlx_affine");
       graph.initializers[w_name] = Value(w);
       const std::string scales_name = fresh_initializer_name(graph, m.scales + "/mlx_affine");
       graph.initializers[scales_name] = Value(scales);
-      const std::string biases_name = fresh_initializer_name(graph, m.b + "/mlx_affine_biases");
-      graph.initializers[biases_name] = Value(biases);
+      std::string biases_name;
+      if (!m.zero_points.empty()) {
+        mx::array biases = mx::negative(mx::multiply(scales, zero_points_of(graph, m)));
+        mx::eval(biases);
+        biases_name = fresh_initializer_name(graph, m.b + "/mlx_affine_biases");
+        graph.initializers[biases_name] = Value(biases);
+      }
       it = converted.emplace(key, std::make_tuple(w_name, scales_name, biases_name)).first;
       for (const std::string& name : {m.b, m.scales, m.zero_points}) {
         if (!name.empty()) replaced.push_back(name);

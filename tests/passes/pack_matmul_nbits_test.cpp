@@ -129,7 +129,25 @@ TEST(PackMatmulNbits, ZeroPointsAbsentOrFloatAndBias) {
   for (NBitsLayer c : {NBitsLayer{.zero_points = false}, NBitsLayer{.float_zero_points = true, .bias = true},
                        NBitsLayer{.bits = 8, .bias = true}}) {
     GraphBuilder b = nbits_graph(c);
-    expect_rewritten(b.build());
+    Model model = b.build();
+    expect_rewritten(model);
+    // A symmetric weight (no zero points) stores no biases: the kernel derives them from the scales.
+    EXPECT_EQ(model.params().contains("B/mlx_affine_biases"), c.zero_points) << "zero points " << c.zero_points;
+    expect_same_outputs(b, c);
+  }
+}
+
+TEST(PackMatmulNbits, SymmetricWeightsOnEveryPath) {
+  // Decode rows (the GEMV), prompt rows (the dequantized GEMM), 2 bits (MLX's kernel), compiled.
+  for (NBitsLayer c : {NBitsLayer{.k = 512, .zero_points = false, .rows = {1, 1}},
+                       NBitsLayer{.bits = 8, .zero_points = false, .rows = {3}},
+                       NBitsLayer{.zero_points = false, .bias = true, .rows = {2, 9}},
+                       NBitsLayer{.k = 512, .bits = 2, .zero_points = false, .rows = {2}}}) {
+    SCOPED_TRACE(::testing::Message() << "bits " << c.bits << " rows " << c.rows.size());
+    GraphBuilder b = nbits_graph(c);
+    Model model = b.build();
+    expect_rewritten(model);
+    EXPECT_FALSE(model.params().contains("B/mlx_affine_biases"));
     expect_same_outputs(b, c);
   }
 }

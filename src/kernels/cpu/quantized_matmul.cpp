@@ -25,7 +25,8 @@ struct QuantizedArgs {
   const float* xsum = nullptr;    // [m, groups]: the sum of x over each group
   const uint32_t* w = nullptr;    // [n, words]
   const float* scales = nullptr;  // [n, groups]
-  const float* biases = nullptr;  // [n, groups]
+  const float* biases = nullptr;  // [n, groups]; null: -zero_point * scales (symmetric)
+  float zero_point = 8.0f;        // the implicit zero point of a symmetric weight: 2^(bits - 1)
   float* y = nullptr;             // [m, n]
   int64_t m = 0, k = 0, n = 0, kpad = 0;
   int bits = 4, group_size = 64;
@@ -175,11 +176,11 @@ HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
   const VU mask = hn::Set(du, (1u << kBits) - 1);
   const uint32_t* w[C];
   const float* scales[C];
-  const float* biases[C];
+  const float* biases[C];  // null: the bias is -zero_point * scale
   for (int c = 0; c < C; ++c) {
     w[c] = a.w + (col0 + c) * words;
     scales[c] = a.scales + (col0 + c) * groups;
-    biases[c] = a.biases + (col0 + c) * groups;
+    biases[c] = a.biases != nullptr ? a.biases + (col0 + c) * groups : nullptr;
   }
   const float* x[R];
   for (int r = 0; r < R; ++r) x[r] = a.xperm + (row0 + r) * a.kpad;
@@ -225,12 +226,14 @@ HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
     }
   }
   // + sum over groups of biases[n, g] * sum(x in group g).
+  const V negative_zero = hn::Set(d, -a.zero_point);
   for (int64_t g0 = 0; g0 < groups; g0 += lanes) {
     const auto present = hn::FirstN(d, static_cast<size_t>(std::min(lanes, groups - g0)));
     V xs[R];
     for (int r = 0; r < R; ++r) xs[r] = hn::MaskedLoad(present, d, a.xsum + (row0 + r) * groups + g0);
     for (int c = 0; c < C; ++c) {
-      const V b = hn::MaskedLoad(present, d, biases[c] + g0);
+      const V b = biases[c] != nullptr ? hn::MaskedLoad(present, d, biases[c] + g0)
+                                       : hn::Mul(hn::MaskedLoad(present, d, scales[c] + g0), negative_zero);
       for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(b, xs[r], acc[r][c]);
     }
   }
@@ -306,14 +309,16 @@ void DequantizePanelsOf(const QuantizedArgs& a, int64_t col0, int64_t cols, int6
     const auto present = hn::FirstN(d, static_cast<size_t>(valid));
     const uint32_t* w = a.w + first * words;
     const float* scales = a.scales + first * groups;
-    const float* biases = a.biases + first * groups;
+    const float* biases = a.biases != nullptr ? a.biases + first * groups : nullptr;
+    const V negative_zero = hn::Set(d, -a.zero_point);
     float* out = panels + (h / 2) * depth * width + (h % 2) * lanes;
     V s = hn::Zero(d), b = hn::Zero(d);
     for (int64_t word = k0 / kPlanes; word < (k0 + depth) / kPlanes; ++word) {
       const int64_t k = word * kPlanes;
       if (k % a.group_size == 0) {
         s = hn::GatherIndex(d, scales + k / a.group_size, group_index);
-        b = hn::GatherIndex(d, biases + k / a.group_size, group_index);
+        b = biases != nullptr ? hn::GatherIndex(d, biases + k / a.group_size, group_index)
+                              : hn::Mul(s, negative_zero);
       }
       const VU wv = hn::GatherIndex(du, w + word, word_index);
       float* row = out + (k - k0) * width;
@@ -418,6 +423,14 @@ void run_dequantized_gemm(const QuantizedArgs& a) {
   });
 }
 
+float symmetric_zero_point(int bits) { return static_cast<float>(1 << (bits - 1)); }
+
+// mx::quantized_matmul of {x, w, scales[, biases]}: the kernel's math as MLX ops.
+mx::array affine_product(const std::vector<mx::array>& in, int group_size, int bits, mx::StreamOrDevice s) {
+  const mx::array biases = in.size() > 3 ? in[3] : symmetric_biases(in[2], bits, s);
+  return mx::quantized_matmul(in[0], in[1], in[2], biases, true, group_size, bits, "affine", s);
+}
+
 class QuantizedMatmulKernel : public CpuKernel {
  public:
   QuantizedMatmulKernel(mx::Stream stream, Reference reference, int group_size, int bits)
@@ -445,7 +458,8 @@ class QuantizedMatmulKernel : public CpuKernel {
     a.x = in[0].data<float>();
     a.w = in[1].data<uint32_t>();
     a.scales = in[2].data<float>();
-    a.biases = in[3].data<float>();
+    a.biases = in.size() > 3 ? in[3].data<float>() : nullptr;
+    a.zero_point = symmetric_zero_point(bits_);
     a.y = out[0].data<float>();
     a.k = in[0].shape(-1);
     a.m = static_cast<int64_t>(in[0].size()) / a.k;  // x's rows, any leading axes
@@ -476,8 +490,7 @@ class QuantizedMatmulKernel : public CpuKernel {
             s = stream()](const std::vector<mx::array>& in) {
       std::vector<mx::array> all = primals;
       for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = in[i];
-      return std::vector<mx::array>{
-          mx::quantized_matmul(all[0], all[1], all[2], all[3], true, group_size, bits, "affine", s)};
+      return std::vector<mx::array>{affine_product(all, group_size, bits, s)};
     };
   }
 
@@ -499,8 +512,13 @@ int64_t quantized_matmul_gemm_rows() {
   return rows;
 }
 
+mx::array symmetric_biases(const mx::array& scales, int bits, mx::StreamOrDevice s) {
+  // Exact: the zero point is a power of two.
+  return mx::multiply(scales, mx::array(-symmetric_zero_point(bits)), s);
+}
+
 bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s) {
+                           const std::optional<mx::array>& biases, int group_size, int bits, mx::StreamOrDevice s) {
   if (!is_cpu_stream(s) || (bits != 4 && bits != 8)) return false;
   if (group_size != 32 && group_size != 64 && group_size != 128) return false;
   if (x.dtype() != mx::float32 || x.ndim() < 1 || x.size() == 0) return false;
@@ -510,7 +528,7 @@ bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::arr
   if (n < 1 || w.shape(1) != words) return false;
   // Gathers index w, scales and biases with int32 offsets.
   if (n * words > (int64_t{1} << 31) - 1) return false;
-  for (const mx::array* t : {&scales, &biases}) {
+  for (const mx::array* t : {&scales, biases ? &*biases : &scales}) {
     if (t->dtype() != mx::float32 || t->ndim() != 2 || t->shape(0) != n || t->shape(1) != groups)
       return false;
   }
@@ -518,15 +536,14 @@ bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::arr
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s) {
+                           const std::optional<mx::array>& biases, int group_size, int bits, mx::StreamOrDevice s) {
   const mx::Stream stream = mx::to_stream(s);
   Reference reference = [group_size, bits, stream](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{
-        mx::quantized_matmul(in[0], in[1], in[2], in[3], true, group_size, bits, "affine", stream)};
+    return std::vector<mx::array>{affine_product(in, group_size, bits, stream)};
   };
-  if (!quantized_matmul_fits(x, w, scales, biases, group_size, bits, stream)) {
-    return reference({x, w, scales, biases})[0];
-  }
+  std::vector<mx::array> inputs = {x, w, scales};
+  if (biases) inputs.push_back(*biases);
+  if (!quantized_matmul_fits(x, w, scales, biases, group_size, bits, stream)) return reference(inputs)[0];
   mx::Shape shape = x.shape();
   shape.back() = w.shape(0);
   // x keeps its leading axes: one primitive per call, no reshapes around it.
@@ -534,7 +551,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
       [&](mx::Stream kernel_stream) {
         return std::make_shared<QuantizedMatmulKernel>(kernel_stream, reference, group_size, bits);
       },
-      reference, {x, w, scales, biases}, {shape}, {mx::float32}, stream)[0];
+      reference, std::move(inputs), {shape}, {mx::float32}, stream)[0];
 }
 
 }  // namespace transmuter::kernels

@@ -6,7 +6,9 @@
 //
 //   w: uint32 [N, K * bits / 32]; each word holds 32 / bits values q of one row
 //      along K, low bits first (bits 4: q[n, 8i + j] = (w[n, i] >> 4j) & 15)
-//   scales, biases: float32 [N, K / group_size]
+//   scales, biases: float32 [N, K / group_size]; without biases (a symmetric weight: MatMulNBits
+//      without zero points) biases = -2^(bits - 1) * scales, computed in the kernel, so the stored
+//      layout is the file's: bits / 8 bytes a weight and 4 bytes of scale a group
 //
 // MLX's CPU quantized matmul is scalar (4-bit 4096 x 4096, one row: ~11 ms,
 // under 1 GB/s of weight). Two paths here, both vectorized with Highway and
@@ -24,13 +26,14 @@
 //   accumulates the K slices into y.
 //
 // The stored weight is never expanded: the GEMV reads bits / 8 bytes per
-// weight plus 8 bytes of scale and bias per group (docs/quantized_performance.md:
+// weight plus 8 bytes of scale and bias per group (4 without biases) (docs/quantized_performance.md:
 // 4096 x 4096 at 4 bits, one row, ~70 % of the memory read bandwidth with the
 // weights coming from memory). Gradients (with respect to x, scales, biases)
 // and non-CPU streams use the reference, mx::quantized_matmul.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include <mlx/mlx.h>
 
@@ -40,15 +43,21 @@ namespace mx = mlx::core;
 
 /** True when quantized_matmul() runs the kernel: a CPU stream, x float32
  * [..., K] non-empty, bits 4 or 8, group_size 32, 64 or 128 dividing K, w
- * uint32 [N, K * bits / 32], scales and biases float32 [N, K / group_size]. */
+ * uint32 [N, K * bits / 32], scales and biases (when given) float32 [N, K / group_size]. */
 bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s = {});
+                           const std::optional<mx::array>& biases, int group_size, int bits,
+                           mx::StreamOrDevice s = {});
 
 /** x [..., K] @ dequantize(w, scales, biases)^T -> [..., N], float32: the
  * kernel above where quantized_matmul_fits(), otherwise (and for gradients)
- * mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine"). */
+ * mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine").
+ * No biases: those of the symmetric weight, -2^(bits - 1) * scales. */
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits, mx::StreamOrDevice s = {});
+                           const std::optional<mx::array>& biases, int group_size, int bits,
+                           mx::StreamOrDevice s = {});
+
+/** The biases of a symmetric weight: -2^(bits - 1) * scales. */
+mx::array symmetric_biases(const mx::array& scales, int bits, mx::StreamOrDevice s = {});
 
 /** Rows of x from which the kernel dequantizes blocks for the float GEMM
  * instead of running the GEMV over row tiles (picked by bench/q4_bench.py). */

@@ -177,19 +177,21 @@ constexpr int kQuantizedCpuRowsLimit = 4;
 
 // scale * q + bias as float32 [N, K] from QuantizedMatMul's checked inputs:
 // w's uint32 words hold the values low bits first, like little-endian bytes.
-mx::array affine_dequantized(const NodeContext& ctx, int k, int n, int bits, int group_size) {
+mx::array affine_dequantized(const NodeContext& ctx, const mx::array& biases, int k, int n, int bits,
+                             int group_size) {
   const auto s = ctx.stream();
   mx::array q = mx::astype(unpack_bit_fields(mx::view(ctx.input(1), mx::uint8, s), bits, s), mx::float32, s);
   q = mx::reshape(q, {n, k / group_size, group_size}, s);
-  mx::array w = mx::add(mx::multiply(q, mx::expand_dims(ctx.input(2), -1, s), s),
-                        mx::expand_dims(ctx.input(3), -1, s), s);
+  mx::array w =
+      mx::add(mx::multiply(q, mx::expand_dims(ctx.input(2), -1, s), s), mx::expand_dims(biases, -1, s), s);
   return mx::reshape(w, {n, k}, s);
 }
 
 // ai.transmuter QuantizedMatMul(A [..., K], w uint32 [N, K * bits / 32],
-//   scales, biases float32 [N, K / group_size], bias? [N]) -> Y [..., N]:
+//   scales, biases? float32 [N, K / group_size], bias? [N]) -> Y [..., N]:
 // MatMulNBits with its constant weight in MLX's affine layout (w = scale * q +
-// bias, bias = -scale * zp), made once at load by
+// bias, bias = -scale * zp; without biases, zp = 2^(bits - 1), MatMulNBits'
+// default, and the biases are not stored), made once at load by
 // src/passes/pack_matmul_nbits.cpp; mx::quantized_matmul never expands the
 // weight. float16/bfloat16 A is computed in float32 and rounded once.
 OpOutputs quantized_matmul(NodeContext& ctx) {
@@ -210,11 +212,15 @@ OpOutputs quantized_matmul(NodeContext& ctx) {
   if (w.dtype() != mx::uint32) throw ctx.error("w must be uint32, got ", w.dtype());
   require_shape(ctx, "w", w, {n, k / 32 * bits});
   for (size_t i : {2, 3}) {
+    if (!ctx.has_input(i)) continue;  // absent biases: a symmetric weight
     const mx::array& t = ctx.input(i);
     const char* name = i == 2 ? "scales" : "biases";
     if (t.dtype() != mx::float32) throw ctx.error(name, " must be float32, got ", t.dtype());
     require_shape(ctx, name, t, {n, k / group_size});
   }
+  if (!ctx.has_input(2)) throw ctx.error("scales (input 2) is required");
+  const mx::array& scales = ctx.input(2);
+  std::optional<mx::array> stored_biases = ctx.optional_input(3);
   std::optional<mx::array> bias = ctx.optional_input(4);
   if (bias) {
     if (bias->dtype() != a.dtype()) {
@@ -222,9 +228,7 @@ OpOutputs quantized_matmul(NodeContext& ctx) {
     }
     require_shape(ctx, "bias", *bias, {n});
   }
-  mx::Shape out_shape = a.shape();
-  out_shape.back() = n;
-  mx::array x = mx::reshape(mx::astype(a, mx::float32, s), {-1, k}, s);
+  mx::array x = mx::astype(a, mx::float32, s);
   // On CPU streams 4 and 8 bits run the own kernel (kernels/cpu/quantized_matmul.h:
   // a GEMV streaming the packed weight, blocks dequantized into the float GEMM
   // for more rows; docs/quantized_performance.md). MLX's CPU quantized matmul,
@@ -235,13 +239,19 @@ OpOutputs quantized_matmul(NodeContext& ctx) {
   // eager time, this branch the same. The stored weight stays packed either
   // way; GPU streams always run MLX's quantized kernel.
   const bool cpu = kernels::is_cpu_stream(s);
-  mx::array y =
-      cpu && kernels::quantized_matmul_fits(x, w, ctx.input(2), ctx.input(3), group_size, bits, s)
-          ? kernels::quantized_matmul(x, w, ctx.input(2), ctx.input(3), group_size, bits, s)
-      : cpu && x.shape(0) >= kQuantizedCpuRowsLimit
-          ? mx::matmul(x, mx::transpose(affine_dequantized(ctx, k, n, bits, group_size), s), s)
-          : mx::quantized_matmul(x, w, ctx.input(2), ctx.input(3), true, group_size, bits, "affine", s);
-  y = mx::reshape(y, out_shape, s);
+  mx::array y = x;
+  if (cpu && kernels::quantized_matmul_fits(x, w, scales, stored_biases, group_size, bits, s)) {
+    y = kernels::quantized_matmul(x, w, scales, stored_biases, group_size, bits, s);  // x's axes kept
+  } else {
+    const mx::array biases = stored_biases ? *stored_biases : kernels::symmetric_biases(scales, bits, s);
+    mx::Shape out_shape = a.shape();
+    out_shape.back() = n;
+    x = mx::reshape(x, {-1, k}, s);
+    y = cpu && x.shape(0) >= kQuantizedCpuRowsLimit
+            ? mx::matmul(x, mx::transpose(affine_dequantized(ctx, biases, k, n, bits, group_size), s), s)
+            : mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine", s);
+    y = mx::reshape(y, out_shape, s);
+  }
   if (bias) y = mx::add(y, mx::astype(*bias, mx::float32, s), s);
   return {mx::astype(y, a.dtype(), s)};
 }

@@ -79,6 +79,25 @@ TEST(QuantizedMatmulKernel, MatchesMlxOnEveryLayoutAndTilingEdge) {
   std::printf("worst error / magnitude: %.3g\n", worst);
 }
 
+// A symmetric weight (no stored biases): the kernel's -2^(bits - 1) * scale biases, on both paths.
+TEST(QuantizedMatmulKernel, SymmetricWeightsDeriveTheirBiases) {
+  for (int bits : {4, 8}) {
+    for (int group_size : {32, 128}) {
+      QuantizedWeight q = quantized_weight(37, 256, group_size, bits, static_cast<uint64_t>(bits + group_size));
+      q.biases = symmetric_biases(q.scales, bits);
+      EXPECT_EQ(max_abs_diff(q.biases, mx::multiply(q.scales, mx::array(-static_cast<float>(1 << (bits - 1))))),
+                0.0f);
+      for (int m : {1, 3, 7}) {
+        mx::array x = random_array({m, 256}, static_cast<uint64_t>(m));
+        ASSERT_TRUE(quantized_matmul_fits(x, q.w, q.scales, std::nullopt, group_size, bits, mx::Device::cpu));
+        mx::array got = quantized_matmul(x, q.w, q.scales, std::nullopt, group_size, bits, mx::Device::cpu);
+        EXPECT_LT(relative_error(x, q, got, group_size, bits), kRelativeTolerance)
+            << "bits " << bits << " group " << group_size << " M " << m;
+      }
+    }
+  }
+}
+
 TEST(QuantizedMatmulKernel, GemmRowBlocksAndLeadingAxes) {
   // 200 rows: two of the GEMM's 192-row blocks; [2, 100, K] folds into rows.
   const QuantizedWeight q = quantized_weight(130, 256, 64, 4, 11);
