@@ -22,8 +22,7 @@ void OpRegistry::add(const OpRow& row) {
     }
   }
   ranges.push_back(row);
-  std::sort(ranges.begin(), ranges.end(),
-            [](const OpRow& a, const OpRow& b) { return a.since < b.since; });
+  std::sort(ranges.begin(), ranges.end(), [](const OpRow& a, const OpRow& b) { return a.since < b.since; });
 }
 
 const OpRow* OpRegistry::find(std::string_view domain, std::string_view op_type, int64_t opset) const {
@@ -81,6 +80,7 @@ OpRegistry make_builtin_registry() {
   register_grid(registry);
   register_transmuter_attention(registry);
   register_transmuter_matmul(registry);
+  register_transmuter_activation(registry);
   register_transmuter_conv(registry);
   register_microsoft_activation(registry);
   register_microsoft_normalization(registry);

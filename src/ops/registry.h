@@ -129,6 +129,7 @@ void register_resize(OpRegistry& registry);
 void register_grid(OpRegistry& registry);
 void register_transmuter_attention(OpRegistry& registry);
 void register_transmuter_matmul(OpRegistry& registry);
+void register_transmuter_activation(OpRegistry& registry);
 void register_transmuter_conv(OpRegistry& registry);
 // com.microsoft (ONNX Runtime's contrib operators), src/ops/microsoft/<family>.cpp.
 void register_microsoft_activation(OpRegistry& registry);

@@ -34,6 +34,7 @@ const std::vector<Pass>& default_passes() {
       {"keep_float32_islands", keep_float32_islands},  // after the norm fusions: wraps what stays decomposed
       {"channels_last_convs", channels_last_convs},    // after the BatchNorm and activation fusions
       {"pack_matmul_nbits", pack_matmul_nbits},
+      {"fuse_gated_mlp", fuse_gated_mlp},  // after pack_matmul_nbits: stacks the packed gate and up weights
       {"pack_matmul_weights", pack_matmul_weights},  // last: takes the bias Adds and GELUs the others left
   };
   return passes;

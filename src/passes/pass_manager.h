@@ -45,6 +45,7 @@ size_t fuse_gelu(Graph& graph);
 size_t fuse_skip_layer_norm(Graph& graph);
 size_t channels_last_convs(Graph& graph);
 size_t pack_matmul_nbits(Graph& graph);
+size_t fuse_gated_mlp(Graph& graph);
 size_t pack_matmul_weights(Graph& graph);
 
 /** Element types of the values of `graph` known without running it: declared

@@ -132,7 +132,8 @@ TEST(PackMatmulNbits, ZeroPointsAbsentOrFloatAndBias) {
     Model model = b.build();
     expect_rewritten(model);
     // A symmetric weight (no zero points) stores no biases: the kernel derives them from the scales.
-    EXPECT_EQ(model.params().contains("B/mlx_affine_biases"), c.zero_points) << "zero points " << c.zero_points;
+    EXPECT_EQ(model.params().contains("B/mlx_affine_biases"), c.zero_points)
+        << "zero points " << c.zero_points;
     expect_same_outputs(b, c);
   }
 }

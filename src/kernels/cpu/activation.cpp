@@ -132,12 +132,18 @@ void ActivateElements(const ActivationArgs& a, int64_t begin, int64_t end) {
 
 void ActivateRange(const ActivationArgs& a, int64_t begin, int64_t end) {
   switch (a.activation) {
-    case Activation::kIdentity: return ActivateElements<Activation::kIdentity>(a, begin, end);
-    case Activation::kGeluErf: return ActivateElements<Activation::kGeluErf>(a, begin, end);
-    case Activation::kGeluTanh: return ActivateElements<Activation::kGeluTanh>(a, begin, end);
-    case Activation::kSigmoid: return ActivateElements<Activation::kSigmoid>(a, begin, end);
-    case Activation::kSilu: return ActivateElements<Activation::kSilu>(a, begin, end);
-    case Activation::kErf: return ActivateElements<Activation::kErf>(a, begin, end);
+    case Activation::kIdentity:
+      return ActivateElements<Activation::kIdentity>(a, begin, end);
+    case Activation::kGeluErf:
+      return ActivateElements<Activation::kGeluErf>(a, begin, end);
+    case Activation::kGeluTanh:
+      return ActivateElements<Activation::kGeluTanh>(a, begin, end);
+    case Activation::kSigmoid:
+      return ActivateElements<Activation::kSigmoid>(a, begin, end);
+    case Activation::kSilu:
+      return ActivateElements<Activation::kSilu>(a, begin, end);
+    case Activation::kErf:
+      return ActivateElements<Activation::kErf>(a, begin, end);
   }
 }
 
@@ -148,12 +154,34 @@ void ActivateRows(float* y, int64_t rows, int64_t cols, int64_t ld) {
 
 void ActivateBlock(float* y, int64_t rows, int64_t cols, int64_t ld, Activation activation) {
   switch (activation) {
-    case Activation::kIdentity: return;
-    case Activation::kGeluErf: return ActivateRows<Activation::kGeluErf>(y, rows, cols, ld);
-    case Activation::kGeluTanh: return ActivateRows<Activation::kGeluTanh>(y, rows, cols, ld);
-    case Activation::kSigmoid: return ActivateRows<Activation::kSigmoid>(y, rows, cols, ld);
-    case Activation::kSilu: return ActivateRows<Activation::kSilu>(y, rows, cols, ld);
-    case Activation::kErf: return ActivateRows<Activation::kErf>(y, rows, cols, ld);
+    case Activation::kIdentity:
+      return;
+    case Activation::kGeluErf:
+      return ActivateRows<Activation::kGeluErf>(y, rows, cols, ld);
+    case Activation::kGeluTanh:
+      return ActivateRows<Activation::kGeluTanh>(y, rows, cols, ld);
+    case Activation::kSigmoid:
+      return ActivateRows<Activation::kSigmoid>(y, rows, cols, ld);
+    case Activation::kSilu:
+      return ActivateRows<Activation::kSilu>(y, rows, cols, ld);
+    case Activation::kErf:
+      return ActivateRows<Activation::kErf>(y, rows, cols, ld);
+  }
+}
+
+// y[r, j] = silu(x[r, j]) * x[r, n + j] for rows [begin, end) of a 2n-wide x.
+void SwiGluRows(const float* x, float* y, int64_t n, int64_t begin, int64_t end) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t r = begin; r < end; ++r) {
+    const float* gate = x + r * 2 * n;
+    const float* up = gate + n;
+    float* out = y + r * n;
+    Segment<Activation::kSilu>(gate, nullptr, out, n);
+    int64_t j = 0;
+    for (; j + lanes <= n; j += lanes)
+      hn::StoreU(hn::Mul(hn::LoadU(d, out + j), hn::LoadU(d, up + j)), d, out + j);
+    for (; j < n; ++j) out[j] *= up[j];
   }
 }
 
@@ -168,6 +196,7 @@ namespace transmuter::kernels {
 
 HWY_EXPORT(ActivateRange);
 HWY_EXPORT(ActivateBlock);
+HWY_EXPORT(SwiGluRows);
 
 void activate_block(float* y, int64_t rows, int64_t cols, int64_t ld, Activation activation) {
   HWY_DYNAMIC_DISPATCH(ActivateBlock)(y, rows, cols, ld, activation);
@@ -175,8 +204,8 @@ void activate_block(float* y, int64_t rows, int64_t cols, int64_t ld, Activation
 
 namespace {
 
-mx::array activation_reference(const mx::array& x, const std::optional<mx::array>& bias, Activation activation,
-                               mx::Stream s) {
+mx::array activation_reference(const mx::array& x, const std::optional<mx::array>& bias,
+                               Activation activation, mx::Stream s) {
   const mx::array z = bias ? mx::add(x, *bias, s) : x;
   auto scalar = [&](double v) { return mx::array(v, z.dtype()); };
   switch (activation) {
@@ -204,12 +233,18 @@ mx::array activation_reference(const mx::array& x, const std::optional<mx::array
 
 const char* kernel_name(Activation activation) {
   switch (activation) {
-    case Activation::kIdentity: return "transmuter::BiasAdd";
-    case Activation::kGeluErf: return "transmuter::BiasGelu";
-    case Activation::kGeluTanh: return "transmuter::BiasFastGelu";
-    case Activation::kSigmoid: return "transmuter::BiasSigmoid";
-    case Activation::kSilu: return "transmuter::BiasSilu";
-    case Activation::kErf: return "transmuter::BiasErf";
+    case Activation::kIdentity:
+      return "transmuter::BiasAdd";
+    case Activation::kGeluErf:
+      return "transmuter::BiasGelu";
+    case Activation::kGeluTanh:
+      return "transmuter::BiasFastGelu";
+    case Activation::kSigmoid:
+      return "transmuter::BiasSigmoid";
+    case Activation::kSilu:
+      return "transmuter::BiasSilu";
+    case Activation::kErf:
+      return "transmuter::BiasErf";
   }
   return "transmuter::BiasActivation";
 }
@@ -236,8 +271,9 @@ class ActivationKernel : public CpuKernel {
     return [args, count] {
       // 16K elements a chunk: a few microseconds of work, enough to pay for
       // waking a thread.
-      parallel_for(count, 16384,
-                   [&](int64_t begin, int64_t end) { HWY_DYNAMIC_DISPATCH(ActivateRange)(args, begin, end); });
+      parallel_for(count, 16384, [&](int64_t begin, int64_t end) {
+        HWY_DYNAMIC_DISPATCH(ActivateRange)(args, begin, end);
+      });
     };
   }
 
@@ -270,6 +306,58 @@ mx::array bias_activation(const mx::array& x, const std::optional<mx::array>& bi
         return std::make_shared<ActivationKernel>(kernel_stream, reference, has_bias, activation);
       },
       reference, inputs, {x.shape()}, {mx::float32}, stream)[0];
+}
+
+namespace {
+
+mx::array swiglu_reference(const mx::array& x, mx::StreamOrDevice s) {
+  const int n = x.shape(-1) / 2;
+  mx::Shape start(x.ndim(), 0), stop = x.shape();
+  stop.back() = n;
+  mx::array gate = mx::slice(x, start, stop, s);
+  start.back() = n;
+  stop.back() = 2 * n;
+  mx::array up = mx::slice(x, start, stop, s);
+  return mx::multiply(mx::multiply(gate, mx::sigmoid(gate, s), s), up, s);
+}
+
+class SwiGluKernel : public CpuKernel {
+ public:
+  using CpuKernel::CpuKernel;
+  const char* name() const override { return "transmuter::SwiGlu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const SwiGluKernel*>(&other) != nullptr;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const float* x = in[0].data<float>();
+    float* y = out[0].data<float>();
+    const int64_t n = out[0].shape().back();
+    const int64_t rows = n == 0 ? 0 : static_cast<int64_t>(out[0].size()) / n;
+    return [x, y, n, rows] {
+      // Rows of 16K elements a chunk, as bias_activation's.
+      parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     HWY_DYNAMIC_DISPATCH(SwiGluRows)(x, y, n, begin, end);
+                   });
+    };
+  }
+};
+
+}  // namespace
+
+mx::array swiglu(const mx::array& x, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{swiglu_reference(in[0], stream)};
+  };
+  if (x.ndim() == 0 || x.dtype() != mx::float32 || x.shape(-1) % 2 != 0) return reference({x})[0];
+  mx::Shape shape = x.shape();
+  shape.back() /= 2;
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) { return std::make_shared<SwiGluKernel>(kernel_stream, reference); },
+      reference, {x}, {shape}, {mx::float32}, stream)[0];
 }
 
 }  // namespace transmuter::kernels

@@ -42,6 +42,11 @@ bool bias_activation_fits(const mx::array& x, const std::optional<mx::array>& bi
 mx::array bias_activation(const mx::array& x, const std::optional<mx::array>& bias, Activation activation,
                           mx::StreamOrDevice s = {});
 
+/** The gated feed-forward activation of Llama-style MLPs: x [..., 2n] holds the gate then the up
+ * projection, y [..., n] = silu(gate) * up (silu as kSilu above). float32 on CPU streams runs the
+ * kernel; the rest (odd widths, other dtypes, other streams) and gradients the MLX composition. */
+mx::array swiglu(const mx::array& x, mx::StreamOrDevice s = {});
+
 /** For kernels with an activation epilogue (gemm.cpp): y[r * ld + c] =
  * f(y[r * ld + c]) for r < rows, c < cols, in place, on the calling thread,
  * with the math above. */

@@ -518,7 +518,8 @@ mx::array symmetric_biases(const mx::array& scales, int bits, mx::StreamOrDevice
 }
 
 bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const std::optional<mx::array>& biases, int group_size, int bits, mx::StreamOrDevice s) {
+                           const std::optional<mx::array>& biases, int group_size, int bits,
+                           mx::StreamOrDevice s) {
   if (!is_cpu_stream(s) || (bits != 4 && bits != 8)) return false;
   if (group_size != 32 && group_size != 64 && group_size != 128) return false;
   if (x.dtype() != mx::float32 || x.ndim() < 1 || x.size() == 0) return false;
@@ -536,7 +537,8 @@ bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::arr
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const std::optional<mx::array>& biases, int group_size, int bits, mx::StreamOrDevice s) {
+                           const std::optional<mx::array>& biases, int group_size, int bits,
+                           mx::StreamOrDevice s) {
   const mx::Stream stream = mx::to_stream(s);
   Reference reference = [group_size, bits, stream](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{affine_product(in, group_size, bits, stream)};

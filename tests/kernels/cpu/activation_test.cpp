@@ -20,25 +20,37 @@ using testing::random_array;
 mx::array expected(const mx::array& x, const std::optional<mx::array>& bias, Activation a) {
   mx::array z = bias ? x + *bias : x;
   switch (a) {
-    case Activation::kIdentity: return z;
-    case Activation::kGeluErf: return 0.5f * z * (1.0f + mx::erf(z / std::sqrt(2.0f)));
+    case Activation::kIdentity:
+      return z;
+    case Activation::kGeluErf:
+      return 0.5f * z * (1.0f + mx::erf(z / std::sqrt(2.0f)));
     case Activation::kGeluTanh:
-      return 0.5f * z * (1.0f + mx::tanh(std::sqrt(2.0f / static_cast<float>(M_PI)) * (z + 0.044715f * z * z * z)));
-    case Activation::kSigmoid: return 1.0f / (1.0f + mx::exp(-z));
-    case Activation::kSilu: return z / (1.0f + mx::exp(-z));
-    case Activation::kErf: return mx::erf(z);
+      return 0.5f * z *
+             (1.0f + mx::tanh(std::sqrt(2.0f / static_cast<float>(M_PI)) * (z + 0.044715f * z * z * z)));
+    case Activation::kSigmoid:
+      return 1.0f / (1.0f + mx::exp(-z));
+    case Activation::kSilu:
+      return z / (1.0f + mx::exp(-z));
+    case Activation::kErf:
+      return mx::erf(z);
   }
   return z;
 }
 
 const char* label(Activation a) {
   switch (a) {
-    case Activation::kIdentity: return "identity";
-    case Activation::kGeluErf: return "gelu_erf";
-    case Activation::kGeluTanh: return "gelu_tanh";
-    case Activation::kSigmoid: return "sigmoid";
-    case Activation::kSilu: return "silu";
-    case Activation::kErf: return "erf";
+    case Activation::kIdentity:
+      return "identity";
+    case Activation::kGeluErf:
+      return "gelu_erf";
+    case Activation::kGeluTanh:
+      return "gelu_tanh";
+    case Activation::kSigmoid:
+      return "sigmoid";
+    case Activation::kSilu:
+      return "silu";
+    case Activation::kErf:
+      return "erf";
   }
   return "?";
 }
@@ -105,7 +117,8 @@ TEST(ActivationKernel, GradientsEqualThoseOfTheComposition) {
     };
     auto [_, got] = mx::vjp(loss_of(true), {x, bias}, {mx::array(1.0f)});
     auto [__, want] = mx::vjp(loss_of(false), {x, bias}, {mx::array(1.0f)});
-    for (size_t i = 0; i < 2; ++i) EXPECT_LT(max_abs_diff(got[i], want[i]), 1e-4f) << label(a) << " input " << i;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_LT(max_abs_diff(got[i], want[i]), 1e-4f) << label(a) << " input " << i;
   }
 }
 
@@ -131,11 +144,36 @@ TEST(ActivationKernel, OtherDtypesAndBiasShapesUseTheComposition) {
   EXPECT_FALSE(bias_activation_fits(half, std::nullopt));
   mx::array yh = bias_activation(half, std::nullopt, Activation::kSigmoid, mx::Device::cpu);
   EXPECT_EQ(yh.dtype(), mx::float16);
-  EXPECT_LT(max_abs_diff(mx::astype(yh, mx::float32), expected(x, std::nullopt, Activation::kSigmoid)), 1e-3f);
+  EXPECT_LT(max_abs_diff(mx::astype(yh, mx::float32), expected(x, std::nullopt, Activation::kSigmoid)),
+            1e-3f);
 
   mx::array transposed = mx::transpose(random_array({24, 10}, 33));
   mx::array yt = bias_activation(transposed, random_array({24}, 34), Activation::kSilu, mx::Device::cpu);
   EXPECT_LT(max_abs_diff(yt, expected(transposed, random_array({24}, 34), Activation::kSilu)), kTolerance);
+}
+
+// SwiGlu against the composition written out: widths around the SIMD width (tails), a view input,
+// gradients (those of the composition).
+TEST(SwiGluKernel, MatchesTheComposition) {
+  auto composed = [](const mx::array& x) {
+    const int n = x.shape(-1) / 2;
+    mx::array gate = mx::slice(x, {0, 0}, {x.shape(0), n}), up = mx::slice(x, {0, n}, {x.shape(0), 2 * n});
+    return mx::multiply(mx::multiply(gate, mx::sigmoid(gate)), up);
+  };
+  for (int n : {1, 7, 16, 33, 1536}) {
+    mx::array x = random_array({5, 2 * n}, static_cast<uint64_t>(n), 3.0f);
+    EXPECT_LT(max_abs_diff(swiglu(x, mx::Device::cpu), composed(x)), kTolerance) << "n " << n;
+  }
+  mx::array view = mx::transpose(random_array({12, 4}, 41));  // [4, 12], strided
+  EXPECT_LT(max_abs_diff(swiglu(view, mx::Device::cpu), composed(view)), kTolerance);
+  mx::array x = random_array({3, 10}, 42);
+  mx::array cotangent = random_array({3, 5}, 43);
+  auto [_, got] =
+      mx::vjp([](const std::vector<mx::array>& in) { return std::vector{swiglu(in[0], mx::Device::cpu)}; },
+              {x}, {cotangent});
+  auto [__, want] = mx::vjp([&](const std::vector<mx::array>& in) { return std::vector{composed(in[0])}; },
+                            {x}, {cotangent});
+  EXPECT_LT(max_abs_diff(got[0], want[0]), 1e-5f);
 }
 
 }  // namespace

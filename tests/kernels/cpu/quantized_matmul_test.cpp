@@ -83,10 +83,12 @@ TEST(QuantizedMatmulKernel, MatchesMlxOnEveryLayoutAndTilingEdge) {
 TEST(QuantizedMatmulKernel, SymmetricWeightsDeriveTheirBiases) {
   for (int bits : {4, 8}) {
     for (int group_size : {32, 128}) {
-      QuantizedWeight q = quantized_weight(37, 256, group_size, bits, static_cast<uint64_t>(bits + group_size));
+      QuantizedWeight q =
+          quantized_weight(37, 256, group_size, bits, static_cast<uint64_t>(bits + group_size));
       q.biases = symmetric_biases(q.scales, bits);
-      EXPECT_EQ(max_abs_diff(q.biases, mx::multiply(q.scales, mx::array(-static_cast<float>(1 << (bits - 1))))),
-                0.0f);
+      EXPECT_EQ(
+          max_abs_diff(q.biases, mx::multiply(q.scales, mx::array(-static_cast<float>(1 << (bits - 1))))),
+          0.0f);
       for (int m : {1, 3, 7}) {
         mx::array x = random_array({m, 256}, static_cast<uint64_t>(m));
         ASSERT_TRUE(quantized_matmul_fits(x, q.w, q.scales, std::nullopt, group_size, bits, mx::Device::cpu));
