@@ -22,12 +22,9 @@ using testing::GraphBuilder;
 using testing::int_attr;
 using testing::max_abs_diff;
 using testing::random_array;
+using testing::random_bytes;
 
 constexpr int kK = 256, kN = 40, kBlock = 32;
-
-mx::array random_bytes(const mx::Shape& shape, uint64_t seed) {
-  return mx::astype(mx::random::randint(0, 256, shape, mx::int32, mx::random::key(seed)), mx::uint8);
-}
 
 struct MlpOptions {
   bool zero_points = false;    // genai's symmetric weights have none

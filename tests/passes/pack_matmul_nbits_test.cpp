@@ -19,6 +19,7 @@ using testing::GraphBuilder;
 using testing::int_attr;
 using testing::max_abs_diff;
 using testing::random_array;
+using testing::random_bytes;
 
 struct NBitsLayer {
   int k = 128, n = 24, bits = 4, block_size = 32;
@@ -26,10 +27,6 @@ struct NBitsLayer {
   OnnxType a_type = OnnxType::kFloat;
   std::vector<int> rows = {2, 3};  // A's dims before K: 6 rows run the CPU's dequantizing branch
 };
-
-mx::array random_bytes(const mx::Shape& shape, uint64_t seed) {
-  return mx::astype(mx::random::randint(0, 256, shape, mx::int32, mx::random::key(seed)), mx::uint8);
-}
 
 // x [rows..., K] -> MatMulNBits -> y [rows..., N]; weights with small scales.
 GraphBuilder nbits_graph(const NBitsLayer& c) {

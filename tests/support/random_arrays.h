@@ -16,6 +16,11 @@ inline mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale
   return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
 }
 
+/** Uniform uint8 values (packed quantized weights, zero points), the same for the same seed. */
+inline mx::array random_bytes(const mx::Shape& shape, uint64_t seed) {
+  return mx::astype(mx::random::randint(0, 256, shape, mx::int32, mx::random::key(seed)), mx::uint8);
+}
+
 /** max |a - b| over all elements, computed in float32 (half inputs widen). */
 inline float max_abs_diff(const mx::array& a, const mx::array& b) {
   return mx::max(mx::abs(mx::subtract(mx::astype(a, mx::float32), mx::astype(b, mx::float32)))).item<float>();

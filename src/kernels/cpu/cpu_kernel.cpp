@@ -13,24 +13,37 @@ namespace transmuter::kernels {
 
 namespace {
 
-// dst (row-contiguous, same shape and type) = src read through its strides: runs of the last axis
-// with memcpy when it is dense, element by element otherwise (broadcasts, transposes).
-void copy_row_contiguous(const mx::array& src, mx::array& dst) {
-  if (src.size() == 0) return;
-  const size_t item = src.itemsize();
-  const char* from = src.data<char>();
-  char* to = dst.data<char>();
-  const int rank = src.ndim();
+// A strided input to copy into a dense temporary inside the kernel's task. It holds raw pointers and
+// plain vectors, never an mx::array: an array released by our code on the stream thread while the
+// calling thread's libmlx frames release it too is a race that ThreadSanitizer cannot see ordered
+// (MLX's reference counts live in the uninstrumented libmlx.so). MLX keeps the view's buffer alive
+// until the task has run, and the copy's through the encoder's temporaries.
+struct DenseCopy {
+  const char* from;
+  char* to;
+  size_t item;
+  std::vector<int64_t> shape, strides;  // in elements
+};
+
+// copy.to (row-contiguous) = copy.from read through its strides: runs of the last axis with memcpy
+// when it is dense, element by element otherwise (broadcasts, transposes).
+void copy_row_contiguous(const DenseCopy& copy) {
+  const int rank = static_cast<int>(copy.shape.size());
+  const size_t item = copy.item;
+  char* to = copy.to;
   if (rank == 0) {
-    std::memcpy(to, from, item);
+    std::memcpy(to, copy.from, item);
     return;
   }
-  const int64_t inner = src.shape(rank - 1), inner_stride = src.strides()[rank - 1];
-  const int64_t outer = static_cast<int64_t>(src.size()) / inner;
-  std::vector<int> index(rank - 1, 0);
-  int64_t offset = 0;  // elements from src's first one to the current run
+  int64_t size = 1;
+  for (int64_t d : copy.shape) size *= d;
+  if (size == 0) return;
+  const int64_t inner = copy.shape[rank - 1], inner_stride = copy.strides[rank - 1];
+  const int64_t outer = size / inner;
+  std::vector<int64_t> index(rank - 1, 0);
+  int64_t offset = 0;  // elements from the view's first one to the current run
   for (int64_t run = 0; run < outer; ++run) {
-    const char* at = from + offset * static_cast<int64_t>(item);
+    const char* at = copy.from + offset * static_cast<int64_t>(item);
     if (inner_stride == 1) {
       std::memcpy(to, at, inner * item);
     } else {
@@ -38,9 +51,9 @@ void copy_row_contiguous(const mx::array& src, mx::array& dst) {
     }
     to += inner * item;
     for (int axis = rank - 2; axis >= 0; --axis) {  // the next run: an odometer over the outer axes
-      offset += src.strides()[axis];
-      if (++index[axis] < src.shape(axis)) break;
-      offset -= src.strides()[axis] * src.shape(axis);
+      offset += copy.strides[axis];
+      if (++index[axis] < copy.shape[axis]) break;
+      offset -= copy.strides[axis] * copy.shape[axis];
       index[axis] = 0;
     }
   }
@@ -53,18 +66,21 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   // thread, before the kernel's task. Doing it here rather than as an mx::contiguous op per input
   // keeps the graph to one primitive per kernel: a compiled decode step replays ~20 kernels a layer,
   // and each extra primitive costs the calling thread its set-up and bookkeeping.
+  auto& encoder = mx::cpu::get_command_encoder(stream());
   std::vector<mx::array> dense = inputs;
-  std::vector<std::pair<mx::array, mx::array>> copies;  // (view, its dense copy)
+  std::vector<DenseCopy> copies;
   for (mx::array& in : dense) {
     if (in.flags().row_contiguous) continue;
     mx::array copy(in.shape(), in.dtype(), nullptr, {});
     copy.set_data(mx::allocator::malloc(copy.nbytes()));
-    copies.emplace_back(in, copy);
+    copies.push_back({in.data<char>(), copy.data<char>(), in.itemsize(),
+                      std::vector<int64_t>(in.shape().begin(), in.shape().end()),
+                      std::vector<int64_t>(in.strides().begin(), in.strides().end())});
+    encoder.add_temporary(copy);
     in = copy;
   }
   for (mx::array& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
   KernelTask task = make_task(dense, outputs);
-  auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const mx::array& in : inputs) encoder.set_input_array(in);
   for (mx::array& out : outputs) encoder.set_output_array(out);
   if (copies.empty()) {
@@ -72,7 +88,7 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     return;
   }
   encoder.dispatch([copies = std::move(copies), task = std::move(task)]() mutable {
-    for (auto& [view, copy] : copies) copy_row_contiguous(view, copy);
+    for (const DenseCopy& copy : copies) copy_row_contiguous(copy);
     task();
   });
 }
