@@ -56,7 +56,7 @@ bool is_constant(const Graph& graph, const std::string& name) {
 bool same_product_shape(const Graph& graph, const Node& g, const Node& u) {
   if (g.inputs[0] != u.inputs[0] || has_input(g, 4) || has_input(u, 4)) return false;
   if (has_input(g, 3) != has_input(u, 3)) return false;
-  for (const char* name : {"K", "bits", "group_size"}) {
+  for (const char* name : {"K", "bits", "group_size", "accuracy_level"}) {
     if (int_attribute_or(g, name, -1) != int_attribute_or(u, name, -2)) return false;
   }
   for (const Node* node : {&g, &u}) {

@@ -11,7 +11,7 @@
 //                                   =>
 //   A   w (uint32 [N, K * bits / 32])   scales' (float32)   [biases (float32)]   [bias]
 //    \              |                        |                   |              /
-//     ai.transmuter QuantizedMatMul (K, N, bits, group_size = block_size)
+//     ai.transmuter QuantizedMatMul (K, N, bits, group_size = block_size, accuracy_level)
 //                   |
 //                   Y
 //
@@ -125,7 +125,7 @@ mx::array zero_points_of(const Graph& graph, const NBitsMatch& m) {
 }
 
 Node quantized_node(const Node& original, const NBitsMatch& m, const std::string& w,
-                    const std::string& scales, const std::string& biases) {
+                    const std::string& scales, const std::string& biases, bool float_zero_points) {
   Node fused;
   fused.op_type = "QuantizedMatMul";
   fused.domain = kDomain;
@@ -134,8 +134,11 @@ Node quantized_node(const Node& original, const NBitsMatch& m, const std::string
   fused.inputs = {original.inputs[0], w, scales, biases};  // biases "" : a symmetric weight
   if (has_input(original, 5)) fused.inputs.push_back(original.inputs[5]);
   fused.outputs = original.outputs;
+  // accuracy_level 4 keeps ORT's int8 rounding of A (kernels::Activations::int8_per_group), which ORT
+  // skips for float zero points.
+  const int64_t level = float_zero_points ? 0 : int_attribute_or(original, "accuracy_level", 0);
   fused.attributes = {int_attribute("K", m.k), int_attribute("N", m.n), int_attribute("bits", m.bits),
-                      int_attribute("group_size", m.block_size)};
+                      int_attribute("group_size", m.block_size), int_attribute("accuracy_level", level)};
   return fused;
 }
 
@@ -177,7 +180,10 @@ size_t pack_matmul_nbits(Graph& graph) {
       }
     }
     const auto& [w_name, scales_name, biases_name] = it->second;
-    graph.nodes[m.node] = quantized_node(graph.nodes[m.node], m, w_name, scales_name, biases_name);
+    const bool float_zero_points =
+        !m.zero_points.empty() && initializer(graph, m.zero_points)->dtype() != mx::uint8;
+    graph.nodes[m.node] =
+        quantized_node(graph.nodes[m.node], m, w_name, scales_name, biases_name, float_zero_points);
   }
   // The stored weights go once no node reads them (run_passes would drop
   // them too; dropping them here gives their file pages back).

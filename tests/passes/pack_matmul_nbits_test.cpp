@@ -24,6 +24,7 @@ using testing::random_bytes;
 struct NBitsLayer {
   int k = 128, n = 24, bits = 4, block_size = 32;
   bool zero_points = true, float_zero_points = false, bias = false, g_idx = false;
+  int accuracy_level = 0;
   OnnxType a_type = OnnxType::kFloat;
   std::vector<int> rows = {2, 3};  // A's dims before K: 6 rows run the CPU's dequantizing branch
 };
@@ -61,7 +62,7 @@ GraphBuilder nbits_graph(const NBitsLayer& c) {
   while (inputs.back().empty()) inputs.pop_back();
   b.domain_node("com.microsoft", 1, "MatMulNBits", inputs, {"y"},
                 {int_attr("K", c.k), int_attr("N", c.n), int_attr("bits", c.bits),
-                 int_attr("block_size", c.block_size)});
+                 int_attr("block_size", c.block_size), int_attr("accuracy_level", c.accuracy_level)});
   return b.output("y");
 }
 
@@ -147,6 +148,34 @@ TEST(PackMatmulNbits, SymmetricWeightsOnEveryPath) {
     expect_rewritten(model);
     EXPECT_FALSE(model.params().contains("B/mlx_affine_biases"));
     expect_same_outputs(b, c);
+  }
+}
+
+// accuracy_level 4 (ORT rounds A to int8 per block) survives the rewrite wherever ORT honours it,
+// on the GEMV, the dequantized GEMM and MLX's 2-bit kernel; float zero points drop it, as ORT does.
+TEST(PackMatmulNbits, AccuracyLevel4KeepsTheInt8RoundingOfA) {
+  for (NBitsLayer c : {NBitsLayer{.zero_points = false, .accuracy_level = 4, .rows = {1}},
+                       NBitsLayer{.bits = 8, .accuracy_level = 4, .rows = {2, 5}},
+                       NBitsLayer{.k = 512, .bits = 2, .accuracy_level = 4, .rows = {2}},
+                       NBitsLayer{.float_zero_points = true, .accuracy_level = 4, .rows = {1}}}) {
+    SCOPED_TRACE(::testing::Message() << "bits " << c.bits << " float zero points " << c.float_zero_points);
+    GraphBuilder b = nbits_graph(c);
+    Model model = b.build();
+    expect_rewritten(model);
+    expect_same_outputs(b, c);
+    // The unpacked op rounds A too: the float32 product of the same layer differs.
+    NBitsLayer level0 = c;
+    level0.accuracy_level = 0;
+    Model plain = nbits_graph(level0).build({.run_passes = false});
+    mx::Shape shape(c.rows.begin(), c.rows.end());
+    shape.push_back(c.k);
+    mx::array x = random_array(shape, 5);
+    const float moved = max_abs_diff(run_y(model, x), run_y(plain, x));
+    if (c.float_zero_points) {
+      EXPECT_LT(moved, 1e-4f);
+    } else {
+      EXPECT_GT(moved, 1e-4f);
+    }
   }
 }
 

@@ -344,6 +344,7 @@ void DequantizePanels(const QuantizedArgs& a, int64_t col0, int64_t cols, int64_
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -426,19 +427,40 @@ void run_dequantized_gemm(const QuantizedArgs& a) {
 float symmetric_zero_point(int bits) { return static_cast<float>(1 << (bits - 1)); }
 
 // mx::quantized_matmul of {x, w, scales[, biases]}: the kernel's math as MLX ops.
-mx::array affine_product(const std::vector<mx::array>& in, int group_size, int bits, mx::StreamOrDevice s) {
+mx::array affine_product(const std::vector<mx::array>& in, int group_size, int bits, Activations activations,
+                         mx::StreamOrDevice s) {
   const mx::array biases = in.size() > 3 ? in[3] : symmetric_biases(in[2], bits, s);
-  return mx::quantized_matmul(in[0], in[1], in[2], biases, true, group_size, bits, "affine", s);
+  const mx::array x =
+      activations == Activations::int8_per_group ? int8_group_rounded(in[0], group_size, s) : in[0];
+  return mx::quantized_matmul(x, in[1], in[2], biases, true, group_size, bits, "affine", s);
+}
+
+// One row of x rounded per group as int8_group_rounded does, in place of the row in `out`:
+// MLAS's order of operations (the scale and its inverse each one float32 division).
+void round_row_to_int8(const float* x, int64_t k, int group, float* out) {
+  for (int64_t g0 = 0; g0 < k; g0 += group) {
+    const int64_t end = std::min<int64_t>(k, g0 + group);
+    float amax = 0.0f;
+    for (int64_t i = g0; i < end; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = amax / 127.0f;
+    const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = g0; i < end; ++i) out[i] = std::nearbyint(x[i] * inverse) * scale;
+  }
 }
 
 class QuantizedMatmulKernel : public CpuKernel {
  public:
-  QuantizedMatmulKernel(mx::Stream stream, Reference reference, int group_size, int bits)
-      : CpuKernel(stream, std::move(reference)), group_size_(group_size), bits_(bits) {}
+  QuantizedMatmulKernel(mx::Stream stream, Reference reference, int group_size, int bits,
+                        Activations activations)
+      : CpuKernel(stream, std::move(reference)),
+        group_size_(group_size),
+        bits_(bits),
+        activations_(activations) {}
   const char* name() const override { return "transmuter::QuantizedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const QuantizedMatmulKernel*>(&other);
-    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ &&
+           o->activations_ == activations_;
   }
   // MLX's quantized product has no derivative with respect to w (its vjp
   // throws), so the reference is differentiated with respect to the inputs
@@ -466,7 +488,15 @@ class QuantizedMatmulKernel : public CpuKernel {
     a.n = in[1].shape(0);
     a.bits = bits_;
     a.group_size = group_size_;
-    return [a] {
+    const bool int8_x = activations_ == Activations::int8_per_group;
+    return [a, int8_x]() mutable {
+      thread_local std::vector<float> rounded;
+      if (int8_x) {
+        rounded.resize(static_cast<size_t>(a.m * a.k));
+        for (int64_t r = 0; r < a.m; ++r)
+          round_row_to_int8(a.x + r * a.k, a.k, a.group_size, rounded.data() + r * a.k);
+        a.x = rounded.data();
+      }
       if (a.m >= quantized_matmul_gemm_rows()) {
         run_dequantized_gemm(a);
       } else {
@@ -486,15 +516,16 @@ class QuantizedMatmulKernel : public CpuKernel {
   // The reference as a function of the inputs at `argnums`.
   std::function<std::vector<mx::array>(const std::vector<mx::array>&)> of(
       const std::vector<mx::array>& primals, const std::vector<int>& argnums) {
-    return [primals, argnums, group_size = group_size_, bits = bits_,
+    return [primals, argnums, group_size = group_size_, bits = bits_, activations = activations_,
             s = stream()](const std::vector<mx::array>& in) {
       std::vector<mx::array> all = primals;
       for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = in[i];
-      return std::vector<mx::array>{affine_product(all, group_size, bits, s)};
+      return std::vector<mx::array>{affine_product(all, group_size, bits, activations, s)};
     };
   }
 
   int group_size_, bits_;
+  Activations activations_;
 };
 
 }  // namespace
@@ -510,6 +541,35 @@ int64_t quantized_matmul_gemm_rows() {
     return int64_t{6};
   }();
   return rows;
+}
+
+mx::array int8_group_rounded(const mx::array& x, int group, mx::StreamOrDevice s) {
+  auto rounded = [group, s](const mx::array& v) {
+    const int k = v.shape(-1), groups = (k + group - 1) / group;
+    mx::array padded = v;
+    if (groups * group != k) {
+      std::vector<int> axes = {static_cast<int>(v.ndim()) - 1};
+      padded = mx::pad(v, axes, {0}, {groups * group - k}, mx::array(0.0f), "constant", s);
+    }
+    mx::Shape blocked = padded.shape();
+    blocked.back() = groups;
+    blocked.push_back(group);
+    mx::array blocks = mx::reshape(padded, blocked, s);
+    mx::array amax = mx::max(mx::abs(blocks, s), -1, true, s);
+    mx::array scale = mx::divide(amax, mx::array(127.0f), s);
+    mx::array inverse = mx::where(mx::equal(amax, mx::array(0.0f), s), mx::array(0.0f),
+                                  mx::divide(mx::array(127.0f), amax, s), s);
+    mx::array q = mx::multiply(mx::round(mx::multiply(blocks, inverse, s), 0, s), scale, s);
+    mx::array out = mx::reshape(q, padded.shape(), s);
+    if (groups * group == k) return out;
+    mx::Shape start(v.ndim(), 0);
+    return mx::slice(out, start, v.shape(), s);
+  };
+  auto straight_through = mx::custom_vjp(
+      [rounded](const std::vector<mx::array>& in) { return std::vector<mx::array>{rounded(in[0])}; },
+      [](const std::vector<mx::array>&, const std::vector<mx::array>& cotangents,
+         const std::vector<mx::array>&) { return cotangents; });
+  return straight_through({x})[0];
 }
 
 mx::array symmetric_biases(const mx::array& scales, int bits, mx::StreamOrDevice s) {
@@ -538,10 +598,10 @@ bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::arr
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const std::optional<mx::array>& biases, int group_size, int bits,
-                           mx::StreamOrDevice s) {
+                           mx::StreamOrDevice s, Activations activations) {
   const mx::Stream stream = mx::to_stream(s);
-  Reference reference = [group_size, bits, stream](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{affine_product(in, group_size, bits, stream)};
+  Reference reference = [group_size, bits, activations, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{affine_product(in, group_size, bits, activations, stream)};
   };
   std::vector<mx::array> inputs = {x, w, scales};
   if (biases) inputs.push_back(*biases);
@@ -551,7 +611,8 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   // x keeps its leading axes: one primitive per call, no reshapes around it.
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
-        return std::make_shared<QuantizedMatmulKernel>(kernel_stream, reference, group_size, bits);
+        return std::make_shared<QuantizedMatmulKernel>(kernel_stream, reference, group_size, bits,
+                                                       activations);
       },
       reference, std::move(inputs), {shape}, {mx::float32}, stream)[0];
 }

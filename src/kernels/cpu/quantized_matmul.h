@@ -41,6 +41,19 @@ namespace transmuter::kernels {
 
 namespace mx = mlx::core;
 
+/** What the product does with x. */
+enum class Activations {
+  float32,         // x as given
+  int8_per_group,  // ONNX Runtime's MatMulNBits accuracy_level 4: x rounded per group (int8_group_rounded)
+};
+
+/** x with each group of `group` values along its last axis rounded to int8 as ONNX Runtime's
+ * MatMulNBits at accuracy_level 4 quantizes A (MLAS's QuantizeARow_CompInt8): scale = max|x| / 127,
+ * value = nearbyint(x * (127 / max|x|)) * scale, zero in an all-zero group; a last partial group is
+ * quantized over its own values. The gradient passes through unchanged (straight-through: rounding's
+ * own derivative is zero almost everywhere). float32 in, float32 out. */
+mx::array int8_group_rounded(const mx::array& x, int group, mx::StreamOrDevice s = {});
+
 /** True when quantized_matmul() runs the kernel: a CPU stream, x float32
  * [..., K] non-empty, bits 4 or 8, group_size 32, 64 or 128 dividing K, w
  * uint32 [N, K * bits / 32], scales and biases (when given) float32 [N, K / group_size]. */
@@ -51,10 +64,11 @@ bool quantized_matmul_fits(const mx::array& x, const mx::array& w, const mx::arr
 /** x [..., K] @ dequantize(w, scales, biases)^T -> [..., N], float32: the
  * kernel above where quantized_matmul_fits(), otherwise (and for gradients)
  * mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine").
- * No biases: those of the symmetric weight, -2^(bits - 1) * scales. */
+ * No biases: those of the symmetric weight, -2^(bits - 1) * scales. With
+ * Activations::int8_per_group, x is int8_group_rounded(x, group_size) first. */
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const std::optional<mx::array>& biases, int group_size, int bits,
-                           mx::StreamOrDevice s = {});
+                           mx::StreamOrDevice s = {}, Activations activations = Activations::float32);
 
 /** The biases of a symmetric weight: -2^(bits - 1) * scales. */
 mx::array symmetric_biases(const mx::array& scales, int bits, mx::StreamOrDevice s = {});

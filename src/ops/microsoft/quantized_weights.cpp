@@ -27,9 +27,11 @@
 //
 // Everything is computed in float32 from the exact integer differences, and
 // rounded once to float16/bfloat16 where A or scales are half precision, as
-// ONNX Runtime's CPU kernels do (accuracy_level is accepted and does not
-// change the computation: level 4 lets ORT quantize A to int8, which only
-// loses precision).
+// ONNX Runtime's CPU kernels do. accuracy_level 4 rounds A to int8 per block
+// first, as ORT's CPU kernel does there
+// (kernels::int8_group_rounded): the greedy tokens of onnxruntime-genai's int4
+// and int8 CPU builds, which ask for level 4, then follow ORT's; the other
+// levels compute in float32 (ORT's CPU kernel has no float16 or bfloat16 path).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -65,7 +67,16 @@ void require_shape(const NodeContext& ctx, const char* name, const mx::array& t,
 
 struct NBitsShape {
   int k, n, bits, block_size, k_blocks, blob_size;
+  bool int8_activations;  // int8_activations_of the node
 };
+
+// Whether ORT's CPU kernel quantizes A to int8 per block: accuracy_level 4 (its "int8 compute"), which
+// ORT 1.31 honours for 2, 4 and 8 bits alike, on the weights it pre-packs: zero points uint8 or absent,
+// no g_idx (measured against its outputs: scripts/contrib_cases/quantized_weights.py).
+bool int8_activations_of(int64_t accuracy_level, const std::optional<mx::array>& zero_points,
+                         bool has_g_idx) {
+  return accuracy_level == 4 && !has_g_idx && (!zero_points || zero_points->dtype() == mx::uint8);
+}
 
 NBitsShape nbits_shape(const NodeContext& ctx) {
   const int64_t k = ctx.required_int("K"), n = ctx.required_int("N");
@@ -86,8 +97,13 @@ NBitsShape nbits_shape(const NodeContext& ctx) {
   const int64_t k_blocks = ceil_div(k, block_size);
   to_int32(ctx, checked_mul(ctx, n, checked_mul(ctx, k_blocks, block_size, "K padded to blocks"), "N * K"),
            "N * K");
-  return {static_cast<int>(k),          static_cast<int>(n),        static_cast<int>(bits),
-          static_cast<int>(block_size), static_cast<int>(k_blocks), static_cast<int>(block_size * bits / 8)};
+  return {static_cast<int>(k),
+          static_cast<int>(n),
+          static_cast<int>(bits),
+          static_cast<int>(block_size),
+          static_cast<int>(k_blocks),
+          static_cast<int>(block_size * bits / 8),
+          int8_activations_of(accuracy_level, ctx.optional_input(3), ctx.has_input(4))};
 }
 
 // The block index of each k in [0, K): g_idx[:K] (checked in [0, k_blocks)
@@ -166,7 +182,9 @@ OpOutputs matmul_nbits(NodeContext& ctx) {
     require_shape(ctx, "bias", *bias, {d.n});
   }
   mx::array w = dequantized_weight(ctx, d, a.dtype());
-  mx::array y = mx::matmul(mx::astype(a, mx::float32, s), mx::transpose(w, s), s);
+  mx::array x = mx::astype(a, mx::float32, s);
+  if (d.int8_activations) x = kernels::int8_group_rounded(x, d.block_size, s);
+  mx::array y = mx::matmul(x, mx::transpose(w, s), s);
   if (bias) y = mx::add(y, mx::astype(*bias, mx::float32, s), s);
   return {mx::astype(y, a.dtype(), s)};
 }
@@ -193,7 +211,8 @@ mx::array affine_dequantized(const NodeContext& ctx, const mx::array& biases, in
 // bias, bias = -scale * zp; without biases, zp = 2^(bits - 1), MatMulNBits'
 // default, and the biases are not stored), made once at load by
 // src/passes/pack_matmul_nbits.cpp; mx::quantized_matmul never expands the
-// weight. float16/bfloat16 A is computed in float32 and rounded once.
+// weight. float16/bfloat16 A is computed in float32 and rounded once;
+// accuracy_level (MatMulNBits', default 0) 4 rounds A to int8 per group first.
 OpOutputs quantized_matmul(NodeContext& ctx) {
   const auto s = ctx.stream();
   const int k = to_int32(ctx, ctx.required_int("K"), "K"), n = to_int32(ctx, ctx.required_int("N"), "N");
@@ -228,6 +247,11 @@ OpOutputs quantized_matmul(NodeContext& ctx) {
     }
     require_shape(ctx, "bias", *bias, {n});
   }
+  const int64_t accuracy_level = ctx.attr_int("accuracy_level", 0);
+  // The pass keeps MatMulNBits' accuracy_level only where ORT quantizes A (no float zero points).
+  const kernels::Activations activations = int8_activations_of(accuracy_level, std::nullopt, false)
+                                               ? kernels::Activations::int8_per_group
+                                               : kernels::Activations::float32;
   mx::array x = mx::astype(a, mx::float32, s);
   // On CPU streams 4 and 8 bits run the own kernel (kernels/cpu/quantized_matmul.h:
   // a GEMV streaming the packed weight, blocks dequantized into the float GEMM
@@ -241,8 +265,11 @@ OpOutputs quantized_matmul(NodeContext& ctx) {
   const bool cpu = kernels::is_cpu_stream(s);
   mx::array y = x;
   if (cpu && kernels::quantized_matmul_fits(x, w, scales, stored_biases, group_size, bits, s)) {
-    y = kernels::quantized_matmul(x, w, scales, stored_biases, group_size, bits, s);  // x's axes kept
+    y = kernels::quantized_matmul(x, w, scales, stored_biases, group_size, bits, s,
+                                  activations);  // x's axes kept
   } else {
+    if (activations == kernels::Activations::int8_per_group)
+      x = kernels::int8_group_rounded(x, group_size, s);
     const mx::array biases = stored_biases ? *stored_biases : kernels::symmetric_biases(scales, bits, s);
     mx::Shape out_shape = a.shape();
     out_shape.back() = n;
@@ -422,7 +449,8 @@ void register_microsoft_quantized_weights(OpRegistry& r) {
        .since = 1,
        .until = kOpen,
        .fn = matmul_nbits,
-       .restrictions = "weight_prepacked 0 only; accuracy_level accepted, computed in float32"},
+       .restrictions = "weight_prepacked 0 only; accuracy_level 4 rounds A to int8 per block (as ORT's CPU "
+                       "kernel), other levels float32"},
       // Made by src/passes/pack_matmul_nbits.cpp from MatMulNBits.
       {.op_type = "QuantizedMatMul",
        .domain = kTransmuter,

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -168,6 +170,76 @@ TEST(QuantizedMatmulKernel, GradientsAreMlxs) {
   EXPECT_EQ(max_abs_diff(mx::vjp(of_scales, {q.scales}, {cotangent}).second[0],
                          mx::vjp(ref_of_scales, {q.scales}, {cotangent}).second[0]),
             0.0f);
+}
+
+// ONNX Runtime's rounding of A at MatMulNBits accuracy_level 4 (MLAS QuantizeARow_CompInt8), as a plain
+// loop: per group, scale = max|x| / 127 and x -> nearbyint(x * (127 / max|x|)) * scale.
+mx::array ort_int8_rounded(const mx::array& x, int group) {
+  mx::array dense = mx::contiguous(x);
+  mx::eval(dense);
+  const float* in = dense.data<float>();
+  const int k = x.shape(-1);
+  const size_t rows = x.size() / k;
+  std::vector<float> out(x.size());
+  for (size_t r = 0; r < rows; ++r) {
+    for (int g0 = 0; g0 < k; g0 += group) {
+      const int end = std::min(k, g0 + group);
+      float amax = 0.0f;
+      for (int i = g0; i < end; ++i) amax = std::max(amax, std::fabs(in[r * k + i]));
+      const float inverse = amax == 0.0f ? 0.0f : 127.0f / amax;
+      for (int i = g0; i < end; ++i)
+        out[r * k + i] = std::nearbyint(in[r * k + i] * inverse) * (amax / 127.0f);
+    }
+  }
+  return mx::array(out.begin(), x.shape(), mx::float32);
+}
+
+TEST(Int8GroupRounding, IsOrtsRoundingOfA) {
+  // K = 93: two whole groups of 32 and a partial one; row 1's first group all zero.
+  mx::array x = random_array({3, 93}, 41, 3.0f);
+  mx::array zero_group = mx::concatenate({mx::zeros({1, 32}), mx::ones({1, 61})}, 1);
+  x = mx::where(mx::concatenate({mx::ones({1, 93}), zero_group, mx::ones({1, 93})}, 0) != 0.0f, x,
+                mx::array(0.0f));
+  mx::array got = int8_group_rounded(x, 32, mx::Device::cpu);
+  ASSERT_EQ(got.shape(), x.shape());
+  EXPECT_EQ(max_abs_diff(got, ort_int8_rounded(x, 32)), 0.0f);
+  EXPECT_EQ(max_abs_diff(mx::slice(got, {1, 0}, {2, 32}), mx::zeros({1, 32})), 0.0f);
+  // It rounds: the values move, by at most half a step (max|x| / 254) of their group.
+  EXPECT_GT(max_abs_diff(got, x), 0.0f);
+  EXPECT_LE(max_abs_diff(got, x), 3.0f * 4.0f / 254.0f);
+}
+
+TEST(Int8GroupRounding, GradientPassesStraightThrough) {
+  mx::array x = random_array({2, 64}, 42);
+  mx::array cotangent = random_array({2, 64}, 43);
+  auto rounded = [](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{int8_group_rounded(in[0], 32, mx::Device::cpu)};
+  };
+  EXPECT_EQ(max_abs_diff(mx::vjp(rounded, {x}, {cotangent}).second[0], cotangent), 0.0f);
+}
+
+// Activations::int8_per_group: the product of the rounded x, on the GEMV and the GEMM paths.
+TEST(QuantizedMatmulKernel, Int8ActivationsAreOrtsAccuracyLevel4) {
+  float least_moved = 1.0f;
+  for (int bits : {4, 8}) {
+    for (int group_size : {32, 128}) {
+      const QuantizedWeight q =
+          quantized_weight(45, 256, group_size, bits, static_cast<uint64_t>(bits * group_size));
+      for (int m : {1, 3, 7, 64}) {
+        mx::array x = random_array({m, 256}, static_cast<uint64_t>(m + 50));
+        mx::array got = quantized_matmul(x, q.w, q.scales, q.biases, group_size, bits, mx::Device::cpu,
+                                         Activations::int8_per_group);
+        EXPECT_LT(relative_error(ort_int8_rounded(x, group_size), q, got, group_size, bits),
+                  kRelativeTolerance)
+            << "bits " << bits << " group " << group_size << " M " << m;
+        // Not the product of the unrounded x.
+        const float moved = relative_error(x, q, got, group_size, bits);
+        least_moved = std::min(least_moved, moved);
+        EXPECT_GT(moved, 5 * kRelativeTolerance);
+      }
+    }
+  }
+  std::printf("least change from the unrounded product / magnitude: %.3g\n", least_moved);
 }
 
 }  // namespace
