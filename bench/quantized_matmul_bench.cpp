@@ -2,7 +2,8 @@
 // without a model around it, and the machine's memory read bandwidth, its
 // ceiling; bench/q4_bench.py runs it beside ONNX Runtime.
 //
-// usage: quantized_matmul_bench [--runs N] [--bits B] [--group G] [--copies C] [--mlx] [--bandwidth] [MxKxN
+// usage: quantized_matmul_bench [--runs N] [--bits B] [--group G] [--copies C] [--int8] [--mlx] [--bandwidth]
+// [MxKxN
 // ...]
 // --copies C: C distinct weights, used in turn (more than the caches hold: each call reads its weight
 // from memory, as a decoder's layers do).
@@ -84,6 +85,8 @@ struct Shape {
 int main(int argc, char** argv) {
   int runs = 30, bits = 4, group = 32, copies = 1;
   bool with_mlx = false, with_bandwidth = false;
+  // --int8: x rounded to int8 per group (MatMulNBits accuracy_level 4), the int8 GEMV where the CPU has it.
+  tk::Activations activations = tk::Activations::float32;
   std::vector<Shape> shapes;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -95,6 +98,8 @@ int main(int argc, char** argv) {
       group = std::atoi(argv[++i]);
     } else if (arg == "--copies" && i + 1 < argc) {
       copies = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--int8") {
+      activations = tk::Activations::int8_per_group;
     } else if (arg == "--mlx") {
       with_mlx = true;
     } else if (arg == "--bandwidth") {
@@ -102,10 +107,11 @@ int main(int argc, char** argv) {
     } else {
       Shape s{};
       if (std::sscanf(arg.c_str(), "%dx%dx%d", &s.m, &s.k, &s.n) != 3) {
-        std::fprintf(stderr,
-                     "usage: quantized_matmul_bench [--runs N] [--bits B] [--group G] [--copies C] [--mlx] "
-                     "[--bandwidth] "
-                     "[MxKxN ...]\n");
+        std::fprintf(
+            stderr,
+            "usage: quantized_matmul_bench [--runs N] [--bits B] [--group G] [--copies C] [--int8] [--mlx] "
+            "[--bandwidth] "
+            "[MxKxN ...]\n");
         return 2;
       }
       shapes.push_back(s);
@@ -124,7 +130,7 @@ int main(int argc, char** argv) {
     int call = 0;
     auto kernel = [&] {
       const std::vector<mx::array>& q = weights[call++ % copies];
-      return tk::quantized_matmul(x, q[0], q[1], q[2], group, bits);
+      return tk::quantized_matmul(x, q[0], q[1], q[2], group, bits, {}, activations);
     };
     const std::vector<mx::array>& q = weights[0];
     auto mlx = [&] { return mx::quantized_matmul(x, q[0], q[1], q[2], true, group, bits, "affine"); };
@@ -139,11 +145,12 @@ int main(int argc, char** argv) {
       diff = mx::max(mx::abs(mx::subtract(kernel(), mlx()))).item<float>();
     }
     std::printf(
-        "{\"shape\": \"%dx%dx%d\", \"bits\": %d, \"group\": %d, \"copies\": %d, \"threads\": %d, "
+        "{\"shape\": \"%dx%dx%d\", \"bits\": %d, \"group\": %d, \"copies\": %d, \"int8\": %s, \"threads\": "
+        "%d, "
         "\"gemm_rows\": %lld, \"kernel_ms\": %.4f, \"kernel_best_ms\": %.4f",
-        s.m, s.k, s.n, bits, group, copies, tk::kernel_threads(),
-        static_cast<long long>(tk::quantized_matmul_gemm_rows()), median(kernel_s) * 1e3,
-        *std::min_element(kernel_s.begin(), kernel_s.end()) * 1e3);
+        s.m, s.k, s.n, bits, group, copies, activations == tk::Activations::int8_per_group ? "true" : "false",
+        tk::kernel_threads(), static_cast<long long>(tk::quantized_matmul_gemm_rows()),
+        median(kernel_s) * 1e3, *std::min_element(kernel_s.begin(), kernel_s.end()) * 1e3);
     if (with_mlx) std::printf(", \"mlx_ms\": %.4f, \"max_abs_diff\": %.3g", median(mlx_s) * 1e3, diff);
     std::printf("}\n");
     std::fflush(stdout);

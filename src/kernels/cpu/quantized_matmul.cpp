@@ -2,6 +2,10 @@
 // file); the kernels come from the best target of the CPU, picked at run time.
 // The plane order of x depends on the vector width, so x is permuted by the
 // same target that runs the GEMV.
+// AVX3_DL (Ice Lake, Zen 4: AVX512-VNNI) is compiled too: its vpdpbusd is the int8 GEMV's dot product.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/quantized_matmul.cpp"
 #include <hwy/foreach_target.h>  // must come before highway.h
@@ -10,7 +14,9 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/quantized_matmul.h"
 
@@ -27,6 +33,8 @@ struct QuantizedArgs {
   const float* scales = nullptr;  // [n, groups]
   const float* biases = nullptr;  // [n, groups]; null: -zero_point * scales (symmetric)
   float zero_point = 8.0f;        // the implicit zero point of a symmetric weight: 2^(bits - 1)
+  const int8_t* xq = nullptr;     // [m, kpad]: x rounded to int8 in byte-plane order (int8 GEMV)
+  const float* xscale = nullptr;  // [m, groups]: the scale of each group of xq
   float* y = nullptr;             // [m, n]
   int64_t m = 0, k = 0, n = 0, kpad = 0;
   int bits = 4, group_size = 64;
@@ -278,6 +286,170 @@ void GemvBlock(const QuantizedArgs& a, int64_t col0, int64_t cols) {
   }
 }
 
+// --- The int8 GEMV (MatMulNBits accuracy_level 4: x rounded to int8 per group) ----------------------
+//
+// u8 x s8 dot products of four bytes into int32 lanes: vpdpbusd with AVX512-VNNI; vpmaddubsw + vpmaddwd
+// elsewhere on x86, whose 16-bit pair sums saturate past 32767, so only for 4-bit weights there
+// (2 x 15 x 127 = 3810). Other targets round x and run the float GEMV (same numbers, slower).
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
+using DI8 = hn::Repartition<int8_t, DI>;
+using DU8 = hn::Repartition<uint8_t, DI>;
+using VI = hn::Vec<DI>;
+
+#if HWY_TARGET == HWY_AVX3_DL
+constexpr bool kByteDot = true, kByteDot8Bits = true;
+// Inline assembly: Highway 1.0.3 compiles AVX3_DL for "avxvnni" (the VEX form, which Zen 4 lacks),
+// not "avx512vnni", so the intrinsic cannot be used; the target's runtime check covers AVX512-VNNI.
+HWY_INLINE VI DotBytes(VI acc, hn::Vec<DU8> u, hn::Vec<DI8> v) {
+  __m512i sum = acc.raw;
+  asm("vpdpbusd %[v], %[u], %[sum]" : [sum] "+v"(sum) : [u] "v"(u.raw), [v] "v"(v.raw));
+  return VI{sum};
+}
+#elif HWY_TARGET == HWY_AVX3
+constexpr bool kByteDot = true, kByteDot8Bits = false;
+HWY_INLINE VI DotBytes(VI acc, hn::Vec<DU8> u, hn::Vec<DI8> v) {
+  const __m512i pairs = _mm512_maddubs_epi16(u.raw, v.raw);
+  return hn::Add(acc, VI{_mm512_madd_epi16(pairs, _mm512_set1_epi16(1))});
+}
+#else
+constexpr bool kByteDot = true, kByteDot8Bits = false;
+HWY_INLINE VI DotBytes(VI acc, hn::Vec<DU8> u, hn::Vec<DI8> v) {
+  const __m256i pairs = _mm256_maddubs_epi16(u.raw, v.raw);
+  return hn::Add(acc, VI{_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))});
+}
+#endif
+
+bool HasByteDot(int bits) { return bits == 4 ? kByteDot : (bits == 8 && kByteDot8Bits); }
+
+// Bytes of one vector of weight words.
+int64_t ByteVectorBytes() { return static_cast<int64_t>(hn::Lanes(DU8())); }
+
+// The int32 dot products of one vector of words of C rows of w with row r of xq: lane i holds the
+// sum over word i's values (8 at 4 bits, 4 at 8). Words past `valid` read as 0.
+template <int kBits, int C>
+HWY_INLINE void ByteChunkDots(const uint32_t* const (&w)[C], const int8_t* x, int64_t chunk, int64_t valid,
+                              VI (&dot)[C]) {
+  const DU du;
+  const DU8 du8;
+  const DI8 di8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
+  const int64_t bytes = static_cast<int64_t>(hn::Lanes(du8));
+  const auto low_nibbles = hn::Set(du8, uint8_t{0x0F});
+  hn::Vec<DI8> xe, xo;
+  if constexpr (kBits == 4) {
+    xe = hn::LoadU(di8, x + chunk * 2 * bytes);
+    xo = hn::LoadU(di8, x + chunk * 2 * bytes + bytes);
+  } else {
+    xe = hn::LoadU(di8, x + chunk * bytes);
+  }
+  for (int c = 0; c < C; ++c) {
+    hwy::Prefetch(w[c] + chunk * lanes + kPrefetchWords);
+    const VU words =
+        valid == lanes ? hn::LoadU(du, w[c] + chunk * lanes)
+                       : hn::MaskedLoad(hn::FirstN(du, static_cast<size_t>(valid)), du, w[c] + chunk * lanes);
+    const auto packed = hn::BitCast(du8, words);
+    if constexpr (kBits == 4) {
+      const auto low = hn::And(packed, low_nibbles);
+      const auto high =
+          hn::And(hn::BitCast(du8, hn::ShiftRight<4>(hn::BitCast(hn::Repartition<uint16_t, DU>(), words))),
+                  low_nibbles);
+      dot[c] = DotBytes(DotBytes(dot[c], low, xe), high, xo);
+    } else {
+      dot[c] = DotBytes(dot[c], packed, xe);
+    }
+  }
+}
+
+// y[row, col0 + c] for c < C from the int8 row: per group, scale[c, g] * xscale[g] * (q . xq), and the
+// biases as in Columns (biases[c, g] * xsum[g]).
+template <int kBits, int C>
+HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0) {
+  const D d;
+  const DI di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t words = a.words(), groups = a.groups();
+  const int64_t words_per_group = a.group_size * kBits / 32;
+  const uint32_t* w[C];
+  const float* scales[C];
+  const float* biases[C];
+  for (int c = 0; c < C; ++c) {
+    w[c] = a.w + (col0 + c) * words;
+    scales[c] = a.scales + (col0 + c) * groups;
+    biases[c] = a.biases != nullptr ? a.biases + (col0 + c) * groups : nullptr;
+  }
+  const int8_t* x = a.xq + row * a.kpad;
+  const float* xscale = a.xscale + row * groups;
+  V acc[C];
+  VI dot[C];
+  for (int c = 0; c < C; ++c) acc[c] = hn::Zero(d);
+  if (words_per_group >= lanes) {
+    // A group spans whole chunks: its integer dot product is scaled once.
+    const int64_t chunks_per_group = words_per_group / lanes;
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
+      for (int64_t i = 0; i < chunks_per_group; ++i)
+        ByteChunkDots<kBits, C>(w, x, g * chunks_per_group + i, lanes, dot);
+      for (int c = 0; c < C; ++c)
+        acc[c] = hn::MulAdd(hn::ConvertTo(d, dot[c]), hn::Set(d, scales[c][g] * xscale[g]), acc[c]);
+    }
+  } else {
+    // A chunk spans several groups: lane i's scales are those of group i / words_per_group of the chunk.
+    const int shift = __builtin_ctzll(static_cast<unsigned long long>(words_per_group));
+    const int64_t groups_per_chunk = lanes >> shift;
+    HWY_ALIGN int32_t index[kMaxLanes];
+    for (int64_t i = 0; i < lanes; ++i) index[i] = static_cast<int32_t>(i >> shift);
+    const auto table = hn::SetTableIndices(d, index);
+    const int64_t chunks = (words + lanes - 1) / lanes;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t valid = std::min(lanes, words - chunk * lanes);
+      for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
+      ByteChunkDots<kBits, C>(w, x, chunk, valid, dot);
+      const auto present = hn::FirstN(d, static_cast<size_t>(valid >> shift));
+      const V xs = hn::TableLookupLanes(hn::MaskedLoad(present, d, xscale + chunk * groups_per_chunk), table);
+      for (int c = 0; c < C; ++c) {
+        const V s =
+            hn::TableLookupLanes(hn::MaskedLoad(present, d, scales[c] + chunk * groups_per_chunk), table);
+        acc[c] = hn::MulAdd(hn::Mul(hn::ConvertTo(d, dot[c]), xs), s, acc[c]);
+      }
+    }
+  }
+  const V negative_zero = hn::Set(d, -a.zero_point);
+  for (int64_t g0 = 0; g0 < groups; g0 += lanes) {
+    const auto present = hn::FirstN(d, static_cast<size_t>(std::min(lanes, groups - g0)));
+    const V xs = hn::MaskedLoad(present, d, a.xsum + row * groups + g0);
+    for (int c = 0; c < C; ++c) {
+      const V b = biases[c] != nullptr ? hn::MaskedLoad(present, d, biases[c] + g0)
+                                       : hn::Mul(hn::MaskedLoad(present, d, scales[c] + g0), negative_zero);
+      acc[c] = hn::MulAdd(b, xs, acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) a.y[row * a.n + col0 + c] = hn::GetLane(hn::SumOfLanes(d, acc[c]));
+}
+
+template <int kBits>
+void ByteGemvBlockOf(const QuantizedArgs& a, int64_t col0, int64_t cols) {
+  for (int64_t r = 0; r < a.m; ++r) {
+    int64_t c = col0;
+    for (; c + 4 <= col0 + cols; c += 4) ByteColumns<kBits, 4>(a, r, c);
+    for (; c < col0 + cols; ++c) ByteColumns<kBits, 1>(a, r, c);
+  }
+}
+
+void ByteGemvBlock(const QuantizedArgs& a, int64_t col0, int64_t cols) {
+  if (a.bits == 4) {
+    ByteGemvBlockOf<4>(a, col0, cols);
+  } else if constexpr (kByteDot8Bits) {
+    ByteGemvBlockOf<8>(a, col0, cols);
+  }
+}
+
+#else  // no byte dot products: HasByteDot is false, the rest is never called
+constexpr bool kByteDot = false, kByteDot8Bits = false;
+bool HasByteDot(int) { return false; }
+int64_t ByteVectorBytes() { return 1; }
+void ByteGemvBlock(const QuantizedArgs&, int64_t, int64_t) {}
+#endif
+
 // The float GEMM's packed panels (gemm.h) of W's columns [col0, col0 + cols)
 // and depths [k0, k0 + depth): panels[p, kk, j] = W[col0 + p * 2L + j, k0 + kk],
 // zero for columns past cols. k0 and depth are multiples of the group size.
@@ -361,6 +533,9 @@ HWY_EXPORT(ChunkValues);
 HWY_EXPORT(PermuteRows);
 HWY_EXPORT(GemvBlock);
 HWY_EXPORT(DequantizePanels);
+HWY_EXPORT(HasByteDot);
+HWY_EXPORT(ByteVectorBytes);
+HWY_EXPORT(ByteGemvBlock);
 
 namespace {
 
@@ -386,6 +561,74 @@ void run_gemv(QuantizedArgs a) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t col0 = b * kGemvColumns;
       HWY_DYNAMIC_DISPATCH(GemvBlock)(a, col0, std::min(kGemvColumns, a.n - col0));
+    }
+  });
+}
+
+// x rounded to int8 per group as int8_group_rounded does (round_row_to_int8's arithmetic), into
+// xq[r, kpad] in the order the dot products read it, xscale[r, g] = max|x| / 127 and xsum[r, g] =
+// xscale * sum(xq in g) (for the biases). 4 bits: each chunk of 2B values (B = `bytes`, those of a vector of
+// words) is its even values, then its odd ones: the low nibbles of B weight bytes hold the even values of a
+// chunk, the high nibbles the odd ones. 8 bits: x's own order. Zero past k.
+// Plain code, outside the SIMD targets (see DotBytes).
+void prepare_int8_rows(const float* x, int64_t m, int64_t k, int bits, int group_size, int64_t bytes,
+                       int64_t kpad, int8_t* xq, float* xscale, float* xsum) {
+  const int64_t groups = k / group_size;
+  thread_local std::vector<int8_t> row_q;
+  row_q.resize(static_cast<size_t>(k));
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * k;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = row + g * group_size;
+      float amax = 0.0f;
+      for (int i = 0; i < group_size; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float scale = amax / 127.0f;
+      const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+      int32_t sum = 0;
+      for (int i = 0; i < group_size; ++i) {
+        const int32_t q = static_cast<int32_t>(std::nearbyint(v[i] * inverse));
+        row_q[static_cast<size_t>(g * group_size + i)] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      xscale[r * groups + g] = scale;
+      xsum[r * groups + g] = scale * static_cast<float>(sum);
+    }
+    int8_t* out = xq + r * kpad;
+    if (bits == 8) {
+      for (int64_t i = 0; i < kpad; ++i) out[i] = i < k ? row_q[static_cast<size_t>(i)] : 0;
+      continue;
+    }
+    for (int64_t c0 = 0; c0 < kpad; c0 += 2 * bytes) {
+      for (int64_t t = 0; t < bytes; ++t) {
+        const int64_t even = c0 + 2 * t, odd = even + 1;
+        out[c0 + t] = even < k ? row_q[static_cast<size_t>(even)] : 0;
+        out[c0 + bytes + t] = odd < k ? row_q[static_cast<size_t>(odd)] : 0;
+      }
+    }
+  }
+}
+
+// The int8 GEMV: x rounded and laid out once, then blocks of columns across the threads.
+void run_byte_gemv(QuantizedArgs a) {
+  const int64_t bytes = HWY_DYNAMIC_DISPATCH(ByteVectorBytes)();
+  const int64_t chunk = a.bits == 4 ? 2 * bytes : bytes;
+  a.kpad = ceil_div(a.k, chunk) * chunk;
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xscale, xsum;
+  xq.resize(static_cast<size_t>(a.m * a.kpad));
+  xscale.resize(static_cast<size_t>(a.m * a.groups()));
+  xsum.resize(static_cast<size_t>(a.m * a.groups()));
+  prepare_int8_rows(a.x, a.m, a.k, a.bits, a.group_size, bytes, a.kpad, xq.data(), xscale.data(),
+                    xsum.data());
+  a.xq = xq.data();
+  a.xscale = xscale.data();
+  a.xsum = xsum.data();
+  const int64_t blocks = ceil_div(a.n, kGemvColumns);
+  const int64_t grain = a.m * a.n * a.k < kParallelWork ? blocks : 1;
+  parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t col0 = b * kGemvColumns;
+      HWY_DYNAMIC_DISPATCH(ByteGemvBlock)(a, col0, std::min(kGemvColumns, a.n - col0));
     }
   });
 }
@@ -425,6 +668,16 @@ void run_dequantized_gemm(const QuantizedArgs& a) {
 }
 
 float symmetric_zero_point(int bits) { return static_cast<float>(1 << (bits - 1)); }
+
+// $TRANSMUTER_INT8_GEMV=0 runs int8 activations through the float GEMV on the rounded x instead
+// (the same numbers): for benchmarks and for the tests that compare the two.
+bool byte_gemv_disabled() {
+  static const bool disabled = [] {
+    const char* text = std::getenv("TRANSMUTER_INT8_GEMV");
+    return text != nullptr && std::string(text) == "0";
+  }();
+  return disabled;
+}
 
 // mx::quantized_matmul of {x, w, scales[, biases]}: the kernel's math as MLX ops.
 mx::array affine_product(const std::vector<mx::array>& in, int group_size, int bits, Activations activations,
@@ -490,6 +743,11 @@ class QuantizedMatmulKernel : public CpuKernel {
     a.group_size = group_size_;
     const bool int8_x = activations_ == Activations::int8_per_group;
     return [a, int8_x]() mutable {
+      const bool gemm = a.m >= quantized_matmul_gemm_rows();
+      if (int8_x && !gemm && HWY_DYNAMIC_DISPATCH(HasByteDot)(a.bits) && !byte_gemv_disabled()) {
+        run_byte_gemv(a);
+        return;
+      }
       thread_local std::vector<float> rounded;
       if (int8_x) {
         rounded.resize(static_cast<size_t>(a.m * a.k));
@@ -497,7 +755,7 @@ class QuantizedMatmulKernel : public CpuKernel {
           round_row_to_int8(a.x + r * a.k, a.k, a.group_size, rounded.data() + r * a.k);
         a.x = rounded.data();
       }
-      if (a.m >= quantized_matmul_gemm_rows()) {
+      if (gemm) {
         run_dequantized_gemm(a);
       } else {
         run_gemv(a);
