@@ -10,14 +10,16 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/partial_vectors-inl.h"
+
 #ifndef TRANSMUTER_KERNELS_CPU_CONV_NHWC_ARGS
 #define TRANSMUTER_KERNELS_CPU_CONV_NHWC_ARGS
 namespace transmuter::kernels {
 // One call's pointers and geometry (outside the per-target namespaces: every
 // target's code takes the same struct).
 struct NhwcConvArgs {
-  const float* x;     // [N, in_h, in_w, C]
-  const float* w;     // depthwise: [kernel_h, kernel_w, C]; group 1: packed panels
+  const float* x;         // [N, in_h, in_w, C]
+  const float* w;         // depthwise: [kernel_h, kernel_w, C]; group 1: packed panels
   const float* bias;      // [out_channels] or null
   const float* residual;  // y's shape, added before the activation (group 1), or null
   float* y;               // [N, out_h, out_w, out_channels]
@@ -48,13 +50,16 @@ constexpr int kNone = 0, kRelu = 1, kClip = 2, kHardSwish = 3;
 HWY_INLINE V Activate(const NhwcConvArgs& a, V v) {
   const D d;
   switch (a.activation) {
-    case kRelu: return hn::Max(v, hn::Zero(d));
-    case kClip: return hn::Min(hn::Max(v, hn::Set(d, a.clip_min)), hn::Set(d, a.clip_max));
+    case kRelu:
+      return hn::Max(v, hn::Zero(d));
+    case kClip:
+      return hn::Min(hn::Max(v, hn::Set(d, a.clip_min)), hn::Set(d, a.clip_max));
     case kHardSwish: {
       const V gate = hn::MulAdd(v, hn::Set(d, 1.0f / 6.0f), hn::Set(d, 0.5f));
       return hn::Mul(v, hn::Min(hn::Max(gate, hn::Zero(d)), hn::Set(d, 1.0f)));
     }
-    default: return v;
+    default:
+      return v;
   }
 }
 
@@ -77,16 +82,16 @@ HWY_INLINE void InteriorColumns(const NhwcConvArgs& a, int64_t& lo, int64_t& hi)
 }
 
 // kCols output columns ox0.. of one output row, one vector of channels c0..
-// (`mask` its lanes; all of them when kFull): the bias plus every tap's
+// (its first `valid` lanes; all of them when kFull): the bias plus every tap's
 // weight vector times the input vector under it, in registers; each weight
 // load serves all kCols columns. kChecked: some taps fall outside the row
 // (the border columns).
 template <int kCols, bool kChecked, bool kFull>
 HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0, int64_t c0,
-                                 hn::Mask<D> mask) {
+                                 size_t valid) {
   const D d;
   const int64_t C = a.channels;
-  auto load = [&](const float* p) { return kFull ? hn::LoadU(d, p) : hn::MaskedLoad(mask, d, p); };
+  auto load = [&](const float* p) { return kFull ? hn::LoadU(d, p) : LoadFirst(d, p, valid); };
   const V start = a.bias != nullptr ? load(a.bias + c0) : hn::Zero(d);
   V acc[kCols];
   for (int j = 0; j < kCols; ++j) acc[j] = start;
@@ -116,7 +121,7 @@ HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, i
     if constexpr (kFull) {
       hn::StoreU(v, d, out + j * C);
     } else {
-      hn::BlendedStore(v, mask, d, out + j * C);
+      StoreFirst(v, d, out + j * C, valid);
     }
   }
 }
@@ -126,13 +131,11 @@ template <int kCols, bool kChecked>
 HWY_INLINE void DepthwiseColumnsAllChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0) {
   const D d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto all = hn::FirstN(d, static_cast<size_t>(lanes));
   int64_t c0 = 0;
-  for (; c0 + lanes <= a.channels; c0 += lanes) DepthwiseColumns<kCols, kChecked, true>(a, n, oy, ox0, c0, all);
-  if (c0 < a.channels) {
-    const auto mask = hn::FirstN(d, static_cast<size_t>(a.channels - c0));
-    DepthwiseColumns<kCols, kChecked, false>(a, n, oy, ox0, c0, mask);
-  }
+  for (; c0 + lanes <= a.channels; c0 += lanes)
+    DepthwiseColumns<kCols, kChecked, true>(a, n, oy, ox0, c0, static_cast<size_t>(lanes));
+  if (c0 < a.channels)
+    DepthwiseColumns<kCols, kChecked, false>(a, n, oy, ox0, c0, static_cast<size_t>(a.channels - c0));
 }
 
 // One output row (image n, row oy) of the depthwise convolution: interior
@@ -217,7 +220,8 @@ void unfold_position(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox, f
     if (a.dilation_w == 1) {
       copy_floats(dst + kx_first * C, row + (ix0 + kx_first) * C, (kx_last - kx_first) * C);
     } else {
-      for (int64_t kx = kx_first; kx < kx_last; ++kx) copy_floats(dst + kx * C, row + (ix0 + kx * a.dilation_w) * C, C);
+      for (int64_t kx = kx_first; kx < kx_last; ++kx)
+        copy_floats(dst + kx * C, row + (ix0 + kx * a.dilation_w) * C, C);
     }
   }
 }
@@ -241,7 +245,8 @@ bool is_pointwise(const NhwcConvArgs& a) {
          a.pad_left == 0 && a.out_h == a.in_h && a.out_w == a.in_w;
 }
 
-GemmArgs product_of(const NhwcConvArgs& a, const float* rows, int64_t lda, int64_t first_position, int64_t count) {
+GemmArgs product_of(const NhwcConvArgs& a, const float* rows, int64_t lda, int64_t first_position,
+                    int64_t count) {
   GemmArgs g;
   g.a = rows;
   g.lda = lda;
@@ -320,18 +325,20 @@ NhwcConvArgs args_of(const NhwcConvOptions& o, const mx::array& x, const mx::arr
 
 class NhwcConvKernel : public CpuKernel {
  public:
-  NhwcConvKernel(mx::Stream stream, Reference reference, NhwcConvOptions options, bool depthwise, bool has_bias,
-                 bool has_residual)
+  NhwcConvKernel(mx::Stream stream, Reference reference, NhwcConvOptions options, bool depthwise,
+                 bool has_bias, bool has_residual)
       : CpuKernel(stream, std::move(reference)),
         options_(options),
         depthwise_(depthwise),
         has_bias_(has_bias),
         has_residual_(has_residual) {}
-  const char* name() const override { return depthwise_ ? "transmuter::DepthwiseConvNhwc" : "transmuter::ConvNhwc"; }
+  const char* name() const override {
+    return depthwise_ ? "transmuter::DepthwiseConvNhwc" : "transmuter::ConvNhwc";
+  }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const NhwcConvKernel*>(&other);
-    return o != nullptr && o->options_ == options_ && o->depthwise_ == depthwise_ && o->has_bias_ == has_bias_ &&
-           o->has_residual_ == has_residual_;
+    return o != nullptr && o->options_ == options_ && o->depthwise_ == depthwise_ &&
+           o->has_bias_ == has_bias_ && o->has_residual_ == has_residual_;
   }
 
  protected:
@@ -359,9 +366,9 @@ mx::array activate(const mx::array& v, const NhwcConvOptions& o, mx::Stream s) {
 // + the bias in[2] when given, + the residual (the last input) when given.
 mx::array reference_conv(const std::vector<mx::array>& in, const mx::array& weight, int groups, bool has_bias,
                          bool has_residual, const NhwcConvOptions& o, mx::Stream s) {
-  mx::array y = mx::conv_general(in[0], weight, {o.strides[0], o.strides[1]}, {o.pads_begin[0], o.pads_begin[1]},
-                                 {o.pads_end[0], o.pads_end[1]}, {o.dilations[0], o.dilations[1]}, {}, groups, false,
-                                 s);
+  mx::array y = mx::conv_general(in[0], weight, {o.strides[0], o.strides[1]},
+                                 {o.pads_begin[0], o.pads_begin[1]}, {o.pads_end[0], o.pads_end[1]},
+                                 {o.dilations[0], o.dilations[1]}, {}, groups, false, s);
   if (has_bias) y = mx::add(y, in[2], s);
   if (has_residual) y = mx::add(y, in.back(), s);
   return activate(y, o, s);
@@ -378,8 +385,10 @@ mx::Shape output_shape(const mx::array& x, int64_t m, const NhwcConvOptions& o) 
 
 void check_options(const NhwcConvOptions& o) {
   for (int i = 0; i < 2; ++i) {
-    if (o.kernel[i] < 1 || o.strides[i] < 1 || o.dilations[i] < 1 || o.pads_begin[i] < 0 || o.pads_end[i] < 0) {
-      throw std::invalid_argument("convolution needs positive kernel, strides and dilations and non-negative pads");
+    if (o.kernel[i] < 1 || o.strides[i] < 1 || o.dilations[i] < 1 || o.pads_begin[i] < 0 ||
+        o.pads_end[i] < 0) {
+      throw std::invalid_argument(
+          "convolution needs positive kernel, strides and dilations and non-negative pads");
     }
   }
 }
@@ -399,10 +408,12 @@ std::vector<mx::array> operands(const mx::array& x, const mx::array& w, const st
 }
 
 mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, const mx::Shape& shape,
-                     const NhwcConvOptions& o, bool depthwise, bool has_bias, bool has_residual, mx::Stream stream) {
+                     const NhwcConvOptions& o, bool depthwise, bool has_bias, bool has_residual,
+                     mx::Stream stream) {
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
-        return std::make_shared<NhwcConvKernel>(kernel_stream, reference, o, depthwise, has_bias, has_residual);
+        return std::make_shared<NhwcConvKernel>(kernel_stream, reference, o, depthwise, has_bias,
+                                                has_residual);
       },
       reference, std::move(inputs), {shape}, {mx::float32}, stream)[0];
 }
@@ -448,7 +459,8 @@ mx::array spatial_mean_nhwc(const mx::array& x, mx::StreamOrDevice s) {
   Reference reference = [stream](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{mx::mean(in[0], {1, 2}, true, stream)};
   };
-  if (x.ndim() != 4 || x.dtype() != mx::float32 || x.size() == 0 || !is_cpu_stream(stream)) return reference({x})[0];
+  if (x.ndim() != 4 || x.dtype() != mx::float32 || x.size() == 0 || !is_cpu_stream(stream))
+    return reference({x})[0];
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) { return std::make_shared<SpatialMeanKernel>(kernel_stream, reference); },
       reference, {x}, {{x.shape(0), 1, 1, x.shape(3)}}, {mx::float32}, stream)[0];
@@ -491,19 +503,24 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
       }
     }
   });
-  return buffer.into_array({static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)}, mx::float32);
+  return buffer.into_array({static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)},
+                           mx::float32);
 }
 
 mx::array depthwise_weight_nhwc(const mx::array& w, mx::StreamOrDevice s) {
-  if (w.ndim() != 4 || w.shape(1) != 1) throw std::invalid_argument("depthwise weight must be [C, 1, kH, kW]");
-  return mx::contiguous(mx::astype(mx::transpose(mx::squeeze(w, 1, s), {1, 2, 0}, s), mx::float32, s), false, s);
+  if (w.ndim() != 4 || w.shape(1) != 1)
+    throw std::invalid_argument("depthwise weight must be [C, 1, kH, kW]");
+  return mx::contiguous(mx::astype(mx::transpose(mx::squeeze(w, 1, s), {1, 2, 0}, s), mx::float32, s), false,
+                        s);
 }
 
-mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::optional<mx::array>& bias, int64_t m,
-                      const NhwcConvOptions& o, mx::StreamOrDevice s, const std::optional<mx::array>& residual) {
+mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::optional<mx::array>& bias,
+                      int64_t m, const NhwcConvOptions& o, mx::StreamOrDevice s,
+                      const std::optional<mx::array>& residual) {
   check_options(o);
   check_bias(bias, m);
-  if (x.dtype() != mx::float32 || x.ndim() != 4) throw std::invalid_argument("convolution input must be float32 [N, H, W, C]");
+  if (x.dtype() != mx::float32 || x.ndim() != 4)
+    throw std::invalid_argument("convolution input must be float32 [N, H, W, C]");
   const int64_t k = int64_t{o.kernel[0]} * o.kernel[1] * x.shape(3);
   if (!packed_rhs_fits(packed, m) || packed.shape(1) != k) {
     throw std::invalid_argument("packed convolution weight does not match " + std::to_string(m) +
@@ -536,7 +553,8 @@ mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::op
 mx::array depthwise_conv_nhwc(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                               const NhwcConvOptions& o, mx::StreamOrDevice s) {
   check_options(o);
-  if (x.dtype() != mx::float32 || x.ndim() != 4) throw std::invalid_argument("convolution input must be float32 [N, H, W, C]");
+  if (x.dtype() != mx::float32 || x.ndim() != 4)
+    throw std::invalid_argument("convolution input must be float32 [N, H, W, C]");
   const int64_t c = x.shape(3);
   if (w.dtype() != mx::float32 || w.ndim() != 3 || w.shape(0) != o.kernel[0] || w.shape(1) != o.kernel[1] ||
       w.shape(2) != c) {

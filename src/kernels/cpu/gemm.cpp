@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/partial_vectors-inl.h"
 
 #ifndef TRANSMUTER_KERNELS_CPU_GEMM_ARGS
 #define TRANSMUTER_KERNELS_CPU_GEMM_ARGS
@@ -34,27 +35,27 @@ using V = hn::Vec<D>;
 int64_t PanelWidth() { return 2 * static_cast<int64_t>(hn::Lanes(D())); }
 
 // The `cols` (<= panel width) first columns of a row segment, as two vectors.
+// Lanes past cols are neither read nor written (no fault past the row's end,
+// no race with the neighbouring tile).
 struct RowSegment {
   int64_t cols;
   bool full;
-  hn::Mask<D> low, high;
+  size_t low, high;  // the lanes of each vector that hold columns
 
   explicit RowSegment(int64_t columns) : cols(columns) {
-    const D d;
-    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
     full = cols == 2 * lanes;
-    low = hn::FirstN(d, static_cast<size_t>(std::min(cols, lanes)));
-    high = hn::FirstN(d, static_cast<size_t>(cols > lanes ? cols - lanes : 0));
+    low = static_cast<size_t>(std::min(cols, lanes));
+    high = static_cast<size_t>(cols > lanes ? cols - lanes : 0);
   }
-  // Masked lanes are neither read nor written (no fault past the row's end).
   void load(const float* p, V& lo, V& hi) const {
     const D d;
     if (full) {
       lo = hn::LoadU(d, p);
       hi = hn::LoadU(d, p + hn::Lanes(d));
     } else {
-      lo = hn::MaskedLoad(low, d, p);
-      hi = hn::MaskedLoad(high, d, p + hn::Lanes(d));
+      lo = LoadFirst(d, p, low);
+      hi = high > 0 ? LoadFirst(d, p + hn::Lanes(d), high) : hn::Zero(d);
     }
   }
   void store(V lo, V hi, float* p) const {
@@ -63,8 +64,8 @@ struct RowSegment {
       hn::StoreU(lo, d, p);
       hn::StoreU(hi, d, p + hn::Lanes(d));
     } else {
-      hn::BlendedStore(lo, low, d, p);
-      hn::BlendedStore(hi, high, d, p + hn::Lanes(d));
+      StoreFirst(lo, d, p, low);
+      if (high > 0) StoreFirst(hi, d, p + hn::Lanes(d), high);
     }
   }
 };
@@ -87,9 +88,12 @@ struct Clamp {
   V apply(V v) const {
     const D d;
     switch (kind) {
-      case ConvActivation::kNone: return v;
-      case ConvActivation::kRelu: return hn::Max(v, hn::Zero(d));
-      case ConvActivation::kClip: return hn::Min(hn::Max(v, hn::Set(d, lo)), hn::Set(d, hi));
+      case ConvActivation::kNone:
+        return v;
+      case ConvActivation::kRelu:
+        return hn::Max(v, hn::Zero(d));
+      case ConvActivation::kClip:
+        return hn::Min(hn::Max(v, hn::Set(d, lo)), hn::Set(d, hi));
       case ConvActivation::kHardSwish: {
         const V gate = hn::MulAdd(v, hn::Set(d, 1.0f / 6.0f), hn::Set(d, 0.5f));
         return hn::Mul(v, hn::Min(hn::Max(gate, hn::Zero(d)), hn::Set(d, 1.0f)));
@@ -103,8 +107,8 @@ struct Clamp {
 // with b's rows `ldb` apart (TileStart). kMaskedB: b holds only the
 // segment's columns (an unpacked matrix's last columns), read masked.
 template <int R, bool kMaskedB>
-HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y, int64_t ldy,
-                     const RowSegment& segment, const TileStart& start, const Clamp* clamp) {
+HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
+                     int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp) {
   const D d;
   const size_t lanes = hn::Lanes(d);
   V lo[R], hi[R];
@@ -182,15 +186,20 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
 
 template <bool kMaskedB>
 void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
-              int64_t ldy, const RowSegment& segment, const TileStart& start,
-              const Clamp* clamp) {
+              int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp) {
   switch (rows) {
-    case 6: return Tile<6, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
-    case 5: return Tile<5, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
-    case 4: return Tile<4, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
-    case 3: return Tile<3, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
-    case 2: return Tile<2, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
-    default: return Tile<1, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 6:
+      return Tile<6, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 5:
+      return Tile<5, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 4:
+      return Tile<4, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 3:
+      return Tile<3, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    case 2:
+      return Tile<2, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+    default:
+      return Tile<1, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
   }
 }
 
@@ -215,11 +224,11 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
         const TileStart start{g.col_bias != nullptr ? g.col_bias + col0 : nullptr, row_bias,
                               g.residual != nullptr ? g.residual + r * g.ldy + col0 : nullptr, k0 > 0};
         if (g.packed != nullptr) {  // zero-padded panels: full loads
-          TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0, g.ldy,
-                          segment, start, last);
+          TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0,
+                          g.ldy, segment, start, last);
         } else if (segment.full) {
-          TileRows<false>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy, segment,
-                          start, last);
+          TileRows<false>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy,
+                          segment, start, last);
         } else {
           TileRows<true>(tile_rows, a, g.lda, g.b + k0 * g.ldb + col0, g.ldb, depth, y + col0, g.ldy, segment,
                          start, last);
@@ -280,8 +289,8 @@ void run_gemm(const GemmArgs& g) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t row0 = (t / panel_blocks) * kBlockRows;
       const int64_t panel0 = (t % panel_blocks) * kBlockPanels;
-      HWY_DYNAMIC_DISPATCH(Block)(g, row0, std::min(kBlockRows, g.m - row0), panel0,
-                                  std::min(kBlockPanels, panels - panel0));
+      HWY_DYNAMIC_DISPATCH(Block)
+      (g, row0, std::min(kBlockRows, g.m - row0), panel0, std::min(kBlockPanels, panels - panel0));
     }
   });
 }
@@ -340,7 +349,8 @@ void pack_panels(const float* b, bool transposed, int64_t k, int64_t n, int64_t 
           for (int64_t kk = 0; kk < k; ++kk) panel[kk * width + j] = row[kk];
         }
       } else {
-        for (int64_t kk = 0; kk < k; ++kk) copy_panel_row(panel + kk * width, b + kk * n + p * width, cols, width);
+        for (int64_t kk = 0; kk < k; ++kk)
+          copy_panel_row(panel + kk * width, b + kk * n + p * width, cols, width);
       }
     }
   });
@@ -379,7 +389,8 @@ struct BatchWalk {
 
 class BatchedMatmulKernel : public CpuKernel {
  public:
-  BatchedMatmulKernel(mx::Stream stream, Reference reference, mx::Shape a_batch, mx::Shape b_batch, mx::Shape out_batch)
+  BatchedMatmulKernel(mx::Stream stream, Reference reference, mx::Shape a_batch, mx::Shape b_batch,
+                      mx::Shape out_batch)
       : CpuKernel(stream, std::move(reference)),
         a_batch_(std::move(a_batch)),
         b_batch_(std::move(b_batch)),
@@ -442,10 +453,8 @@ class BatchedMatmulKernel : public CpuKernel {
 
 }  // namespace
 
-int64_t gemm_panel_width() {
-  static const int64_t width = HWY_DYNAMIC_DISPATCH(PanelWidth)();
-  return width;
-}
+// Not cached: the tests switch the SIMD target (support/simd_targets.h), and a dispatch is one indirect call.
+int64_t gemm_panel_width() { return HWY_DYNAMIC_DISPATCH(PanelWidth)(); }
 
 mx::array pack_gemm_rhs(const mx::array& b, bool transposed) {
   if (b.ndim() != 2 || b.size() == 0 || !mx::issubdtype(b.dtype(), mx::floating)) {
@@ -460,7 +469,8 @@ mx::array pack_gemm_rhs(const mx::array& b, bool transposed) {
   // MLX's own buffer: an array built over foreign memory would be copied.
   MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float));
   pack_panels(source.data<float>(), transposed, k, n, width, buffer.as<float>());
-  return buffer.into_array({static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)}, mx::float32);
+  return buffer.into_array({static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)},
+                           mx::float32);
 }
 
 mx::array unpack_gemm_rhs(const mx::array& packed, int64_t n, mx::StreamOrDevice s) {
@@ -470,19 +480,21 @@ mx::array unpack_gemm_rhs(const mx::array& packed, int64_t n, mx::StreamOrDevice
 }
 
 bool packed_rhs_fits(const mx::array& packed, int64_t n) {
-  return packed.dtype() == mx::float32 && packed.ndim() == 3 && packed.shape(2) == gemm_panel_width() && n > 0 &&
-         packed.shape(1) > 0 && packed.shape(0) == ceil_div(n, gemm_panel_width());
+  return packed.dtype() == mx::float32 && packed.ndim() == 3 && packed.shape(2) == gemm_panel_width() &&
+         n > 0 && packed.shape(1) > 0 && packed.shape(0) == ceil_div(n, gemm_panel_width());
 }
 
-mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::optional<mx::array>& bias, int64_t n,
-                        Activation activation, mx::StreamOrDevice s, const std::optional<mx::array>& residual) {
+mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::optional<mx::array>& bias,
+                        int64_t n, Activation activation, mx::StreamOrDevice s,
+                        const std::optional<mx::array>& residual) {
   const mx::Stream stream = mx::to_stream(s);
   const bool has_bias = bias.has_value();
   if (residual) {
     mx::Shape out_shape = a.shape();
     if (!out_shape.empty()) out_shape.back() = static_cast<int>(n);
     // A residual of another shape (broadcast) or dtype is an MLX add.
-    if (residual->shape() != out_shape || residual->dtype() != mx::float32 || activation != Activation::kIdentity) {
+    if (residual->shape() != out_shape || residual->dtype() != mx::float32 ||
+        activation != Activation::kIdentity) {
       if (activation != Activation::kIdentity) {
         throw std::invalid_argument("packed_matmul: a residual goes with no activation only");
       }
@@ -509,7 +521,8 @@ mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::
   shape.back() = static_cast<int>(n);
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
-        return std::make_shared<PackedMatmulKernel>(kernel_stream, reference, n, has_bias, has_residual, activation);
+        return std::make_shared<PackedMatmulKernel>(kernel_stream, reference, n, has_bias, has_residual,
+                                                    activation);
       },
       reference, inputs, {shape}, {mx::float32}, stream)[0];
 }

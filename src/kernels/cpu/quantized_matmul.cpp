@@ -2,10 +2,8 @@
 // file); the kernels come from the best target of the CPU, picked at run time.
 // The plane order of x depends on the vector width, so x is permuted by the
 // same target that runs the GEMV.
-// AVX3_DL (Ice Lake, Zen 4: AVX512-VNNI) is compiled too: its vpdpbusd is the int8 GEMV's dot product.
-#ifndef HWY_WANT_AVX3_DL
-#define HWY_WANT_AVX3_DL
-#endif
+// AVX3_DL (Ice Lake, Zen 4: AVX512-VNNI) is compiled too (HWY_WANT_AVX3_DL, set for every kernel file
+// in CMakeLists.txt): its vpdpbusd is the int8 GEMV's dot product.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/quantized_matmul.cpp"
 #include <hwy/foreach_target.h>  // must come before highway.h
@@ -18,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/partial_vectors-inl.h"
 #include "kernels/cpu/quantized_matmul.h"
 
 #ifndef TRANSMUTER_KERNELS_CPU_QUANTIZED_MATMUL_ARGS
@@ -123,9 +122,8 @@ HWY_INLINE void ChunkProducts(const uint32_t* const (&w)[C], const float* const 
   for (int c = 0; c < C; ++c) {
     // The rows of w come from memory once per call: a few cache lines ahead of the loads.
     hwy::Prefetch(w[c] + chunk * lanes + kPrefetchWords);
-    words[c] = valid == lanes
-                   ? hn::LoadU(du, w[c] + chunk * lanes)
-                   : hn::MaskedLoad(hn::FirstN(du, static_cast<size_t>(valid)), du, w[c] + chunk * lanes);
+    words[c] = valid == lanes ? hn::LoadU(du, w[c] + chunk * lanes)
+                              : LoadFirst(du, w[c] + chunk * lanes, static_cast<size_t>(valid));
   }
   PlaneProducts<kBits, R, C>(words, x, chunk * (32 / kBits) * lanes, mask, dot);
 }
@@ -225,10 +223,9 @@ HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
         for (int c = 0; c < C; ++c) dot[r][c] = hn::Zero(d);
       }
       ChunkProducts<kBits, R, C>(w, x, chunk, valid, mask, dot);
-      const auto present = hn::FirstN(d, static_cast<size_t>(valid >> shift));
+      const size_t present = static_cast<size_t>(valid >> shift);
       for (int c = 0; c < C; ++c) {
-        const V s =
-            hn::TableLookupLanes(hn::MaskedLoad(present, d, scales[c] + chunk * groups_per_chunk), table);
+        const V s = hn::TableLookupLanes(LoadFirst(d, scales[c] + chunk * groups_per_chunk, present), table);
         for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(dot[r][c], s, acc[r][c]);
       }
     }
@@ -236,12 +233,12 @@ HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
   // + sum over groups of biases[n, g] * sum(x in group g).
   const V negative_zero = hn::Set(d, -a.zero_point);
   for (int64_t g0 = 0; g0 < groups; g0 += lanes) {
-    const auto present = hn::FirstN(d, static_cast<size_t>(std::min(lanes, groups - g0)));
+    const size_t present = static_cast<size_t>(groups - g0);
     V xs[R];
-    for (int r = 0; r < R; ++r) xs[r] = hn::MaskedLoad(present, d, a.xsum + (row0 + r) * groups + g0);
+    for (int r = 0; r < R; ++r) xs[r] = LoadFirst(d, a.xsum + (row0 + r) * groups + g0, present);
     for (int c = 0; c < C; ++c) {
-      const V b = biases[c] != nullptr ? hn::MaskedLoad(present, d, biases[c] + g0)
-                                       : hn::Mul(hn::MaskedLoad(present, d, scales[c] + g0), negative_zero);
+      const V b = biases[c] != nullptr ? LoadFirst(d, biases[c] + g0, present)
+                                       : hn::Mul(LoadFirst(d, scales[c] + g0, present), negative_zero);
       for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(b, xs[r], acc[r][c]);
     }
   }
@@ -344,9 +341,8 @@ HWY_INLINE void ByteChunkDots(const uint32_t* const (&w)[C], const int8_t* x, in
   }
   for (int c = 0; c < C; ++c) {
     hwy::Prefetch(w[c] + chunk * lanes + kPrefetchWords);
-    const VU words =
-        valid == lanes ? hn::LoadU(du, w[c] + chunk * lanes)
-                       : hn::MaskedLoad(hn::FirstN(du, static_cast<size_t>(valid)), du, w[c] + chunk * lanes);
+    const VU words = valid == lanes ? hn::LoadU(du, w[c] + chunk * lanes)
+                                    : LoadFirst(du, w[c] + chunk * lanes, static_cast<size_t>(valid));
     const auto packed = hn::BitCast(du8, words);
     if constexpr (kBits == 4) {
       const auto low = hn::And(packed, low_nibbles);
@@ -404,22 +400,21 @@ HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0) {
       const int64_t valid = std::min(lanes, words - chunk * lanes);
       for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
       ByteChunkDots<kBits, C>(w, x, chunk, valid, dot);
-      const auto present = hn::FirstN(d, static_cast<size_t>(valid >> shift));
-      const V xs = hn::TableLookupLanes(hn::MaskedLoad(present, d, xscale + chunk * groups_per_chunk), table);
+      const size_t present = static_cast<size_t>(valid >> shift);
+      const V xs = hn::TableLookupLanes(LoadFirst(d, xscale + chunk * groups_per_chunk, present), table);
       for (int c = 0; c < C; ++c) {
-        const V s =
-            hn::TableLookupLanes(hn::MaskedLoad(present, d, scales[c] + chunk * groups_per_chunk), table);
+        const V s = hn::TableLookupLanes(LoadFirst(d, scales[c] + chunk * groups_per_chunk, present), table);
         acc[c] = hn::MulAdd(hn::Mul(hn::ConvertTo(d, dot[c]), xs), s, acc[c]);
       }
     }
   }
   const V negative_zero = hn::Set(d, -a.zero_point);
   for (int64_t g0 = 0; g0 < groups; g0 += lanes) {
-    const auto present = hn::FirstN(d, static_cast<size_t>(std::min(lanes, groups - g0)));
-    const V xs = hn::MaskedLoad(present, d, a.xsum + row * groups + g0);
+    const size_t present = static_cast<size_t>(groups - g0);
+    const V xs = LoadFirst(d, a.xsum + row * groups + g0, present);
     for (int c = 0; c < C; ++c) {
-      const V b = biases[c] != nullptr ? hn::MaskedLoad(present, d, biases[c] + g0)
-                                       : hn::Mul(hn::MaskedLoad(present, d, scales[c] + g0), negative_zero);
+      const V b = biases[c] != nullptr ? LoadFirst(d, biases[c] + g0, present)
+                                       : hn::Mul(LoadFirst(d, scales[c] + g0, present), negative_zero);
       acc[c] = hn::MulAdd(b, xs, acc[c]);
     }
   }

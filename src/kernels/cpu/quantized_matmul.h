@@ -24,6 +24,12 @@
 //   256 of K are dequantized into the float GEMM's packed panels
 //   (kernels/cpu/gemm.h) in a buffer that stays in L2, and the GEMM
 //   accumulates the K slices into y.
+// - Few rows with Activations::int8_per_group (MatMulNBits accuracy_level 4):
+//   x is rounded to int8 per group once per call and the GEMV takes integer
+//   dot products of the weight's bytes with x's (AVX512-VNNI vpdpbusd; the
+//   AVX-512/AVX2 vpmaddubsw pair for 4 bits), one float scale per group:
+//   exact, so equal to the float GEMV on the rounded x, which the other
+//   targets (and $TRANSMUTER_INT8_GEMV=0) run.
 //
 // The stored weight is never expanded: the GEMV reads bits / 8 bytes per
 // weight plus 8 bytes of scale and bias per group (4 without biases) (docs/quantized_performance.md:

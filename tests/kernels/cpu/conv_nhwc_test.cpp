@@ -13,6 +13,7 @@
 
 #include "support/conv_reference.h"
 #include "support/random_arrays.h"
+#include "support/simd_targets.h"
 
 namespace transmuter::kernels {
 namespace {
@@ -66,9 +67,9 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-  return "x [" + std::to_string(c.batch) + "," + std::to_string(c.height) + "," + std::to_string(c.width) + "," +
-         std::to_string(c.channels) + "] kernel " + std::to_string(c.kernel_h) + "x" + std::to_string(c.kernel_w) +
-         " -> " + std::to_string(c.out_channels) + " channels, activation " +
+  return "x [" + std::to_string(c.batch) + "," + std::to_string(c.height) + "," + std::to_string(c.width) +
+         "," + std::to_string(c.channels) + "] kernel " + std::to_string(c.kernel_h) + "x" +
+         std::to_string(c.kernel_w) + " -> " + std::to_string(c.out_channels) + " channels, activation " +
          std::to_string(static_cast<int>(c.activation));
 }
 
@@ -116,19 +117,23 @@ TEST(ConvNhwcKernel, DepthwiseMatchesTheConvolution) {
       {1, 12, 12, 8, 30, 3, 3, {2, 2}, {1, 1}, {0, 0}, {1, 1}, false, ConvActivation::kHardSwish},
       {1, 16, 16, 6, 20, 3, 3, {1, 1}, {1, 2}, {1, 2}, {1, 2}, true},  // dilated
   };
-  for (const Case& c : cases) {
-    mx::array x = random_array({c.batch, c.height, c.width, c.channels}, 21);
-    mx::array w = random_array({c.channels, 1, c.kernel_h, c.kernel_w}, 22);
-    std::optional<mx::array> bias;
-    if (c.bias) bias = random_array({c.channels}, 23);
-    const NhwcConvOptions o = c.options();
-    mx::array y = depthwise_conv_nhwc(x, depthwise_weight_nhwc(w), bias, o, mx::Device::cpu);
-    EXPECT_TRUE(from_kernel(y)) << describe(c);
-    mx::array want = expected(x, w, bias, o, c.channels);
-    ASSERT_EQ(y.shape(), want.shape()) << describe(c);
-    EXPECT_LT(max_abs_diff(y, want), kTolerance) << describe(c);
-    EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f) << describe(c);
-  }
+  // On every SIMD target of the CPU: channel counts end inside a vector of each width.
+  const int targets = testing::for_each_simd_target([&](const std::string& target) {
+    for (const Case& c : cases) {
+      mx::array x = random_array({c.batch, c.height, c.width, c.channels}, 21);
+      mx::array w = random_array({c.channels, 1, c.kernel_h, c.kernel_w}, 22);
+      std::optional<mx::array> bias;
+      if (c.bias) bias = random_array({c.channels}, 23);
+      const NhwcConvOptions o = c.options();
+      mx::array y = depthwise_conv_nhwc(x, depthwise_weight_nhwc(w), bias, o, mx::Device::cpu);
+      EXPECT_TRUE(from_kernel(y)) << target << " " << describe(c);
+      mx::array want = expected(x, w, bias, o, c.channels);
+      ASSERT_EQ(y.shape(), want.shape()) << describe(c);
+      EXPECT_LT(max_abs_diff(y, want), kTolerance) << target << " " << describe(c);
+      EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f) << describe(c);
+    }
+  });
+  EXPECT_GE(targets, 1);
 }
 
 // A residual added before the activation: in the GEMM's epilogue when it has
@@ -137,7 +142,8 @@ TEST(ConvNhwcKernel, ResidualIsAddedBeforeTheActivation) {
   mx::array x = random_array({2, 6, 7, 12}, 71);
   mx::array w = random_array({20, 12, 3, 3}, 72);
   mx::array bias = random_array({20}, 73);
-  const NhwcConvOptions o{.kernel = {3, 3}, .pads_begin = {1, 1}, .pads_end = {1, 1}, .activation = ConvActivation::kRelu};
+  const NhwcConvOptions o{
+      .kernel = {3, 3}, .pads_begin = {1, 1}, .pads_end = {1, 1}, .activation = ConvActivation::kRelu};
   NhwcConvOptions linear = o;
   linear.activation = ConvActivation::kNone;
   const mx::array packed = pack_conv_weight_nhwc(w);
@@ -154,7 +160,8 @@ TEST(ConvNhwcKernel, ResidualIsAddedBeforeTheActivation) {
   mx::array weights = random_array({2, 6, 7, 20}, 76);
   auto [_, grads] = mx::vjp(
       [&](const std::vector<mx::array>& p) {
-        return std::vector<mx::array>{mx::sum(conv2d_nhwc(p[0], packed, bias, 20, o, mx::Device::cpu, p[1]) * weights)};
+        return std::vector<mx::array>{
+            mx::sum(conv2d_nhwc(p[0], packed, bias, 20, o, mx::Device::cpu, p[1]) * weights)};
       },
       {x, z}, {mx::array(1.0f)});
   // d/dZ is the weights where the pre-activation is positive.
@@ -216,7 +223,8 @@ TEST(ConvNhwcKernel, GradientsEqualThoseOfTheComposition) {
   mx::array weights_d = random_array(expected(x, wd, bd, o, 5).shape(), 47);
   auto [___, got_d] = mx::vjp(
       [&](const std::vector<mx::array>& p) {
-        return std::vector<mx::array>{mx::sum(depthwise_conv_nhwc(p[0], p[1], p[2], o, mx::Device::cpu) * weights_d)};
+        return std::vector<mx::array>{
+            mx::sum(depthwise_conv_nhwc(p[0], p[1], p[2], o, mx::Device::cpu) * weights_d)};
       },
       {x, depthwise_weight_nhwc(wd), bd}, {mx::array(1.0f)});
   auto [____, want_d] = mx::vjp(
@@ -254,7 +262,8 @@ TEST(ConvNhwcKernel, RunsInsideCompile) {
   const NhwcConvOptions o{.kernel = {3, 3}, .strides = {2, 2}, .pads_begin = {1, 1}, .pads_end = {1, 1}};
   mx::array packed = pack_conv_weight_nhwc(w);
   auto f = mx::compile([o](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{conv2d_nhwc(mx::multiply(in[0], mx::array(2.0f)), in[1], {}, 12, o, mx::Device::cpu)};
+    return std::vector<mx::array>{
+        conv2d_nhwc(mx::multiply(in[0], mx::array(2.0f)), in[1], {}, 12, o, mx::Device::cpu)};
   });
   EXPECT_LT(max_abs_diff(f({x, packed})[0], expected(x * 2.0f, w, {}, o, 1)), kTolerance);
 }
@@ -272,17 +281,21 @@ TEST(ConvNhwcKernel, MismatchedArgumentsAreRefused) {
     return std::string("no error");
   };
   // A window of another depth than the packed weight's.
-  EXPECT_NE(message([&] { conv2d_nhwc(random_array({1, 5, 5, 3}, 63), packed, {}, 6, o); })
-                .find("does not match 6 output channels over a window of 27 values"),
+  EXPECT_NE(message([&] {
+              conv2d_nhwc(random_array({1, 5, 5, 3}, 63), packed, {}, 6, o);
+            }).find("does not match 6 output channels over a window of 27 values"),
             std::string::npos);
-  EXPECT_NE(message([&] { conv2d_nhwc(x, packed, random_array({5}, 64), 6, o); }).find("bias must be float32 [6]"),
-            std::string::npos);
+  EXPECT_NE(
+      message([&] { conv2d_nhwc(x, packed, random_array({5}, 64), 6, o); }).find("bias must be float32 [6]"),
+      std::string::npos);
   const NhwcConvOptions too_big{.kernel = {7, 7}};
-  EXPECT_NE(message([&] { depthwise_conv_nhwc(x, random_array({7, 7, 4}, 65), {}, too_big); })
-                .find("window does not fit the input"),
+  EXPECT_NE(message([&] {
+              depthwise_conv_nhwc(x, random_array({7, 7, 4}, 65), {}, too_big);
+            }).find("window does not fit the input"),
             std::string::npos);
-  EXPECT_NE(message([&] { depthwise_conv_nhwc(x, random_array({3, 3, 5}, 66), {}, o); })
-                .find("depthwise weight must be float32 [3, 3, 4]"),
+  EXPECT_NE(message([&] {
+              depthwise_conv_nhwc(x, random_array({3, 3, 5}, 66), {}, o);
+            }).find("depthwise weight must be float32 [3, 3, 4]"),
             std::string::npos);
   const NhwcConvOptions zero_stride{.kernel = {3, 3}, .strides = {0, 1}};
   EXPECT_NE(message([&] { conv2d_nhwc(x, packed, {}, 6, zero_stride); }).find("positive kernel, strides"),

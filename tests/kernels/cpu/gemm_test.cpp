@@ -8,9 +8,11 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 
 #include "support/random_arrays.h"
+#include "support/simd_targets.h"
 
 namespace transmuter::kernels {
 namespace {
@@ -29,8 +31,9 @@ mx::array gelu_erf(const mx::array& z) {
 }
 
 mx::array gelu_tanh(const mx::array& z) {
-  mx::array inner = mx::multiply(mx::array(0.7978845608f),
-                                 mx::add(z, mx::multiply(mx::array(0.044715f), mx::power(z, mx::array(3.0f)))));
+  mx::array inner =
+      mx::multiply(mx::array(0.7978845608f),
+                   mx::add(z, mx::multiply(mx::array(0.044715f), mx::power(z, mx::array(3.0f)))));
   return mx::multiply(mx::multiply(z, mx::array(0.5f)), mx::add(mx::array(1.0f), mx::tanh(inner)));
 }
 
@@ -54,23 +57,29 @@ TEST(PackedGemm, PackingIsExactAndUnpackingInvertsIt) {
   EXPECT_EQ(packed.data<float>()[1 * 5 * width + 2 * width + 3],
             mx::slice(b, {2, static_cast<int>(width) + 3}, {3, static_cast<int>(width) + 4}).item<float>());
   EXPECT_EQ(mx::slice(packed, {2, 0, 3}, {3, 5, static_cast<int>(width)}).size(), 5u * (width - 3));
-  EXPECT_EQ(mx::max(mx::abs(mx::slice(packed, {2, 0, 3}, {3, 5, static_cast<int>(width)}))).item<float>(), 0.0f);
+  EXPECT_EQ(mx::max(mx::abs(mx::slice(packed, {2, 0, 3}, {3, 5, static_cast<int>(width)}))).item<float>(),
+            0.0f);
   // [N, K] storage (Gemm transB) packs to the same panels.
   mx::array from_transposed = pack_gemm_rhs(mx::contiguous(mx::transpose(b)), true);
   EXPECT_EQ(max_abs_diff(from_transposed, packed), 0.0f);
 }
 
+// On every SIMD target of the CPU (the panel width and the partial-vector tails differ).
 TEST(PackedGemm, MatchesMatmulOnEveryTilingEdge) {
-  for (int m : {1, 5, 6, 7, 13, 100}) {
-    for (auto [k, n] : {std::pair{1, 1}, {3, 15}, {255, 16}, {256, 17}, {257, 33}, {600, 100}}) {
-      mx::array a = random_array({m, k}, static_cast<uint64_t>(m * 1000 + k));
-      mx::array b = random_array({k, n}, static_cast<uint64_t>(n));
-      mx::array got = packed_matmul(a, pack_gemm_rhs(b, false), std::nullopt, n, Activation::kIdentity,
-                                    mx::Device::cpu);
-      ASSERT_EQ(got.shape(), (mx::Shape{m, n}));
-      EXPECT_LT(max_abs_diff(got, mx::matmul(a, b)), kTolerance) << m << "x" << k << "x" << n;
+  const int targets = testing::for_each_simd_target([](const std::string& target) {
+    for (int m : {1, 5, 6, 7, 13, 100}) {
+      for (auto [k, n] : {std::pair{1, 1}, {3, 15}, {255, 16}, {256, 17}, {257, 33}, {600, 100}}) {
+        mx::array a = random_array({m, k}, static_cast<uint64_t>(m * 1000 + k));
+        mx::array b = random_array({k, n}, static_cast<uint64_t>(n));
+        mx::array got = packed_matmul(a, pack_gemm_rhs(b, false), std::nullopt, n, Activation::kIdentity,
+                                      mx::Device::cpu);
+        ASSERT_EQ(got.shape(), (mx::Shape{m, n}));
+        EXPECT_LT(max_abs_diff(got, mx::matmul(a, b)), kTolerance)
+            << target << " " << m << "x" << k << "x" << n;
+      }
     }
-  }
+  });
+  EXPECT_GE(targets, 1);
 }
 
 TEST(PackedGemm, BiasAndActivationEpilogues) {
@@ -91,7 +100,8 @@ TEST(PackedGemm, BiasAndActivationEpilogues) {
   }
   // A 1-D left side gives a 1-D result, as MatMul does.
   mx::array v = random_array({40}, 6);
-  EXPECT_EQ(packed_matmul(v, packed, bias, 50, Activation::kIdentity, mx::Device::cpu).shape(), (mx::Shape{50}));
+  EXPECT_EQ(packed_matmul(v, packed, bias, 50, Activation::kIdentity, mx::Device::cpu).shape(),
+            (mx::Shape{50}));
   EXPECT_LT(max_abs_diff(packed_matmul(v, packed, bias, 50, Activation::kIdentity, mx::Device::cpu),
                          mx::add(mx::matmul(v, b), bias)),
             kTolerance);
@@ -113,8 +123,8 @@ TEST(PackedGemm, ResidualIsAddedInTheEpilogue) {
   mx::array weights = random_array({3, 13, 37}, 66);
   auto [_, grads] = mx::vjp(
       [&](const std::vector<mx::array>& p) {
-        return std::vector<mx::array>{
-            mx::sum(packed_matmul(p[0], packed, bias, 37, Activation::kIdentity, mx::Device::cpu, p[1]) * weights)};
+        return std::vector<mx::array>{mx::sum(
+            packed_matmul(p[0], packed, bias, 37, Activation::kIdentity, mx::Device::cpu, p[1]) * weights)};
       },
       {a, z}, {mx::array(1.0f)});
   EXPECT_LT(max_abs_diff(grads[1], weights), 1e-6f);
@@ -155,9 +165,8 @@ TEST(PackedGemm, GradientsAndCompileFollowTheReference) {
   }
   EXPECT_LT(max_abs_diff(got[2], want[2]), 1e-3f);
   auto compiled = mx::compile([](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{
-        packed_matmul(mx::add(in[0], mx::array(1.0f)), in[1], std::nullopt, 18, Activation::kIdentity,
-                      mx::Device::cpu)};
+    return std::vector<mx::array>{packed_matmul(mx::add(in[0], mx::array(1.0f)), in[1], std::nullopt, 18,
+                                                Activation::kIdentity, mx::Device::cpu)};
   });
   EXPECT_LT(max_abs_diff(compiled({a, packed})[0], mx::matmul(mx::add(a, mx::array(1.0f)), b)), kTolerance);
 }
@@ -170,8 +179,8 @@ TEST(PackedGemm, ArgumentsOutsideTheKernelRunTheReference) {
   mx::array got = packed_matmul(a16, packed, std::nullopt, 5, Activation::kIdentity, mx::Device::cpu);
   EXPECT_LT(max_abs_diff(got, mx::matmul(mx::astype(a16, mx::float32), b)), 1e-2f);
   // A panel width this CPU does not use (a layout from elsewhere) still computes.
-  mx::array narrow = mx::reshape(mx::transpose(mx::reshape(mx::pad(b, {{0, 0}, {0, 1}}), {8, 3, 2}), {1, 0, 2}),
-                                 {3, 8, 2});
+  mx::array narrow =
+      mx::reshape(mx::transpose(mx::reshape(mx::pad(b, {{0, 0}, {0, 1}}), {8, 3, 2}), {1, 0, 2}), {3, 8, 2});
   EXPECT_FALSE(packed_rhs_fits(narrow, 5));
   mx::array a = random_array({3, 8}, 15);
   EXPECT_LT(max_abs_diff(packed_matmul(a, narrow, std::nullopt, 5, Activation::kIdentity, mx::Device::cpu),
@@ -189,10 +198,13 @@ TEST(PackedGemm, ArgumentsOutsideTheKernelRunTheReference) {
 TEST(BatchedGemm, MatchesMatmulWithBroadcastBatchesPackedOrInPlace) {
   // (a shape, b shape): batch broadcasting both ways, a 2-D b shared by the
   // batch, few rows (b read in place) and many (b packed per call).
-  const std::vector<std::pair<mx::Shape, mx::Shape>> cases = {
-      {{7, 20}, {20, 33}},          {{2, 3, 13, 40}, {40, 17}},     {{2, 1, 9, 8}, {1, 4, 8, 20}},
-      {{4, 2, 30}, {4, 30, 70}},    {{3, 300, 64}, {3, 64, 300}},   {{1, 2, 5}, {3, 5, 2}},
-      {{2, 12, 16, 64}, {2, 12, 64, 16}}};
+  const std::vector<std::pair<mx::Shape, mx::Shape>> cases = {{{7, 20}, {20, 33}},
+                                                              {{2, 3, 13, 40}, {40, 17}},
+                                                              {{2, 1, 9, 8}, {1, 4, 8, 20}},
+                                                              {{4, 2, 30}, {4, 30, 70}},
+                                                              {{3, 300, 64}, {3, 64, 300}},
+                                                              {{1, 2, 5}, {3, 5, 2}},
+                                                              {{2, 12, 16, 64}, {2, 12, 64, 16}}};
   uint64_t seed = 30;
   for (const auto& [as, bs] : cases) {
     mx::array a = random_array(as, seed++);
@@ -209,13 +221,15 @@ TEST(BatchedGemm, OtherArgumentsRunMlx) {
   mx::array a = random_array({1, 8}, 40), b = random_array({8, 4}, 41);
   EXPECT_FALSE(batched_matmul_fits(a, b, mx::Device::cpu));  // one row: matvec's
   EXPECT_FALSE(batched_matmul_fits(random_array({3, 8}, 42), random_array({7, 4}, 43), mx::Device::cpu));
-  EXPECT_FALSE(batched_matmul_fits(random_array({2, 3, 8}, 44), random_array({3, 8, 4}, 45), mx::Device::cpu));
+  EXPECT_FALSE(
+      batched_matmul_fits(random_array({2, 3, 8}, 44), random_array({3, 8, 4}, 45), mx::Device::cpu));
   mx::array h = mx::astype(random_array({3, 8}, 46), mx::float16);
   EXPECT_FALSE(batched_matmul_fits(h, mx::astype(b, mx::float16), mx::Device::cpu));
   EXPECT_LT(max_abs_diff(batched_matmul(h, mx::astype(b, mx::float16), mx::Device::cpu),
                          mx::matmul(h, mx::astype(b, mx::float16))),
             1e-2f);
-  EXPECT_THROW(batched_matmul(random_array({3, 8}, 47), random_array({7, 4}, 48), mx::Device::cpu), std::invalid_argument);
+  EXPECT_THROW(batched_matmul(random_array({3, 8}, 47), random_array({7, 4}, 48), mx::Device::cpu),
+               std::invalid_argument);
 }
 
 TEST(BatchedGemm, GradientsAndCompileFollowMatmul) {

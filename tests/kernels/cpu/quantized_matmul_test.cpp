@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "support/random_arrays.h"
+#include "support/simd_targets.h"
 
 namespace transmuter::kernels {
 namespace {
@@ -240,6 +242,59 @@ TEST(QuantizedMatmulKernel, Int8ActivationsAreOrtsAccuracyLevel4) {
     }
   }
   std::printf("least change from the unrounded product / magnitude: %.3g\n", least_moved);
+}
+
+// The int8 GEMV's dot products differ per SIMD target (AVX512-VNNI's vpdpbusd, AVX-512's and AVX2's
+// vpmaddubsw for 4 bits, the float GEMV on the rounded x elsewhere): each target this CPU runs, over
+// group sizes whose groups are smaller than a vector of weights and larger, depths ending inside one,
+// stored and symmetric biases.
+TEST(QuantizedMatmulKernel, Int8ActivationsOnEverySimdTarget) {
+  const int targets = testing::for_each_simd_target([](const std::string& target) {
+    for (int bits : {4, 8}) {
+      for (int group_size : {32, 64, 128}) {
+        for (auto [k, n] : {std::pair{3 * group_size, 31}, {1024, 67}}) {
+          const QuantizedWeight q =
+              quantized_weight(n, k, group_size, bits, static_cast<uint64_t>(k + n + group_size));
+          for (bool symmetric : {false, true}) {
+            const std::optional<mx::array> biases =
+                symmetric ? std::nullopt : std::optional<mx::array>(q.biases);
+            const QuantizedWeight reference_weight{q.w, q.scales,
+                                                   symmetric ? symmetric_biases(q.scales, bits) : q.biases};
+            for (int m : {1, 3, 5}) {
+              mx::array x = random_array({m, k}, static_cast<uint64_t>(m + k));
+              mx::array got = quantized_matmul(x, q.w, q.scales, biases, group_size, bits, mx::Device::cpu,
+                                               Activations::int8_per_group);
+              EXPECT_LT(
+                  relative_error(ort_int8_rounded(x, group_size), reference_weight, got, group_size, bits),
+                  kRelativeTolerance)
+                  << target << " bits " << bits << " group " << group_size << " K " << k << " N " << n
+                  << " M " << m << (symmetric ? " symmetric" : "");
+            }
+          }
+        }
+      }
+    }
+  });
+  EXPECT_GE(targets, 1);
+}
+
+// The float GEMV and GEMM on every target: the tails of rows of w, of the groups and of the columns.
+TEST(QuantizedMatmulKernel, FloatActivationsOnEverySimdTarget) {
+  const int targets = testing::for_each_simd_target([](const std::string& target) {
+    for (int bits : {4, 8}) {
+      for (int group_size : {32, 128}) {
+        const int k = 3 * group_size, n = 37;
+        const QuantizedWeight q = quantized_weight(n, k, group_size, bits, static_cast<uint64_t>(bits + k));
+        for (int m : {1, 2, 3, 7}) {
+          mx::array x = random_array({m, k}, static_cast<uint64_t>(m + 90));
+          mx::array got = quantized_matmul(x, q.w, q.scales, q.biases, group_size, bits, mx::Device::cpu);
+          EXPECT_LT(relative_error(x, q, got, group_size, bits), kRelativeTolerance)
+              << target << " bits " << bits << " group " << group_size << " M " << m;
+        }
+      }
+    }
+  });
+  EXPECT_GE(targets, 1);
 }
 
 }  // namespace
