@@ -169,6 +169,28 @@ void PermuteRows(const float* x, int64_t m, int64_t k, int bits, int group_size,
   }
 }
 
+// The groups of one chunk of words when a group is shorter than a vector of words: lane i belongs to the
+// chunk's group i >> shift (powers of two: shifts, not divisions, in the loops), `table` gathers each
+// lane's group value from the chunk's per_chunk values.
+using LaneTable = decltype(hn::SetTableIndices(D(), static_cast<const int32_t*>(nullptr)));
+struct ChunkGroups {
+  int shift;
+  int64_t per_chunk;
+  LaneTable table;
+
+  explicit ChunkGroups(int64_t words_per_group)
+      : shift(__builtin_ctzll(static_cast<unsigned long long>(words_per_group))),
+        per_chunk(static_cast<int64_t>(hn::Lanes(D())) >> shift),
+        table(MakeTable(shift)) {}
+
+ private:
+  static LaneTable MakeTable(int shift) {
+    HWY_ALIGN int32_t index[kMaxLanes];
+    for (size_t i = 0; i < hn::Lanes(D()); ++i) index[i] = static_cast<int32_t>(i >> shift);
+    return hn::SetTableIndices(D(), index);
+  }
+};
+
 // y[row0 + r, col0 + c] for r < R, c < C: one pass over C rows of w, each
 // vector of words unpacked once and multiplied into R rows of x.
 template <int kBits, int R, int C>
@@ -210,12 +232,7 @@ HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
     }
   } else {
     // A chunk spans several groups: lane i's scale is that of group i / words_per_group of the chunk.
-    // Powers of two: shifts, not divisions, in the loop.
-    const int shift = __builtin_ctzll(static_cast<unsigned long long>(words_per_group));
-    const int64_t groups_per_chunk = lanes >> shift;
-    HWY_ALIGN int32_t index[kMaxLanes];
-    for (int64_t i = 0; i < lanes; ++i) index[i] = static_cast<int32_t>(i >> shift);
-    const auto table = hn::SetTableIndices(d, index);
+    const ChunkGroups split(words_per_group);
     const int64_t chunks = (words + lanes - 1) / lanes;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const int64_t valid = std::min(lanes, words - chunk * lanes);
@@ -223,9 +240,10 @@ HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
         for (int c = 0; c < C; ++c) dot[r][c] = hn::Zero(d);
       }
       ChunkProducts<kBits, R, C>(w, x, chunk, valid, mask, dot);
-      const size_t present = static_cast<size_t>(valid >> shift);
+      const size_t present = static_cast<size_t>(valid >> split.shift);
       for (int c = 0; c < C; ++c) {
-        const V s = hn::TableLookupLanes(LoadFirst(d, scales[c] + chunk * groups_per_chunk, present), table);
+        const V s =
+            hn::TableLookupLanes(LoadFirst(d, scales[c] + chunk * split.per_chunk, present), split.table);
         for (int r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(dot[r][c], s, acc[r][c]);
       }
     }
@@ -390,20 +408,17 @@ HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0) {
     }
   } else {
     // A chunk spans several groups: lane i's scales are those of group i / words_per_group of the chunk.
-    const int shift = __builtin_ctzll(static_cast<unsigned long long>(words_per_group));
-    const int64_t groups_per_chunk = lanes >> shift;
-    HWY_ALIGN int32_t index[kMaxLanes];
-    for (int64_t i = 0; i < lanes; ++i) index[i] = static_cast<int32_t>(i >> shift);
-    const auto table = hn::SetTableIndices(d, index);
+    const ChunkGroups split(words_per_group);
     const int64_t chunks = (words + lanes - 1) / lanes;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const int64_t valid = std::min(lanes, words - chunk * lanes);
       for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
       ByteChunkDots<kBits, C>(w, x, chunk, valid, dot);
-      const size_t present = static_cast<size_t>(valid >> shift);
-      const V xs = hn::TableLookupLanes(LoadFirst(d, xscale + chunk * groups_per_chunk, present), table);
+      const size_t present = static_cast<size_t>(valid >> split.shift);
+      const V xs = hn::TableLookupLanes(LoadFirst(d, xscale + chunk * split.per_chunk, present), split.table);
       for (int c = 0; c < C; ++c) {
-        const V s = hn::TableLookupLanes(LoadFirst(d, scales[c] + chunk * groups_per_chunk, present), table);
+        const V s =
+            hn::TableLookupLanes(LoadFirst(d, scales[c] + chunk * split.per_chunk, present), split.table);
         acc[c] = hn::MulAdd(hn::Mul(hn::ConvertTo(d, dot[c]), xs), s, acc[c]);
       }
     }
@@ -540,6 +555,20 @@ constexpr int64_t kParallelWork = 1 << 18;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// block(a, col0, cols) over the GEMV's blocks of kGemvColumns columns, across the threads when the
+// product is large enough to pay for waking them.
+template <typename Block>
+void for_column_blocks(const QuantizedArgs& a, Block block) {
+  const int64_t blocks = ceil_div(a.n, kGemvColumns);
+  const int64_t grain = a.m * a.n * a.k < kParallelWork ? blocks : 1;
+  parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t col0 = b * kGemvColumns;
+      block(a, col0, std::min(kGemvColumns, a.n - col0));
+    }
+  });
+}
+
 // GEMV over row tiles: x permuted once, then blocks of columns across the threads.
 void run_gemv(QuantizedArgs a) {
   const int64_t chunk = HWY_DYNAMIC_DISPATCH(ChunkValues)(a.bits);
@@ -550,13 +579,8 @@ void run_gemv(QuantizedArgs a) {
   HWY_DYNAMIC_DISPATCH(PermuteRows)(a.x, a.m, a.k, a.bits, a.group_size, a.kpad, xperm.data(), xsum.data());
   a.xperm = xperm.data();
   a.xsum = xsum.data();
-  const int64_t blocks = ceil_div(a.n, kGemvColumns);
-  const int64_t grain = a.m * a.n * a.k < kParallelWork ? blocks : 1;
-  parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t col0 = b * kGemvColumns;
-      HWY_DYNAMIC_DISPATCH(GemvBlock)(a, col0, std::min(kGemvColumns, a.n - col0));
-    }
+  for_column_blocks(a, [](const QuantizedArgs& args, int64_t col0, int64_t cols) {
+    HWY_DYNAMIC_DISPATCH(GemvBlock)(args, col0, cols);
   });
 }
 
@@ -618,13 +642,8 @@ void run_byte_gemv(QuantizedArgs a) {
   a.xq = xq.data();
   a.xscale = xscale.data();
   a.xsum = xsum.data();
-  const int64_t blocks = ceil_div(a.n, kGemvColumns);
-  const int64_t grain = a.m * a.n * a.k < kParallelWork ? blocks : 1;
-  parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t col0 = b * kGemvColumns;
-      HWY_DYNAMIC_DISPATCH(ByteGemvBlock)(a, col0, std::min(kGemvColumns, a.n - col0));
-    }
+  for_column_blocks(a, [](const QuantizedArgs& args, int64_t col0, int64_t cols) {
+    HWY_DYNAMIC_DISPATCH(ByteGemvBlock)(args, col0, cols);
   });
 }
 
