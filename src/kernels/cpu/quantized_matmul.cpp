@@ -301,6 +301,33 @@ void GemvBlock(const QuantizedArgs& a, int64_t col0, int64_t cols) {
   }
 }
 
+// One row of x rounded to int8 per group, round_row_to_int8's arithmetic: per group g, amax = max|x|,
+// q = nearest-even(x * (127 / amax)) (0 for an all-zero group), scale[g] = amax / 127 and
+// scaled_sum[g] = scale[g] * sum(q). k is a multiple of group_size, which is a multiple of the lanes.
+void QuantizeGroupsInt8(const float* row, int64_t k, int group_size, int8_t* q, float* scale,
+                        float* scaled_sum) {
+  const D d;
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t g = 0; g * group_size < k; ++g) {
+    const float* v = row + g * group_size;
+    V amax = hn::Zero(d);
+    for (int64_t i = 0; i < group_size; i += lanes) amax = hn::Max(amax, hn::Abs(hn::LoadU(d, v + i)));
+    const float top = hn::GetLane(hn::MaxOfLanes(d, amax));
+    const V inverse = hn::Set(d, top != 0.0f ? 127.0f / top : 0.0f);
+    hn::Vec<DI> sum = hn::Zero(di);
+    for (int64_t i = 0; i < group_size; i += lanes) {
+      // NearestInt: the current rounding mode, nearest-even as std::nearbyint; |x * inverse| <= 127.
+      const hn::Vec<DI> values = hn::NearestInt(hn::Mul(hn::LoadU(d, v + i), inverse));
+      hn::StoreU(hn::DemoteTo(d8, values), d8, q + g * group_size + i);
+      sum = hn::Add(sum, values);
+    }
+    scale[g] = top / 127.0f;
+    scaled_sum[g] = scale[g] * static_cast<float>(hn::GetLane(hn::SumOfLanes(di, sum)));
+  }
+}
+
 // --- The int8 GEMV (MatMulNBits accuracy_level 4: x rounded to int8 per group) ----------------------
 //
 // u8 x s8 dot products of four bytes into int32 lanes: vpdpbusd with AVX512-VNNI; vpmaddubsw + vpmaddwd
@@ -543,6 +570,7 @@ HWY_EXPORT(ChunkValues);
 HWY_EXPORT(PermuteRows);
 HWY_EXPORT(GemvBlock);
 HWY_EXPORT(DequantizePanels);
+HWY_EXPORT(QuantizeGroupsInt8);
 HWY_EXPORT(HasByteDot);
 HWY_EXPORT(ByteVectorBytes);
 HWY_EXPORT(ByteGemvBlock);
@@ -589,29 +617,14 @@ void run_gemv(QuantizedArgs a) {
 // xscale * sum(xq in g) (for the biases). 4 bits: each chunk of 2B values (B = `bytes`, those of a vector of
 // words) is its even values, then its odd ones: the low nibbles of B weight bytes hold the even values of a
 // chunk, the high nibbles the odd ones. 8 bits: x's own order. Zero past k.
-// Plain code, outside the SIMD targets (see DotBytes).
 void prepare_int8_rows(const float* x, int64_t m, int64_t k, int bits, int group_size, int64_t bytes,
                        int64_t kpad, int8_t* xq, float* xscale, float* xsum) {
   const int64_t groups = k / group_size;
   thread_local std::vector<int8_t> row_q;
   row_q.resize(static_cast<size_t>(k));
   for (int64_t r = 0; r < m; ++r) {
-    const float* row = x + r * k;
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* v = row + g * group_size;
-      float amax = 0.0f;
-      for (int i = 0; i < group_size; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float scale = amax / 127.0f;
-      const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
-      int32_t sum = 0;
-      for (int i = 0; i < group_size; ++i) {
-        const int32_t q = static_cast<int32_t>(std::nearbyint(v[i] * inverse));
-        row_q[static_cast<size_t>(g * group_size + i)] = static_cast<int8_t>(q);
-        sum += q;
-      }
-      xscale[r * groups + g] = scale;
-      xsum[r * groups + g] = scale * static_cast<float>(sum);
-    }
+    HWY_DYNAMIC_DISPATCH(QuantizeGroupsInt8)
+    (x + r * k, k, group_size, row_q.data(), xscale + r * groups, xsum + r * groups);
     int8_t* out = xq + r * kpad;
     if (bits == 8) {
       for (int64_t i = 0; i < kpad; ++i) out[i] = i < k ? row_q[static_cast<size_t>(i)] : 0;
