@@ -481,7 +481,6 @@ void ByteGemvBlock(const QuantizedArgs& a, int64_t col0, int64_t cols) {
 }
 
 #else  // no byte dot products: HasByteDot is false, the rest is never called
-constexpr bool kByteDot = false, kByteDot8Bits = false;
 bool HasByteDot(int) { return false; }
 int64_t ByteVectorBytes() { return 1; }
 void ByteGemvBlock(const QuantizedArgs&, int64_t, int64_t) {}
