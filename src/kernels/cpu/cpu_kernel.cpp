@@ -59,6 +59,12 @@ void copy_row_contiguous(const DenseCopy& copy) {
   }
 }
 
+// `out` may take `in`'s buffer: nothing else can see `in` afterwards, and the layouts agree.
+bool can_take_buffer(const mx::array& in, const mx::array& out) {
+  return in.is_donatable() && in.flags().row_contiguous && in.dtype() == out.dtype() &&
+         in.shape() == out.shape();
+}
+
 }  // namespace
 
 void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -67,6 +73,14 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   // keeps the graph to one primitive per kernel: a compiled decode step replays ~20 kernels a layer,
   // and each extra primitive costs the calling thread its set-up and bookkeeping.
   auto& encoder = mx::cpu::get_command_encoder(stream());
+  // Before any copy of the inputs below (a copy is another holder, which would stop the donation).
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    const int donor = donor_of(j);
+    if (donor >= 0 && can_take_buffer(inputs[donor], outputs[j]))
+      outputs[j].copy_shared_buffer(inputs[donor]);
+    else
+      outputs[j].set_data(mx::allocator::malloc(outputs[j].nbytes()));
+  }
   std::vector<mx::array> dense = inputs;
   std::vector<DenseCopy> copies;
   for (mx::array& in : dense) {
@@ -79,7 +93,6 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     encoder.add_temporary(copy);
     in = copy;
   }
-  for (mx::array& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
   KernelTask task = make_task(dense, outputs);
   for (const mx::array& in : inputs) encoder.set_input_array(in);
   for (mx::array& out : outputs) encoder.set_output_array(out);

@@ -49,6 +49,11 @@ class CpuKernel : public mx::Primitive {
   virtual KernelTask make_task(const std::vector<mx::array>& inputs,
                                std::vector<mx::array>& outputs) const = 0;
 
+  /** The input whose buffer output `output` may take instead of a new one, or -1. It is taken when
+   * MLX would donate it (nothing else holds the input: is_donatable) and it is row-contiguous with
+   * the output's type and size; make_task sees that it was by comparing the two data pointers. */
+  virtual int donor_of(size_t /*output*/) const { return -1; }
+
  private:
   Reference reference_;
 };

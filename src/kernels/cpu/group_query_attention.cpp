@@ -18,21 +18,87 @@
 #ifndef TRANSMUTER_KERNELS_CPU_GROUP_QUERY_ATTENTION_ARGS
 #define TRANSMUTER_KERNELS_CPU_GROUP_QUERY_ATTENTION_ARGS
 namespace transmuter::kernels {
-// One call's pointers and sizes (outside the per-target namespaces).
-struct GqaArgs {
-  const float *q, *k, *v;                // sources: one row of `*_stride` floats per token
-  int64_t q_stride, k_stride, v_stride;  // floats per source row
-  int64_t q_column, k_column, v_column;  // where Q, K, V start within a row
-  const float *past_key, *past_value;    // [B, Kv, past_rows, H]
-  int64_t past_rows;
+
+// Where a step's new tokens go: batch row b's first one sits at first_position(b).
+struct StepRows {
   const int32_t* seqlens;  // [B]
-  const float *cos, *sin;  // [cache_rows, half]; half 0: no rotary
-  int64_t cache_rows, half;
-  bool interleaved;
+  int64_t sequence;
+  bool first_prompt;
+
+  int64_t valid_keys(int64_t b) const { return int64_t{seqlens[b]} + 1; }
+  int64_t first_position(int64_t b) const { return first_prompt ? 0 : valid_keys(b) - sequence; }
+};
+
+// The rotary embedding: cos/sin rows [cache_rows, half]; half 0: none.
+struct Rotary {
+  const float *cos = nullptr, *sin = nullptr;
+  int64_t cache_rows = 0, half = 0;
+  bool interleaved = false;
+
+  // y = x (dim features) with its first 2 * half features rotated by the cache row of `position`
+  // (clamped into the cache), as rotate_pairs (ops/onnx/attention_common.h) computes.
+  void rotate(const float* x, int64_t dim, int64_t position, float* y) const {
+    std::memcpy(y, x, static_cast<size_t>(dim) * sizeof(float));
+    if (half == 0) return;
+    const int64_t row = std::clamp<int64_t>(position, 0, cache_rows - 1);
+    const float* c = cos + row * half;
+    const float* s = sin + row * half;
+    for (int64_t t = 0; t < half; ++t) {
+      const int64_t i1 = interleaved ? 2 * t : t, i2 = interleaved ? 2 * t + 1 : t + half;
+      const float x1 = x[i1], x2 = x[i2];
+      y[i1] = x1 * c[t] - x2 * s[t];
+      y[i2] = x1 * s[t] + x2 * c[t];
+    }
+  }
+};
+
+// One cache write's pointers and sizes.
+struct KvWriteArgs {
+  const float* past;  // [B, Kv, past_rows, H]
+  int64_t past_rows;
+  const float* source;  // one row of `stride` floats per token, the heads from `column` on
+  int64_t stride, column;
+  StepRows rows;
+  Rotary rotary;
+  float* present;  // [B, Kv, capacity, H]; == past when it took the past's buffer
+  int64_t batch, kv_heads, head_size, capacity;
+};
+
+// Present rows of batch row b, kv head g: the past's rows before the new tokens, the new (rotated)
+// rows at their positions, zeros after. A present that took over the past's buffer has the past's
+// rows already and keeps those after the new tokens as they are, as ONNX Runtime's shared buffer
+// does (no query reads them): a decode step then writes its new row and nothing else.
+inline void WritePresent(const KvWriteArgs& a, int64_t b, int64_t g) {
+  const int64_t dim = a.head_size, rows = a.capacity;
+  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
+  float* present = a.present + (b * a.kv_heads + g) * rows * dim;
+  const int64_t start = a.rows.first_position(b);
+  if (a.present != a.past) {
+    const int64_t before = std::clamp<int64_t>(start, 0, rows);
+    const int64_t kept = std::min(before, a.past_rows);
+    if (kept > 0) std::memcpy(present, a.past + (b * a.kv_heads + g) * a.past_rows * dim, kept * row_bytes);
+    std::memset(present + kept * dim, 0, (rows - kept) * row_bytes);
+  }
+  for (int64_t i = 0; i < a.rows.sequence; ++i) {
+    const int64_t position = start + i;
+    if (position < 0 || position >= rows) continue;  // a bad traced length writes nothing outside
+    const int64_t token = b * a.rows.sequence + i;
+    a.rotary.rotate(a.source + token * a.stride + a.column + g * dim, dim, position,
+                    present + position * dim);
+  }
+}
+
+// The attention's pointers and sizes.
+struct GqaArgs {
+  const float* q;  // one row of `q_stride` floats per token, the heads from `q_column` on
+  int64_t q_stride, q_column;
+  const float *key_cache, *value_cache;  // the presents [B, Kv, capacity, H]
+  StepRows rows;
+  Rotary rotary;
   const float* sink;  // [N] or null
-  float *out, *present_key, *present_value;
-  int64_t batch, sequence, heads, kv_heads, head_size, capacity;
-  bool first_prompt, causal;
+  float* out;
+  int64_t batch, heads, kv_heads, head_size, capacity;
+  bool causal;
   int64_t window;
   float scale, softcap;
 };
@@ -41,55 +107,6 @@ struct GqaArgs {
 struct GqaScratch {
   std::vector<float> query, scores;
 };
-
-inline int64_t valid_keys(const GqaArgs& a, int64_t b) { return int64_t{a.seqlens[b]} + 1; }
-
-// The position of batch row b's first new token.
-inline int64_t first_position(const GqaArgs& a, int64_t b) {
-  return a.first_prompt ? 0 : valid_keys(a, b) - a.sequence;
-}
-
-// y = x (head_size features) with its first 2 * half features rotated by the cache row of `position`
-// (clamped into the cache), as rotate_pairs (ops/onnx/attention_common.h) computes.
-inline void RotateHead(const GqaArgs& a, const float* x, int64_t position, float* y) {
-  std::memcpy(y, x, static_cast<size_t>(a.head_size) * sizeof(float));
-  if (a.half == 0) return;
-  const int64_t row = std::clamp<int64_t>(position, 0, a.cache_rows - 1);
-  const float* c = a.cos + row * a.half;
-  const float* s = a.sin + row * a.half;
-  for (int64_t t = 0; t < a.half; ++t) {
-    const int64_t i1 = a.interleaved ? 2 * t : t, i2 = a.interleaved ? 2 * t + 1 : t + a.half;
-    const float x1 = x[i1], x2 = x[i2];
-    y[i1] = x1 * c[t] - x2 * s[t];
-    y[i2] = x1 * s[t] + x2 * c[t];
-  }
-}
-
-// Present rows of batch row b, kv head g: the past's rows before the new tokens, the new (rotated)
-// keys and values at their positions, zeros elsewhere.
-inline void WritePresents(const GqaArgs& a, int64_t b, int64_t g) {
-  const int64_t dim = a.head_size, rows = a.capacity;
-  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
-  float* key = a.present_key + (b * a.kv_heads + g) * rows * dim;
-  float* value = a.present_value + (b * a.kv_heads + g) * rows * dim;
-  const int64_t start = first_position(a, b);
-  const int64_t before = std::clamp<int64_t>(start, 0, rows);
-  const int64_t copied = std::min(before, a.past_rows);
-  if (copied > 0) {
-    const int64_t from = (b * a.kv_heads + g) * a.past_rows * dim;
-    std::memcpy(key, a.past_key + from, copied * row_bytes);
-    std::memcpy(value, a.past_value + from, copied * row_bytes);
-  }
-  std::memset(key + copied * dim, 0, (rows - copied) * row_bytes);
-  std::memset(value + copied * dim, 0, (rows - copied) * row_bytes);
-  for (int64_t i = 0; i < a.sequence; ++i) {
-    const int64_t position = start + i;
-    if (position < 0 || position >= rows) continue;  // a bad traced length writes nothing outside
-    const int64_t token = b * a.sequence + i;
-    RotateHead(a, a.k + token * a.k_stride + a.k_column + g * dim, position, key + position * dim);
-    std::memcpy(value + position * dim, a.v + token * a.v_stride + a.v_column + g * dim, row_bytes);
-  }
-}
 
 }  // namespace transmuter::kernels
 #endif
@@ -101,10 +118,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Query i of head h in batch row b, over the keys [lo, hi) it may see in the present buffer.
 void AttendQuery(const GqaArgs& a, int64_t b, int64_t h, int64_t i, GqaScratch& scratch) {
   const int64_t dim = a.head_size;
-  const int64_t token = b * a.sequence + i;
+  const int64_t token = b * a.rows.sequence + i;
   float* out = a.out + (token * a.heads + h) * dim;
-  const int64_t position = first_position(a, b) + i;
-  int64_t hi = std::min(valid_keys(a, b), a.capacity);
+  const int64_t position = a.rows.first_position(b) + i;
+  int64_t hi = std::min(a.rows.valid_keys(b), a.capacity);
   if (a.causal) hi = std::min(hi, position + 1);
   const int64_t lo = a.window > 0 ? std::max<int64_t>(0, position - a.window + 1) : 0;
   if (hi <= lo) {  // nothing to attend: zeros, as the composition's fully masked rows
@@ -117,11 +134,11 @@ void AttendQuery(const GqaArgs& a, int64_t b, int64_t h, int64_t i, GqaScratch& 
   scratch.scores.resize(static_cast<size_t>(keys + 1 + lanes));
   float* q = scratch.query.data();
   float* scores = scratch.scores.data();
-  RotateHead(a, a.q + token * a.q_stride + a.q_column + h * dim, position, q);
+  a.rotary.rotate(a.q + token * a.q_stride + a.q_column + h * dim, dim, position, q);
 
   const int64_t g = h / (a.heads / a.kv_heads);
   const int64_t head_rows = (b * a.kv_heads + g) * a.capacity;
-  ScoreRowInPlace(q, a.present_key + (head_rows + lo) * dim, keys, dim, scores);
+  ScoreRowInPlace(q, a.key_cache + (head_rows + lo) * dim, keys, dim, scores);
   for (int64_t j = 0; j < keys; ++j) {
     float score = scores[j] * a.scale;
     if (a.softcap > 0) score = a.softcap * std::tanh(score / a.softcap);
@@ -130,13 +147,13 @@ void AttendQuery(const GqaArgs& a, int64_t b, int64_t h, int64_t i, GqaScratch& 
   int64_t logits = keys;
   if (a.sink != nullptr) scores[logits++] = a.sink[h];  // weight for the sink, no value
   SoftmaxRow(scores, nullptr, 1.0f, logits, logits, EmptyRow::kZeros, scores);
-  ValueRows<1>(scores, 0, keys, a.present_value + (head_rows + lo) * dim, dim, out);
+  ValueRows<1>(scores, 0, keys, a.value_cache + (head_rows + lo) * dim, dim, out);
 }
 
 void AttendQueries(const GqaArgs& a, int64_t begin, int64_t end) {
   thread_local GqaScratch scratch;
   for (int64_t item = begin; item < end; ++item) {
-    const int64_t i = item % a.sequence, head = item / a.sequence;
+    const int64_t i = item % a.rows.sequence, head = item / a.rows.sequence;
     AttendQuery(a, head / a.heads, head % a.heads, i, scratch);
   }
 }
@@ -162,6 +179,47 @@ int64_t grain_for(int64_t work_per_item) {
   return std::max<int64_t>(1, kChunkWork / std::max<int64_t>(1, work_per_item));
 }
 
+Rotary rotary_of(bool rotate, bool interleaved, const mx::array& cos, const mx::array& sin) {
+  if (!rotate) return {};
+  return {cos.data<float>(), sin.data<float>(), cos.shape(0), cos.shape(1), interleaved};
+}
+
+class KvCacheWriteKernel : public CpuKernel {
+ public:
+  KvCacheWriteKernel(mx::Stream stream, Reference reference, KvCacheWriteSpec spec)
+      : CpuKernel(stream, std::move(reference)), spec_(spec) {}
+  const char* name() const override { return "transmuter::KvCacheWrite"; }
+
+ protected:
+  int donor_of(size_t) const override { return 0; }  // the past, when it has `capacity` rows
+
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    KvWriteArgs a{};
+    a.past = in[0].data<float>();
+    a.past_rows = in[0].shape(2);
+    a.source = in[1].data<float>();
+    a.stride = in[1].shape(2);
+    a.column = spec_.column;
+    a.rows = {in[2].data<int32_t>(), in[1].shape(1), spec_.first_prompt};
+    a.rotary = rotary_of(spec_.rotate, spec_.interleaved, in[3], in[4]);
+    a.present = out[0].data<float>();
+    a.batch = in[1].shape(0);
+    a.kv_heads = spec_.kv_heads;
+    a.head_size = spec_.head_size;
+    a.capacity = spec_.capacity;
+    return [a] {
+      parallel_for(a.batch * a.kv_heads, grain_for(a.capacity * a.head_size),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t item = begin; item < end; ++item)
+                       WritePresent(a, item / a.kv_heads, item % a.kv_heads);
+                   });
+    };
+  }
+
+ private:
+  KvCacheWriteSpec spec_;
+};
+
 class GroupQueryAttentionKernel : public CpuKernel {
  public:
   GroupQueryAttentionKernel(mx::Stream stream, Reference reference, GroupQueryAttentionSpec spec)
@@ -172,46 +230,26 @@ class GroupQueryAttentionKernel : public CpuKernel {
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
     GqaArgs a{};
     a.q = in[0].data<float>();
-    a.k = in[1].data<float>();
-    a.v = in[2].data<float>();
     a.q_stride = in[0].shape(2);
-    a.k_stride = in[1].shape(2);
-    a.v_stride = in[2].shape(2);
     a.q_column = spec_.q_column;
-    a.k_column = spec_.k_column;
-    a.v_column = spec_.v_column;
-    a.past_key = in[3].data<float>();
-    a.past_value = in[4].data<float>();
-    a.past_rows = in[3].shape(2);
-    a.seqlens = in[5].data<int32_t>();
-    if (spec_.rotary) {
-      a.cos = in[6].data<float>();
-      a.sin = in[7].data<float>();
-      a.cache_rows = in[6].shape(0);
-      a.half = in[6].shape(1);
-    }
-    a.interleaved = spec_.interleaved;
-    a.sink = spec_.sink ? in[8].data<float>() : nullptr;
+    a.key_cache = in[1].data<float>();
+    a.value_cache = in[2].data<float>();
+    a.rows = {in[3].data<int32_t>(), in[0].shape(1), spec_.first_prompt};
+    a.rotary = rotary_of(spec_.rotary, spec_.interleaved, in[4], in[5]);
+    a.sink = spec_.sink ? in[6].data<float>() : nullptr;
     a.out = out[0].data<float>();
-    a.present_key = out[1].data<float>();
-    a.present_value = out[2].data<float>();
     a.batch = in[0].shape(0);
-    a.sequence = in[0].shape(1);
     a.heads = spec_.heads;
     a.kv_heads = spec_.kv_heads;
     a.head_size = spec_.head_size;
     a.capacity = spec_.capacity;
-    a.first_prompt = spec_.first_prompt;
     a.causal = spec_.causal;
     a.window = spec_.window;
     a.scale = spec_.scale;
     a.softcap = spec_.softcap;
     return [a] {
-      const int64_t rows = a.capacity * a.head_size;
-      parallel_for(a.batch * a.kv_heads, grain_for(rows), [&](int64_t begin, int64_t end) {
-        for (int64_t item = begin; item < end; ++item) WritePresents(a, item / a.kv_heads, item % a.kv_heads);
-      });
-      parallel_for(a.batch * a.heads * a.sequence, grain_for(2 * rows), [&](int64_t begin, int64_t end) {
+      const int64_t work = 2 * a.capacity * a.head_size;
+      parallel_for(a.batch * a.heads * a.rows.sequence, grain_for(work), [&](int64_t begin, int64_t end) {
         HWY_DYNAMIC_DISPATCH(AttendQueries)(a, begin, end);
       });
     };
@@ -223,50 +261,68 @@ class GroupQueryAttentionKernel : public CpuKernel {
 
 bool is_float_rank(const mx::array& x, size_t rank) { return x.dtype() == mx::float32 && x.ndim() == rank; }
 
-// The inputs have the shapes and types the kernel reads (else the reference runs).
-bool fits_kernel(const std::vector<mx::array>& in, const GroupQueryAttentionSpec& spec) {
-  if (in.size() != 9 || spec.heads <= 0 || spec.kv_heads <= 0 || spec.heads % spec.kv_heads != 0)
+// A source [B, S, >= column + heads * H] float32 of this batch and sequence.
+bool fits_source(const mx::array& x, int batch, int sequence, int64_t column, int64_t heads, int64_t h) {
+  return is_float_rank(x, 3) && x.shape(0) == batch && x.shape(1) == sequence &&
+         x.shape(2) >= column + heads * h;
+}
+
+// A cache buffer [B, Kv, rows <= capacity (== capacity: exactly), H] float32.
+bool fits_cache(const mx::array& x, int batch, int kv_heads, int head_size, int capacity, bool exactly) {
+  return is_float_rank(x, 4) && x.shape(0) == batch && x.shape(1) == kv_heads && x.shape(3) == head_size &&
+         (exactly ? x.shape(2) == capacity : x.shape(2) <= capacity);
+}
+
+bool fits_seqlens(const mx::array& x, int batch) {
+  return x.dtype() == mx::int32 && x.shape() == mx::Shape{batch};
+}
+
+bool fits_rotary(const mx::array& cos, const mx::array& sin, int64_t head_size) {
+  return is_float_rank(cos, 2) && sin.shape() == cos.shape() && sin.dtype() == mx::float32 &&
+         cos.shape(0) > 0 && 2 * int64_t{cos.shape(1)} <= head_size;
+}
+
+// The inputs have the shapes and types the kernels read (else the reference runs).
+bool fits_write(const std::vector<mx::array>& in, const KvCacheWriteSpec& spec) {
+  if (in.size() != 5 || spec.kv_heads <= 0 || spec.head_size <= 0 || in[1].ndim() != 3) return false;
+  const int batch = in[1].shape(0), sequence = in[1].shape(1);
+  return fits_source(in[1], batch, sequence, spec.column, spec.kv_heads, spec.head_size) &&
+         fits_cache(in[0], batch, spec.kv_heads, spec.head_size, spec.capacity, false) &&
+         fits_seqlens(in[2], batch) && (!spec.rotate || fits_rotary(in[3], in[4], spec.head_size));
+}
+
+bool fits_attention(const std::vector<mx::array>& in, const GroupQueryAttentionSpec& spec) {
+  if (in.size() != 7 || spec.heads <= 0 || spec.kv_heads <= 0 || spec.heads % spec.kv_heads != 0)
     return false;
-  if (spec.head_size <= 0) return false;
-  const int batch = in[0].ndim() == 3 ? in[0].shape(0) : -1;
-  const int sequence = in[0].ndim() == 3 ? in[0].shape(1) : -1;
-  const int64_t h = spec.head_size;
-  const int64_t needed[3] = {spec.q_column + spec.heads * h, spec.k_column + spec.kv_heads * h,
-                             spec.v_column + spec.kv_heads * h};
-  for (int i = 0; i < 3; ++i) {
-    if (!is_float_rank(in[i], 3) || in[i].shape(0) != batch || in[i].shape(1) != sequence ||
-        in[i].shape(2) < needed[i]) {
-      return false;
-    }
+  if (spec.head_size <= 0 || in[0].ndim() != 3) return false;
+  const int batch = in[0].shape(0), sequence = in[0].shape(1);
+  if (!fits_source(in[0], batch, sequence, spec.q_column, spec.heads, spec.head_size)) return false;
+  for (int i : {1, 2}) {
+    if (!fits_cache(in[i], batch, spec.kv_heads, spec.head_size, spec.capacity, true)) return false;
   }
-  for (int i : {3, 4}) {
-    if (!is_float_rank(in[i], 4) || in[i].shape() != in[3].shape() || in[i].shape(0) != batch ||
-        in[i].shape(1) != spec.kv_heads || in[i].shape(3) != h || in[i].shape(2) > spec.capacity) {
-      return false;
-    }
-  }
-  if (in[5].dtype() != mx::int32 || in[5].shape() != mx::Shape{batch}) return false;
-  if (spec.rotary) {
-    if (!is_float_rank(in[6], 2) || in[7].shape() != in[6].shape() || in[7].dtype() != mx::float32 ||
-        in[6].shape(0) == 0 || 2 * int64_t{in[6].shape(1)} > h) {
-      return false;
-    }
-  }
-  return !spec.sink || (in[8].dtype() == mx::float32 && in[8].shape() == mx::Shape{spec.heads});
+  if (!fits_seqlens(in[3], batch)) return false;
+  if (spec.rotary && !fits_rotary(in[4], in[5], spec.head_size)) return false;
+  return !spec.sink || (in[6].dtype() == mx::float32 && in[6].shape() == mx::Shape{spec.heads});
 }
 
 }  // namespace
 
-std::vector<mx::array> group_query_attention(std::vector<mx::array> inputs,
-                                             const GroupQueryAttentionSpec& spec, const Reference& reference,
-                                             mx::StreamOrDevice s) {
-  if (!fits_kernel(inputs, spec)) return reference(inputs);
+mx::array kv_cache_write(std::vector<mx::array> inputs, const KvCacheWriteSpec& spec,
+                         const Reference& reference, mx::StreamOrDevice s) {
+  if (!fits_write(inputs, spec)) return reference(inputs)[0];
+  const mx::Shape present = {inputs[1].shape(0), spec.kv_heads, spec.capacity, spec.head_size};
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream stream) { return std::make_shared<KvCacheWriteKernel>(stream, reference, spec); },
+      reference, std::move(inputs), {present}, {mx::float32}, s)[0];
+}
+
+mx::array group_query_attention(std::vector<mx::array> inputs, const GroupQueryAttentionSpec& spec,
+                                const Reference& reference, mx::StreamOrDevice s) {
+  if (!fits_attention(inputs, spec)) return reference(inputs)[0];
   const int batch = inputs[0].shape(0), sequence = inputs[0].shape(1);
-  const mx::Shape present = {batch, spec.kv_heads, spec.capacity, spec.head_size};
   return make_cpu_kernel_outputs(
       [&](mx::Stream stream) { return std::make_shared<GroupQueryAttentionKernel>(stream, reference, spec); },
-      reference, std::move(inputs), {{batch, sequence, spec.heads * spec.head_size}, present, present},
-      {mx::float32, mx::float32, mx::float32}, s);
+      reference, std::move(inputs), {{batch, sequence, spec.heads * spec.head_size}}, {mx::float32}, s)[0];
 }
 
 }  // namespace transmuter::kernels

@@ -14,8 +14,10 @@
 //
 // float16/bfloat16 are computed in float32 and rounded once. A step of at most
 // kFusedMaxQueries tokens without position_ids, attention_bias, output_qk or
-// sliding_window_cache (every decode step of a genai decoder) runs as one CPU kernel
-// (src/kernels/cpu/group_query_attention.h) whose reference is composed_step below;
+// sliding_window_cache (every decode step of a genai decoder) runs as CPU kernels
+// (src/kernels/cpu/group_query_attention.h: the two cache writes, which take over a static cache's
+// buffer when the graph holds its last reference, and the attention) whose references are
+// composed_present and composed_attention below;
 // the rest is composed of MLX ops, its attention the fused attention kernel
 // (src/kernels/cpu/attention.h) unless softcap, a sink or the qk output needs the scores.
 #include <cstdint>
@@ -133,49 +135,49 @@ void rotate_step(mx::array& q, mx::array& k, const mx::array& cos_rows, const mx
   k = rotate_pairs(k, cos, sin, interleaved, s);
 }
 
-/** Buffers of `capacity` rows (not sliding_window_cache): present[b, :, j] = past for j < P_b, new key
- * j - P_b for j < P_b + S, else 0; the step attends over the presents. */
-KeySlots full_slots(const mx::array& k, const mx::array& v, const std::optional<mx::array>& past_key,
-                    const std::optional<mx::array>& past_value, const StepPositions& at, int capacity,
-                    bool causal, int64_t window, mx::StreamOrDevice s) {
-  const int batch = k.shape(0), kv_heads = k.shape(1), sequence = k.shape(2), head_size = k.shape(3);
-  const int past_capacity = past_key ? past_key->shape(2) : 0;
+/** A buffer of `capacity` rows (not sliding_window_cache): present[b, :, j] = old for j < P_b, the new
+ * row j - P_b for j < P_b + S, else 0. */
+mx::array present_buffer(const mx::array& fresh, const std::optional<mx::array>& old, const StepPositions& at,
+                         int capacity, mx::StreamOrDevice s) {
+  const int batch = fresh.shape(0), kv_heads = fresh.shape(1), sequence = fresh.shape(2),
+            head_size = fresh.shape(3);
   mx::array start4 = mx::reshape(at.start, {batch, 1, 1, 1}, s);
   mx::array slot = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, capacity, 1}, s);
-  mx::array from_new = mx::subtract(slot, start4, s);
-  mx::array is_new = mx::logical_and(mx::greater_equal(from_new, mx::array(0), s),
-                                     mx::less(from_new, mx::array(sequence), s), s);
   mx::array is_past = mx::less(slot, start4, s);
-  mx::array gather = mx::clip(from_new, mx::array(0), mx::array(sequence - 1), s);
-  auto widened = [&](const mx::array& old) {
-    mx::array wide = f32(old, s);
-    if (past_capacity < capacity) {
-      wide = mx::pad(wide, {{0, 0}, {0, 0}, {0, capacity - past_capacity}, {0, 0}}, mx::array(0.0f),
+  auto widened = [&](const mx::array& past) {
+    mx::array wide = f32(past, s);
+    if (past.shape(2) < capacity) {
+      wide = mx::pad(wide, {{0, 0}, {0, 0}, {0, capacity - past.shape(2)}, {0, 0}}, mx::array(0.0f),
                      "constant", s);
     }
     return wide;
   };
-  auto present = [&](const mx::array& fresh, const std::optional<mx::array>& old) {
-    if (old && batch == 1) {
-      // One row (a decode step over a static cache): the past up to P_0 (zeros after, as ONNX Runtime
-      // writes) with the new keys written at P_0, one select and one copy of the buffer instead of a
-      // gather and two selects. P_0 is clipped so that a traced bad length writes nothing outside it.
-      mx::array kept = mx::where(is_past, widened(*old), mx::array(0.0f), s);
-      mx::array where_new = mx::clip(at.start, mx::array(0), mx::array(capacity - sequence), s);
-      return mx::slice_update(kept, fresh, where_new, {2}, s);
-    }
-    mx::Shape shape = {batch, kv_heads, capacity, head_size};
-    mx::array placed = mx::take_along_axis(fresh, mx::broadcast_to(gather, shape, s), 2, s);
-    mx::array rest = mx::zeros(shape, mx::float32, s);
-    if (old) rest = mx::where(is_past, widened(*old), rest, s);
-    return mx::where(is_new, placed, rest, s);
-  };
-  mx::array present_key = present(k, past_key), present_value = present(v, past_value);
+  if (old && batch == 1) {
+    // One row (a decode step over a static cache): the past up to P_0 (zeros after, as ONNX Runtime
+    // writes) with the new keys written at P_0, one select and one copy of the buffer instead of a
+    // gather and two selects. P_0 is clipped so that a traced bad length writes nothing outside it.
+    mx::array kept = mx::where(is_past, widened(*old), mx::array(0.0f), s);
+    mx::array where_new = mx::clip(at.start, mx::array(0), mx::array(capacity - sequence), s);
+    return mx::slice_update(kept, fresh, where_new, {2}, s);
+  }
+  mx::array from_new = mx::subtract(slot, start4, s);
+  mx::array is_new = mx::logical_and(mx::greater_equal(from_new, mx::array(0), s),
+                                     mx::less(from_new, mx::array(sequence), s), s);
+  mx::array gather = mx::clip(from_new, mx::array(0), mx::array(sequence - 1), s);
+  mx::Shape shape = {batch, kv_heads, capacity, head_size};
+  mx::array placed = mx::take_along_axis(fresh, mx::broadcast_to(gather, shape, s), 2, s);
+  mx::array rest = mx::zeros(shape, mx::float32, s);
+  if (old) rest = mx::where(is_past, widened(*old), rest, s);
+  return mx::where(is_new, placed, rest, s);
+}
 
-  // Which keys each query sees: [B, 1, S, capacity].
+/** Which of `capacity` key slots each of the S queries sees: [B, 1, S, capacity]. */
+mx::array allowed_keys(const StepPositions& at, int sequence, int capacity, bool causal, int64_t window,
+                       mx::StreamOrDevice s) {
+  const int batch = at.start.shape(0);
   mx::array key_index = mx::reshape(mx::arange(0, capacity, mx::int32, s), {1, 1, 1, capacity}, s);
   mx::array query_index = mx::reshape(mx::arange(0, sequence, mx::int32, s), {1, 1, sequence, 1}, s);
-  mx::array position = mx::add(query_index, start4, s);
+  mx::array position = mx::add(query_index, mx::reshape(at.start, {batch, 1, 1, 1}, s), s);
   mx::array allowed = mx::less(key_index, mx::reshape(at.valid, {batch, 1, 1, 1}, s), s);
   if (causal) allowed = mx::logical_and(allowed, mx::less_equal(key_index, position, s), s);
   if (window > 0) {
@@ -183,6 +185,17 @@ KeySlots full_slots(const mx::array& k, const mx::array& v, const std::optional<
         allowed, mx::greater(key_index, mx::subtract(position, mx::array(static_cast<int>(window)), s), s),
         s);
   }
+  return allowed;
+}
+
+/** Buffers of `capacity` rows (not sliding_window_cache): the presents as present_buffer writes them;
+ * the step attends over them. */
+KeySlots full_slots(const mx::array& k, const mx::array& v, const std::optional<mx::array>& past_key,
+                    const std::optional<mx::array>& past_value, const StepPositions& at, int capacity,
+                    bool causal, int64_t window, mx::StreamOrDevice s) {
+  mx::array present_key = present_buffer(k, past_key, at, capacity, s);
+  mx::array present_value = present_buffer(v, past_value, at, capacity, s);
+  mx::array allowed = allowed_keys(at, k.shape(2), capacity, causal, window, s);
   return {present_key, present_value, allowed, present_key, present_value, capacity};
 }
 
@@ -231,33 +244,42 @@ mx::array attend(const mx::array& q, const KeySlots& slots, const ScoreRule& rul
                      {batch, heads, sequence, head_size}, s);
 }
 
-/** The fused kernel's reference: the same step composed of MLX ops, from the kernel's inputs
- * (kernels/cpu/group_query_attention.h). Positions outside the cos/sin caches are clamped. */
-std::vector<mx::array> composed_step(const Spec& spec, const std::vector<mx::array>& in,
-                                     mx::StreamOrDevice s) {
-  const int batch = in[0].shape(0), sequence = in[0].shape(1);
+/** x [B, n, S, H] rotated at the step's positions P_b + i, clamped into the cos/sin caches [M, R/2]. */
+mx::array rotated_at_positions(const mx::array& x, const StepPositions& at, const mx::array& cos,
+                               const mx::array& sin, bool interleaved, mx::StreamOrDevice s) {
+  const int batch = x.shape(0), sequence = x.shape(2);
+  mx::array positions = mx::add(mx::reshape(at.start, {batch, 1}, s),
+                                mx::reshape(mx::arange(0, sequence, mx::int32, s), {1, sequence}, s), s);
+  positions = mx::clip(positions, mx::array(0), mx::array(cos.shape(0) - 1), s);
+  return rotate_pairs(x, mx::expand_dims(mx::take(cos, positions, 0, s), 1, s),
+                      mx::expand_dims(mx::take(sin, positions, 0, s), 1, s), interleaved, s);
+}
+
+/** kv_cache_write's reference: the present composed of MLX ops, from the kernel's inputs
+ * (kernels/cpu/group_query_attention.h). */
+std::vector<mx::array> composed_present(const kernels::KvCacheWriteSpec& spec,
+                                        const std::vector<mx::array>& in, mx::StreamOrDevice s) {
+  const int sequence = in[1].shape(1);
+  mx::array fresh = source_heads(in[1], spec.column, spec.kv_heads, spec.head_size, s);
+  const StepPositions at = step_positions(in[2], sequence, spec.first_prompt, s);
+  if (spec.rotate) fresh = rotated_at_positions(fresh, at, in[3], in[4], spec.interleaved, s);
+  std::optional<mx::array> past;
+  if (in[0].shape(2) > 0) past = in[0];
+  return {present_buffer(fresh, past, at, spec.capacity, s)};
+}
+
+/** The attention kernel's reference, from its inputs (the presents written). */
+std::vector<mx::array> composed_attention(const Spec& spec, const std::vector<mx::array>& in,
+                                          mx::StreamOrDevice s) {
+  const int sequence = in[0].shape(1);
   mx::array q = source_heads(in[0], spec.q_column, spec.heads, spec.head_size, s);
-  mx::array k = source_heads(in[1], spec.k_column, spec.kv_heads, spec.head_size, s);
-  mx::array v = source_heads(in[2], spec.v_column, spec.kv_heads, spec.head_size, s);
-  const StepPositions at = step_positions(in[5], sequence, spec.first_prompt, s);
-  if (spec.rotary) {
-    mx::array positions = mx::add(mx::reshape(at.start, {batch, 1}, s),
-                                  mx::reshape(mx::arange(0, sequence, mx::int32, s), {1, sequence}, s), s);
-    positions = mx::clip(positions, mx::array(0), mx::array(in[6].shape(0) - 1), s);
-    rotate_step(q, k, mx::take(in[6], positions, 0, s), mx::take(in[7], positions, 0, s), spec.interleaved,
-                s);
-  }
-  std::optional<mx::array> past_key, past_value;
-  if (in[3].shape(2) > 0) {
-    past_key = in[3];
-    past_value = in[4];
-  }
-  const KeySlots slots =
-      full_slots(k, v, past_key, past_value, at, spec.capacity, spec.causal, spec.window, s);
+  const StepPositions at = step_positions(in[3], sequence, spec.first_prompt, s);
+  if (spec.rotary) q = rotated_at_positions(q, at, in[4], in[5], spec.interleaved, s);
+  mx::array allowed = allowed_keys(at, sequence, spec.capacity, spec.causal, spec.window, s);
+  const KeySlots slots{in[1], in[2], allowed, in[1], in[2], spec.capacity};
   ScoreRule rule{.scale = spec.scale, .softcap = spec.softcap};
-  if (spec.sink) rule.sink = mx::reshape(in[8], {1, spec.heads, 1, 1}, s);
-  mx::array y = attend(q, slots, rule, nullptr, s);
-  return {from_heads(y, s), slots.present_key, slots.present_value};
+  if (spec.sink) rule.sink = mx::reshape(in[6], {1, spec.heads, 1, 1}, s);
+  return {from_heads(attend(q, slots, rule, nullptr, s), s)};
 }
 
 /** The attributes and inputs of one GroupQueryAttention node that shape its step. */
@@ -435,10 +457,12 @@ std::optional<mx::array> sink_logits(const NodeContext& ctx, int heads, mx::Dtyp
   return std::nullopt;
 }
 
-// The step as the fused kernel (composed_step on other streams and for gradients).
+// The step as the fused kernels: both cache writes, then the attention over them (their references,
+// composed_present and composed_attention, run on other streams and for gradients).
 std::vector<mx::array> fused_step(const NodeContext& ctx, const StepInputs& step,
                                   const std::optional<mx::array>& sink) {
   auto s = ctx.stream();
+  const mx::Stream stream = mx::to_stream(s);
   const Spec& spec = step.spec;
   const int batch = step.q_source.shape(0);
   const mx::array none(0.0f);  // an unused input slot
@@ -452,19 +476,34 @@ std::vector<mx::array> fused_step(const NodeContext& ctx, const StepInputs& step
                       cos.shape(0), " positions");
     }
   }
-  mx::array past_key = step.past_key ? f32(*step.past_key, s)
-                                     : mx::zeros({batch, spec.kv_heads, 0, spec.head_size}, mx::float32, s);
-  mx::array past_value = step.past_value ? f32(*step.past_value, s) : past_key;
+  const mx::array seqlens = mx::astype(ctx.input(5), mx::int32, s);
+  auto write = [&](const std::optional<mx::array>& past, const mx::array& source, int64_t column,
+                   bool rotate) {
+    const kernels::KvCacheWriteSpec write_spec{.kv_heads = spec.kv_heads,
+                                               .head_size = spec.head_size,
+                                               .column = column,
+                                               .capacity = spec.capacity,
+                                               .first_prompt = spec.first_prompt,
+                                               .rotate = rotate,
+                                               .interleaved = spec.interleaved};
+    mx::array old =
+        past ? f32(*past, s) : mx::zeros({batch, spec.kv_heads, 0, spec.head_size}, mx::float32, s);
+    kernels::Reference reference = [write_spec, stream](const std::vector<mx::array>& in) {
+      return composed_present(write_spec, in, stream);
+    };
+    return kernels::kv_cache_write({std::move(old), source, seqlens, cos, sin}, write_spec, reference, s);
+  };
+  mx::array present_key = write(step.past_key, step.k_source, spec.k_column, spec.rotary);
+  mx::array present_value = write(step.past_value, step.v_source, spec.v_column, false);
   Spec kernel_spec = spec;
   kernel_spec.sink = sink.has_value();
-  std::vector<mx::array> inputs = {step.q_source, step.k_source, step.v_source,
-                                   past_key,      past_value,    mx::astype(ctx.input(5), mx::int32, s),
-                                   cos,           sin,           sink ? *sink : none};
-  const mx::Stream stream = mx::to_stream(s);
   kernels::Reference reference = [kernel_spec, stream](const std::vector<mx::array>& in) {
-    return composed_step(kernel_spec, in, stream);
+    return composed_attention(kernel_spec, in, stream);
   };
-  return kernels::group_query_attention(std::move(inputs), kernel_spec, reference, s);
+  mx::array y = kernels::group_query_attention(
+      {step.q_source, present_key, present_value, seqlens, cos, sin, sink ? *sink : none}, kernel_spec,
+      reference, s);
+  return {y, present_key, present_value};
 }
 
 OpOutputs group_query_attention(NodeContext& ctx) {

@@ -173,8 +173,27 @@ Inputs make_inputs(const Case& c, GroupQueryAttentionSpec& spec, uint64_t seed) 
   return in;
 }
 
-std::vector<mx::array> as_list(const Inputs& in) {
-  return {in.q, in.k, in.v, in.past_key, in.past_value, in.seqlens, in.cos, in.sin, in.sink};
+KvCacheWriteSpec write_spec(const GroupQueryAttentionSpec& spec, int64_t column, bool rotate) {
+  return {.kv_heads = spec.kv_heads,
+          .head_size = spec.head_size,
+          .column = column,
+          .capacity = spec.capacity,
+          .first_prompt = spec.first_prompt,
+          .rotate = rotate,
+          .interleaved = spec.interleaved};
+}
+
+// The step as the operator runs it: both cache writes, then the attention; `reference` stands in for
+// each kernel's reference (returning its first input, or recording that it ran).
+std::vector<mx::array> step(const Inputs& in, const GroupQueryAttentionSpec& spec,
+                            const Reference& reference) {
+  mx::array key = kv_cache_write({in.past_key, in.k, in.seqlens, in.cos, in.sin},
+                                 write_spec(spec, spec.k_column, spec.rotary), reference, mx::Device::cpu);
+  mx::array value = kv_cache_write({in.past_value, in.v, in.seqlens, in.cos, in.sin},
+                                   write_spec(spec, spec.v_column, false), reference, mx::Device::cpu);
+  mx::array y = group_query_attention({in.q, key, value, in.seqlens, in.cos, in.sin, in.sink}, spec,
+                                      reference, mx::Device::cpu);
+  return {y, key, value};
 }
 
 TEST(GroupQueryAttentionKernel, MatchesOrtsContract) {
@@ -227,11 +246,11 @@ TEST(GroupQueryAttentionKernel, MatchesOrtsContract) {
     GroupQueryAttentionSpec spec;
     const Inputs in = make_inputs(c, spec, seed += 10);
     bool reference_ran = false;
-    Reference reference = [&](const std::vector<mx::array>&) {
+    Reference reference = [&](const std::vector<mx::array>& x) {
       reference_ran = true;
-      return std::vector<mx::array>{};
+      return std::vector<mx::array>{x[0]};
     };
-    std::vector<mx::array> got = group_query_attention(as_list(in), spec, reference, mx::Device::cpu);
+    std::vector<mx::array> got = step(in, spec, reference);
     ASSERT_FALSE(reference_ran) << c.name << ": the kernel did not take these inputs";
     std::vector<mx::array> want = expected(in, spec);
     ASSERT_EQ(got.size(), 3u) << c.name;
@@ -250,7 +269,7 @@ TEST(GroupQueryAttentionKernel, ReadsViews) {
   // The same values as a transposed view of a dense array (not row-contiguous once evaluated).
   in.q = mx::transpose(mx::contiguous(mx::transpose(in.q, {2, 1, 0})), {2, 1, 0});
   Reference unused = [](const std::vector<mx::array>& x) { return x; };
-  std::vector<mx::array> got = group_query_attention(as_list(in), spec, unused, mx::Device::cpu);
+  std::vector<mx::array> got = step(in, spec, unused);
   EXPECT_LT(max_abs_diff(got[0], expected(in, spec)[0]), kTolerance);
 }
 
@@ -259,10 +278,12 @@ TEST(GroupQueryAttentionKernel, RunsInsideCompile) {
   GroupQueryAttentionSpec spec;
   const Inputs in = make_inputs(c, spec, 3);
   Reference unused = [](const std::vector<mx::array>& x) { return x; };
-  auto step = mx::compile([spec, unused](const std::vector<mx::array>& x) {
-    return group_query_attention(x, spec, unused, mx::Device::cpu);
+  auto compiled = mx::compile([spec, unused](const std::vector<mx::array>& x) {
+    return step({x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8]}, spec, unused);
   });
-  std::vector<mx::array> got = step(as_list(in)), want = expected(in, spec);
+  std::vector<mx::array> got = compiled({in.q, in.k, in.v, in.past_key, in.past_value, in.seqlens, in.cos,
+                                         in.sin, in.sink}),
+                         want = expected(in, spec);
   for (int i = 0; i < 3; ++i) EXPECT_LT(max_abs_diff(got[i], want[i]), kTolerance) << "output " << i;
 }
 
@@ -275,10 +296,51 @@ TEST(GroupQueryAttentionKernel, OtherInputsRunTheReference) {
   bool reference_ran = false;
   Reference reference = [&](const std::vector<mx::array>& x) {
     reference_ran = true;
-    return std::vector<mx::array>{x[0], x[3], x[4]};
+    return std::vector<mx::array>{x[0]};
   };
-  group_query_attention(as_list(in), spec, reference, mx::Device::cpu);
+  group_query_attention({in.q, in.past_key, in.past_value, in.seqlens, in.cos, in.sin, in.sink}, spec,
+                        reference, mx::Device::cpu);
   EXPECT_TRUE(reference_ran);
+}
+
+// A static cache's decode step: when the graph holds the past's last reference, the present takes its
+// buffer (no copy of the cache): its rows before the new token are the past's, the new one is written,
+// and the rows after keep the past's values (ONNX Runtime's shared buffer; no query reads them).
+TEST(GroupQueryAttentionKernel, PresentTakesOverAPastNothingElseHolds) {
+  const Case c{"static_cache", 2, 1, 4, 2, 16, 12, 12, {6, 3}, false, true, true, 8};
+  GroupQueryAttentionSpec spec;
+  Inputs in = make_inputs(c, spec, 11);  // random past rows everywhere, also after the new token
+  const std::vector<mx::array> want = expected(in, spec);
+  mx::eval(in.past_key);
+  const float* past_buffer = in.past_key.data<float>();
+  // Expected: ORT's contract up to the new token, the past's rows after it.
+  const std::vector<float> past = host(in.past_key), written = host(want[1]);
+  std::vector<float> shared = past;
+  for (int b = 0; b < c.batch; ++b) {
+    const int64_t through = c.seqlens[b] + 1;  // rows [0, T_b) hold the past's and the new token
+    for (int g = 0; g < c.kv_heads; ++g) {
+      const int64_t head = (int64_t{b} * c.kv_heads + g) * c.capacity * c.head_size;
+      std::copy_n(written.begin() + head, through * c.head_size, shared.begin() + head);
+    }
+  }
+  const mx::array want_shared(shared.begin(), want[1].shape());
+  Reference unused = [](const std::vector<mx::array>& x) { return std::vector<mx::array>{x[0]}; };
+  const KvCacheWriteSpec key_spec = write_spec(spec, spec.k_column, spec.rotary);
+  mx::array present = kv_cache_write({std::move(in.past_key), in.k, in.seqlens, in.cos, in.sin}, key_spec,
+                                     unused, mx::Device::cpu);
+  mx::eval(present);
+  EXPECT_EQ(present.data<float>(), past_buffer) << "the present should reuse the past's buffer";
+  EXPECT_LT(max_abs_diff(present, want_shared), kTolerance);
+
+  // A past the caller still holds is copied, never written.
+  mx::eval(in.past_value);
+  const std::vector<float> before = host(in.past_value);
+  mx::array copied = kv_cache_write({in.past_value, in.v, in.seqlens, in.cos, in.sin},
+                                    write_spec(spec, spec.v_column, false), unused, mx::Device::cpu);
+  mx::eval(copied);
+  EXPECT_NE(copied.data<float>(), in.past_value.data<float>());
+  EXPECT_EQ(host(in.past_value), before);
+  EXPECT_LT(max_abs_diff(copied, want[2]), kTolerance);
 }
 
 }  // namespace
