@@ -74,10 +74,22 @@ MappedFile::MappedFile(std::filesystem::path path) : path_(std::move(path)) {
   require_regular(path_, info);
   size_ = static_cast<size_t>(info.st_size);
   if (size_ == 0) return;  // mmap rejects length 0; an empty file has no bytes
+  // One anonymous page before the file's bytes: an array aliasing the file reads the 8 bytes before
+  // its data (MLX's allocator keeps a buffer's size there, see alias_memory), so without it the tensor
+  // at offset 0 (an external data file's first weight, often the 113 MB embedding) was copied.
+  void* reserved =
+      ::mmap(nullptr, size_ + guard_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (reserved == MAP_FAILED) fail(path_, "mmap");
   // MAP_PRIVATE + PROT_WRITE: MLX may write into a buffer it believes it
   // owns (donation); copy-on-write keeps that away from the file.
-  void* mapped = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.get(), 0);
-  if (mapped == MAP_FAILED) fail(path_, "mmap");
+  void* mapped = ::mmap(static_cast<uint8_t*>(reserved) + guard_bytes(), size_, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_FIXED, fd.get(), 0);
+  if (mapped == MAP_FAILED) {
+    const int error = errno;
+    ::munmap(reserved, size_ + guard_bytes());
+    errno = error;
+    fail(path_, "mmap");
+  }
   data_ = static_cast<uint8_t*>(mapped);
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data_);
   std::lock_guard lock(live_mutex);
@@ -88,9 +100,15 @@ MappedFile::~MappedFile() {
   if (data_ == nullptr) return;
   {
     std::lock_guard lock(live_mutex);
-    std::erase(live_mappings, std::pair{reinterpret_cast<uintptr_t>(data_), reinterpret_cast<uintptr_t>(data_) + size_});
+    std::erase(live_mappings,
+               std::pair{reinterpret_cast<uintptr_t>(data_), reinterpret_cast<uintptr_t>(data_) + size_});
   }
-  ::munmap(data_, size_);
+  ::munmap(data_ - guard_bytes(), size_ + guard_bytes());
+}
+
+size_t MappedFile::guard_bytes() {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return page;
 }
 
 std::shared_ptr<MappedFile> MappedFile::open(std::filesystem::path path) {
@@ -107,8 +125,9 @@ void release_mapped_pages(std::span<const uint8_t> bytes) {
 bool release_if_file_backed(std::span<const uint8_t> bytes) {
   const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()), end = begin + bytes.size();
   std::lock_guard lock(live_mutex);
-  const bool mapped = std::any_of(live_mappings.begin(), live_mappings.end(),
-                                  [&](const auto& range) { return range.first <= begin && end <= range.second; });
+  const bool mapped = std::any_of(live_mappings.begin(), live_mappings.end(), [&](const auto& range) {
+    return range.first <= begin && end <= range.second;
+  });
   if (mapped) release_mapped_pages(bytes);
   return mapped;
 }

@@ -28,9 +28,17 @@ class MappedFile {
   uint8_t* mutable_data() { return data_; }
   size_t size() const { return size_; }
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
+  /** bytes() and the readable zero page before them: the region arrays may alias, so that a
+   * tensor at offset 0 has the 8 readable bytes before it that MLX's allocator reads. */
+  std::span<const uint8_t> aliasable() const {
+    return data_ == nullptr ? bytes()
+                            : std::span<const uint8_t>{data_ - guard_bytes(), size_ + guard_bytes()};
+  }
   const std::filesystem::path& path() const { return path_; }
 
  private:
+  static size_t guard_bytes();
+
   std::filesystem::path path_;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;

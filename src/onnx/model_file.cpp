@@ -531,7 +531,7 @@ Value read_optional_proto(Bytes bytes, const MessagePath& path, const TensorSour
 ModelFile read_model_file(const fs::path& path, const fs::path& link_target_dir) {
   std::shared_ptr<MappedFile> file = MappedFile::open(path);
   ExternalDataStore external(folder_of(path), link_target_dir);
-  ModelProtoReader reader(TensorSource{{file, file->bytes(), /*file_mapping=*/true}, &external});
+  ModelProtoReader reader(TensorSource{{file, file->aliasable(), /*file_mapping=*/true}, &external});
   MessagePath root(path.string());
   ModelFile model = reader.read_model(file->bytes(), root);
   model.path = path;
@@ -549,7 +549,7 @@ ModelFile read_model_bytes(std::span<const uint8_t> bytes, const fs::path& base_
 Value read_value_file(const fs::path& path, const ValueInfo& declared) {
   std::shared_ptr<MappedFile> file = MappedFile::open(path);
   ExternalDataStore external(folder_of(path));
-  const TensorSource source{{file, file->bytes(), /*file_mapping=*/true}, &external};
+  const TensorSource source{{file, file->aliasable(), /*file_mapping=*/true}, &external};
   MessagePath root(path.string());
   switch (declared.kind) {
     case ValueInfo::Kind::kSequence: return read_sequence_proto(file->bytes(), root, source);

@@ -512,7 +512,7 @@ mx::array decode_external(const TensorFields& t, OnnxType type, const TypeInfo& 
     path.fail(str("external data '", location, "' is not available when reading from memory"));
   }
   const ExternalDataStore::Bytes data = source.external->read(location, offset, length, path);
-  const OwnedMemory memory{data.owner, data.owner->bytes(), /*file_mapping=*/true};
+  const OwnedMemory memory{data.owner, data.owner->aliasable(), /*file_mapping=*/true};
   return decode_raw(data.bytes, "external data", type, info, count, t.dims, memory, path);
 }
 

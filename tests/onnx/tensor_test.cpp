@@ -571,6 +571,20 @@ TEST_F(ExternalData, ReadsAtOffsetZeroCopyAndMapsEachFileOnce) {
   EXPECT_EQ(p, mapped.bytes.data() + 64) << "aligned external data must alias the mapping";
 }
 
+// The first tensor of a file (onnxruntime-genai puts a 113 MB embedding there) aliases it too: the
+// mapping has a readable page before the file's bytes for the 8 bytes MLX's allocator reads.
+TEST_F(ExternalData, TheTensorAtOffsetZeroAliasesTheMapping) {
+  write(model_dir_ / "first.bin", proto::raw({7.f, 8.f}));
+  ExternalDataStore store(model_dir_);
+  const Decoded d = decode(proto::external_tensor("a", OnnxType::kFloat, {2}, "first.bin", 0, 8), &store);
+  mx::array tensor = d.value.value.tensor();
+  EXPECT_EQ(values_of<float>(tensor), (std::vector<float>{7, 8}));
+  MessagePath path("t.onnx");
+  const auto mapped = store.read("first.bin", 0, std::nullopt, path);
+  EXPECT_EQ(static_cast<const uint8_t*>(tensor.data<void>()), mapped.bytes.data())
+      << "a tensor at offset 0 must alias the mapping, not be copied";
+}
+
 TEST_F(ExternalData, LengthDefaultsToTheRestOfTheFile) {
   write(model_dir_ / "w.bin", "xxxx" + proto::raw({9.f}));
   ExternalDataStore store(model_dir_);
