@@ -58,6 +58,18 @@ struct KvCacheWriteSpec {
   bool rotate = false, interleaved = false;
 };
 
+/** The write of one of a step's caches: keys at `column` rotated as the step says, or values at
+ * theirs with rotate = false. */
+inline KvCacheWriteSpec kv_write_spec(const GroupQueryAttentionSpec& spec, int64_t column, bool rotate) {
+  return {.kv_heads = spec.kv_heads,
+          .head_size = spec.head_size,
+          .column = column,
+          .capacity = spec.capacity,
+          .first_prompt = spec.first_prompt,
+          .rotate = rotate,
+          .interleaved = spec.interleaved};
+}
+
 /** The present buffer above. inputs, in this order:
  *   0  past [B, Kv, P, H] float32 (P may be 0)
  *   1  the source [B, S, *] float32 of the new keys (values)

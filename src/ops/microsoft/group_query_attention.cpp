@@ -479,13 +479,7 @@ std::vector<mx::array> fused_step(const NodeContext& ctx, const StepInputs& step
   const mx::array seqlens = mx::astype(ctx.input(5), mx::int32, s);
   auto write = [&](const std::optional<mx::array>& past, const mx::array& source, int64_t column,
                    bool rotate) {
-    const kernels::KvCacheWriteSpec write_spec{.kv_heads = spec.kv_heads,
-                                               .head_size = spec.head_size,
-                                               .column = column,
-                                               .capacity = spec.capacity,
-                                               .first_prompt = spec.first_prompt,
-                                               .rotate = rotate,
-                                               .interleaved = spec.interleaved};
+    const kernels::KvCacheWriteSpec write_spec = kernels::kv_write_spec(spec, column, rotate);
     mx::array old =
         past ? f32(*past, s) : mx::zeros({batch, spec.kv_heads, 0, spec.head_size}, mx::float32, s);
     kernels::Reference reference = [write_spec, stream](const std::vector<mx::array>& in) {

@@ -173,24 +173,14 @@ Inputs make_inputs(const Case& c, GroupQueryAttentionSpec& spec, uint64_t seed) 
   return in;
 }
 
-KvCacheWriteSpec write_spec(const GroupQueryAttentionSpec& spec, int64_t column, bool rotate) {
-  return {.kv_heads = spec.kv_heads,
-          .head_size = spec.head_size,
-          .column = column,
-          .capacity = spec.capacity,
-          .first_prompt = spec.first_prompt,
-          .rotate = rotate,
-          .interleaved = spec.interleaved};
-}
-
 // The step as the operator runs it: both cache writes, then the attention; `reference` stands in for
 // each kernel's reference (returning its first input, or recording that it ran).
 std::vector<mx::array> step(const Inputs& in, const GroupQueryAttentionSpec& spec,
                             const Reference& reference) {
   mx::array key = kv_cache_write({in.past_key, in.k, in.seqlens, in.cos, in.sin},
-                                 write_spec(spec, spec.k_column, spec.rotary), reference, mx::Device::cpu);
+                                 kv_write_spec(spec, spec.k_column, spec.rotary), reference, mx::Device::cpu);
   mx::array value = kv_cache_write({in.past_value, in.v, in.seqlens, in.cos, in.sin},
-                                   write_spec(spec, spec.v_column, false), reference, mx::Device::cpu);
+                                   kv_write_spec(spec, spec.v_column, false), reference, mx::Device::cpu);
   mx::array y = group_query_attention({in.q, key, value, in.seqlens, in.cos, in.sin, in.sink}, spec,
                                       reference, mx::Device::cpu);
   return {y, key, value};
@@ -325,7 +315,7 @@ TEST(GroupQueryAttentionKernel, PresentTakesOverAPastNothingElseHolds) {
   }
   const mx::array want_shared(shared.begin(), want[1].shape());
   Reference unused = [](const std::vector<mx::array>& x) { return std::vector<mx::array>{x[0]}; };
-  const KvCacheWriteSpec key_spec = write_spec(spec, spec.k_column, spec.rotary);
+  const KvCacheWriteSpec key_spec = kv_write_spec(spec, spec.k_column, spec.rotary);
   mx::array present = kv_cache_write({std::move(in.past_key), in.k, in.seqlens, in.cos, in.sin}, key_spec,
                                      unused, mx::Device::cpu);
   mx::eval(present);
@@ -336,7 +326,7 @@ TEST(GroupQueryAttentionKernel, PresentTakesOverAPastNothingElseHolds) {
   mx::eval(in.past_value);
   const std::vector<float> before = host(in.past_value);
   mx::array copied = kv_cache_write({in.past_value, in.v, in.seqlens, in.cos, in.sin},
-                                    write_spec(spec, spec.v_column, false), unused, mx::Device::cpu);
+                                    kv_write_spec(spec, spec.v_column, false), unused, mx::Device::cpu);
   mx::eval(copied);
   EXPECT_NE(copied.data<float>(), in.past_value.data<float>());
   EXPECT_EQ(host(in.past_value), before);
