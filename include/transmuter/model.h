@@ -57,6 +57,14 @@ struct LoadOptions {
    * exit). Resolved to the model's types, keep_float32_islands runs instead.
    * Graphs without float16/bfloat16 values are unchanged either way. */
   ComputeType compute_type = ComputeType::kAuto;
+  /** Outputs to compute at the last position of their last-but-one axis only: a
+   * decoder's logits [batch, sequence, vocabulary], of which generation reads the
+   * last position (TextGeneration asks for "logits"). Their declared dimension
+   * becomes 1. Where only position-wise nodes follow the product that makes the
+   * output (e.g. the lm_head MatMul), the positions are cut before it, which saves
+   * its time and memory on a prompt. load() throws Error for a name that is no
+   * output, or an output the graph's own nodes also read. */
+  std::vector<std::string> last_position_outputs = {};
   /** For an `hf://org/repo` source that names no file: which ONNX file of the
    * repo to load, as transformers.js picks it (hub::onnx_file_candidates:
    * fp32, fp16, q8, int8, uint8, q4, q4f16, bnb4). */

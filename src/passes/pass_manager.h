@@ -48,6 +48,12 @@ size_t pack_matmul_nbits(Graph& graph);
 size_t fuse_gated_mlp(Graph& graph);
 size_t pack_matmul_weights(Graph& graph);
 
+/** Not a default pass: LoadOptions::last_position_outputs asks for it. Cuts each named output to
+ * the last position of its last-but-one axis, before the product that makes it when the nodes
+ * after that product are position-wise. Throws Error for a name that is no output, or an output
+ * that nodes of the graph also read. Returns the number of outputs cut. */
+size_t last_position_outputs(Graph& graph, const std::vector<std::string>& outputs);
+
 /** Element types of the values of `graph` known without running it: declared
  * (inputs, outputs, value_info), of initializers and Constants, set by Cast
  * and other type attributes, kept by type-preserving ops (elementwise,

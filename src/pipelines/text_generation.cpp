@@ -129,6 +129,16 @@ KvCache resolve_cache(KvCache asked, const DecoderSignature& s, const std::strin
   return asked;
 }
 
+// Generation reads the last position's logits alone: load() computes no others (the lm_head over a
+// whole prompt is its largest product and its largest value).
+LoadOptions with_last_position_logits(LoadOptions load) {
+  const std::string logits = DecoderSignature{}.logits;
+  if (std::find(load.last_position_outputs.begin(), load.last_position_outputs.end(), logits) ==
+      load.last_position_outputs.end())
+    load.last_position_outputs.push_back(logits);
+  return load;
+}
+
 mx::array int_matrix(const std::vector<int64_t>& flat, int rows, int cols) {
   return mx::array(flat.begin(), {rows, cols}, mx::int64);
 }
@@ -152,7 +162,7 @@ struct TextGeneration::Impl {
   Impl(ModelFolder f, const PipelineOptions& o)
       : folder(std::move(f)),
         options(o),
-        model(load(folder.model_path().string(), o.load)),
+        model(load(folder.model_path().string(), with_last_position_logits(o.load))),
         tokenizer(folder.tokenizer()),
         config(read_model_config(folder)) {}
 

@@ -42,6 +42,7 @@ std::vector<Pass> passes_for(const LoadOptions& options) {
 Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const LoadOptions& options,
                  int64_t ir_version, std::string producer) {
   auto state = std::make_shared<Model::State>();
+  last_position_outputs(*graph, options.last_position_outputs);  // asked for: not one of run_passes'
   if (options.run_passes) state->passes_applied = run_passes(*graph, passes_for(options));
   state->bound = bind_graph(*graph, builtin_registry(), source);
   state->host_reads = std::make_unique<SignatureMemoCache>(*state->bound);

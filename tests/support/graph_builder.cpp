@@ -12,7 +12,9 @@ Attribute graph_attr(const std::string& name, std::shared_ptr<Graph> body) {
   return a;
 }
 
-GraphBuilder& GraphBuilder::input(const std::string& name, OnnxType type, std::vector<int64_t> dims) {
+namespace {
+
+ValueInfo tensor_info(const std::string& name, OnnxType type, const std::vector<int64_t>& dims) {
   ValueInfo info;
   info.name = name;
   info.kind = ValueInfo::Kind::kTensor;
@@ -24,7 +26,13 @@ GraphBuilder& GraphBuilder::input(const std::string& name, OnnxType type, std::v
     else d.symbol = std::to_string(i).insert(0, 1, 'd');  // GCC 12 warns (-Wrestrict) on "d" + string
     info.shape.push_back(d);
   }
-  graph_->inputs.push_back(info);
+  return info;
+}
+
+}  // namespace
+
+GraphBuilder& GraphBuilder::input(const std::string& name, OnnxType type, std::vector<int64_t> dims) {
+  graph_->inputs.push_back(tensor_info(name, type, dims));
   return *this;
 }
 
@@ -60,6 +68,11 @@ GraphBuilder& GraphBuilder::output(const std::string& name) {
   ValueInfo info;
   info.name = name;
   graph_->outputs.push_back(info);
+  return *this;
+}
+
+GraphBuilder& GraphBuilder::output(const std::string& name, OnnxType type, std::vector<int64_t> dims) {
+  graph_->outputs.push_back(tensor_info(name, type, dims));
   return *this;
 }
 

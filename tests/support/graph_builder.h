@@ -27,6 +27,8 @@ class GraphBuilder {
                             std::vector<std::string> inputs, std::vector<std::string> outputs,
                             std::vector<Attribute> attributes = {});
   GraphBuilder& output(const std::string& name);
+  /** An output declared with a type and shape (dims < 0 symbolic, as for inputs). */
+  GraphBuilder& output(const std::string& name, OnnxType type, std::vector<int64_t> dims);
 
   /** The graph built so far, e.g. as an If/Loop/Scan body (graph_attr). */
   std::shared_ptr<Graph> graph() const { return std::make_shared<Graph>(*graph_); }
