@@ -401,10 +401,54 @@ HWY_INLINE void ByteChunkDots(const uint32_t* const (&w)[C], const int8_t* x, in
   }
 }
 
+// The permutations that spread a run's vector of group values to chunk j's lanes (ByteRunProducts):
+// lane i of chunk j takes the run's group j * lanes / kRun + i / kRun. Built once per block of columns.
+template <int kRun>
+struct RunTables {
+  LaneTable chunk[kRun > 0 ? kRun : 1];
+
+  RunTables() {
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
+    for (int j = 0; j < kRun; ++j) {
+      HWY_ALIGN int32_t index[kMaxLanes];
+      for (int64_t i = 0; i < lanes; ++i) index[i] = static_cast<int32_t>(j * (lanes / kRun) + i / kRun);
+      chunk[j] = hn::SetTableIndices(D(), index);
+    }
+  }
+};
+
+// acc[c] += the scaled products of C rows of w with the int8 row x over runs [0, runs) of kRun chunks
+// (kRun = words per group < lanes: a run covers one group per lane). A run's scales times x's scales
+// are one vector per column, which each chunk spreads to its lanes with one permutation (instead of
+// a masked load, a permutation and a product a chunk and column).
+template <int kBits, int C, int kRun>
+HWY_INLINE void ByteRunProducts(const uint32_t* const (&w)[C], const float* const (&scales)[C],
+                                const int8_t* x, const float* xscale, int64_t runs,
+                                const RunTables<kRun>& tables, V (&acc)[C]) {
+  const D d;
+  const DI di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t run = 0; run < runs; ++run) {
+    const V xs = hn::LoadU(d, xscale + run * lanes);
+    V scale[C];
+    for (int c = 0; c < C; ++c) scale[c] = hn::Mul(hn::LoadU(d, scales[c] + run * lanes), xs);
+    for (int j = 0; j < kRun; ++j) {
+      VI dot[C];
+      for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
+      ByteChunkDots<kBits, C>(w, x, run * kRun + j, lanes, dot);
+      for (int c = 0; c < C; ++c)
+        acc[c] =
+            hn::MulAdd(hn::ConvertTo(d, dot[c]), hn::TableLookupLanes(scale[c], tables.chunk[j]), acc[c]);
+    }
+  }
+}
+
 // y[row, col0 + c] for c < C from the int8 row: per group, scale[c, g] * xscale[g] * (q . xq), and the
-// biases as in Columns (biases[c, g] * xsum[g]).
-template <int kBits, int C>
-HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0) {
+// biases as in Columns (biases[c, g] * xsum[g]). kRun: the words of a group when a chunk holds several
+// groups and whole runs of groups are scaled a run at a time (ByteRunProducts), else 0.
+template <int kBits, int C, int kRun>
+HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0,
+                            const RunTables<kRun>& tables) {
   const D d;
   const DI di;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -434,10 +478,17 @@ HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0) {
         acc[c] = hn::MulAdd(hn::ConvertTo(d, dot[c]), hn::Set(d, scales[c][g] * xscale[g]), acc[c]);
     }
   } else {
-    // A chunk spans several groups: lane i's scales are those of group i / words_per_group of the chunk.
+    // A chunk spans several groups: whole runs of `lanes` groups first, then chunk by chunk, lane i's
+    // scales being those of group i / words_per_group of the chunk.
+    int64_t chunk = 0;
+    if constexpr (kRun > 0) {
+      const int64_t runs = groups / lanes;
+      ByteRunProducts<kBits, C, kRun>(w, scales, x, xscale, runs, tables, acc);
+      chunk = runs * kRun;
+    }
     const ChunkGroups split(words_per_group);
     const int64_t chunks = (words + lanes - 1) / lanes;
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    for (; chunk < chunks; ++chunk) {
       const int64_t valid = std::min(lanes, words - chunk * lanes);
       for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
       ByteChunkDots<kBits, C>(w, x, chunk, valid, dot);
@@ -463,13 +514,26 @@ HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0) {
   for (int c = 0; c < C; ++c) a.y[row * a.n + col0 + c] = hn::GetLane(hn::SumOfLanes(d, acc[c]));
 }
 
-template <int kBits>
-void ByteGemvBlockOf(const QuantizedArgs& a, int64_t col0, int64_t cols) {
+template <int kBits, int kRun>
+void ByteGemvColumns(const QuantizedArgs& a, int64_t col0, int64_t cols) {
+  const RunTables<kRun> tables;
   for (int64_t r = 0; r < a.m; ++r) {
     int64_t c = col0;
-    for (; c + 4 <= col0 + cols; c += 4) ByteColumns<kBits, 4>(a, r, c);
-    for (; c < col0 + cols; ++c) ByteColumns<kBits, 1>(a, r, c);
+    for (; c + 4 <= col0 + cols; c += 4) ByteColumns<kBits, 4, kRun>(a, r, c, tables);
+    for (; c < col0 + cols; ++c) ByteColumns<kBits, 1, kRun>(a, r, c, tables);
   }
+}
+
+// Picks ByteColumns' kRun: the words of a group when fewer than a vector's lanes (2, 4 or 8 with
+// AVX-512's 16; 2 or 4 with AVX2's 8), else 0.
+template <int kBits>
+void ByteGemvBlockOf(const QuantizedArgs& a, int64_t col0, int64_t cols) {
+  const int64_t words_per_group = a.group_size * kBits / 32;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
+  if (words_per_group == 2 && lanes > 2) return ByteGemvColumns<kBits, 2>(a, col0, cols);
+  if (words_per_group == 4 && lanes > 4) return ByteGemvColumns<kBits, 4>(a, col0, cols);
+  if (words_per_group == 8 && lanes > 8) return ByteGemvColumns<kBits, 8>(a, col0, cols);
+  ByteGemvColumns<kBits, 0>(a, col0, cols);
 }
 
 void ByteGemvBlock(const QuantizedArgs& a, int64_t col0, int64_t cols) {

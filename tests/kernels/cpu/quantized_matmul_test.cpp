@@ -247,12 +247,13 @@ TEST(QuantizedMatmulKernel, Int8ActivationsAreOrtsAccuracyLevel4) {
 // The int8 GEMV's dot products differ per SIMD target (AVX512-VNNI's vpdpbusd, AVX-512's and AVX2's
 // vpmaddubsw for 4 bits, the float GEMV on the rounded x elsewhere): each target this CPU runs, over
 // group sizes whose groups are smaller than a vector of weights and larger, depths ending inside one,
-// stored and symmetric biases.
+// depths of whole runs of a vector's lanes of groups and of runs and a tail (18 groups: SmolLM2's
+// K = 576 at group 32), stored and symmetric biases.
 TEST(QuantizedMatmulKernel, Int8ActivationsOnEverySimdTarget) {
   const int targets = testing::for_each_simd_target([](const std::string& target) {
     for (int bits : {4, 8}) {
       for (int group_size : {32, 64, 128}) {
-        for (auto [k, n] : {std::pair{3 * group_size, 31}, {1024, 67}}) {
+        for (auto [k, n] : {std::pair{3 * group_size, 31}, {1024, 67}, {18 * group_size, 29}}) {
           const QuantizedWeight q =
               quantized_weight(n, k, group_size, bits, static_cast<uint64_t>(k + n + group_size));
           for (bool symmetric : {false, true}) {
