@@ -274,8 +274,12 @@ void ColumnRange(const QuantizedArgs& a, int64_t row0, int64_t col0, int64_t col
 
 // Columns [col0, col0 + cols) of y for every row: tiles of up to kGemvRows
 // rows, each a pass over the block's rows of w (in L2 after the first).
-// Columns at a time: enough independent FMA chains and shared loads of x
-// within the 16 vector registers of AVX2.
+// Columns at a time: with 2-3 rows, 2 (FMA chains and shared loads of x within
+// the 16 vector registers of AVX2); with one row, 1: a decode step's weights
+// come from memory, where one column's two sequential streams (weights, scales
+// and biases) beat four columns' twelve (quantized_matmul_bench, 32 weights in
+// turn, 2 threads: 4096x4096 1.16 -> 0.86 ms, 896x9728 0.62 -> 0.48; in cache
+// 0.34 -> 0.43 at 896x9728).
 template <int kBits>
 void GemvBlockOf(const QuantizedArgs& a, int64_t col0, int64_t cols) {
   for (int64_t r = 0; r < a.m; r += kGemvRows) {
@@ -286,8 +290,8 @@ void GemvBlockOf(const QuantizedArgs& a, int64_t col0, int64_t cols) {
       case 2:
         ColumnRange<kBits, 2, 2>(a, r, col0, cols);
         break;
-      default:
-        ColumnRange<kBits, 1, 4>(a, r, col0, cols);
+      default:  // one row: one column at a time, as ByteGemvColumns (sequential streams from memory)
+        ColumnRange<kBits, 1, 1>(a, r, col0, cols);
         break;
     }
   }
@@ -514,13 +518,16 @@ HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0,
   for (int c = 0; c < C; ++c) a.y[row * a.n + col0 + c] = hn::GetLane(hn::SumOfLanes(d, acc[c]));
 }
 
+// One column (row of w) at a time: its weights and scales are two sequential streams. Four at once
+// (C = 4, sharing each load of x) read 12 streams a thread, 2 KiB apart at K = 4096, and ran slower
+// whenever the weights came from memory, as in a decode step (quantized_matmul_bench --int8, 2 threads,
+// 24-32 weights in turn: 4-bit 4096x4096 1.01 -> 0.66 ms, 4864x896 0.36 -> 0.20; 8-bit 4096x4096
+// 1.15 -> 0.88, 896x9728 0.89 -> 0.51), for a few percent more time with the weights in cache.
 template <int kBits, int kRun>
 void ByteGemvColumns(const QuantizedArgs& a, int64_t col0, int64_t cols) {
   const RunTables<kRun> tables;
   for (int64_t r = 0; r < a.m; ++r) {
-    int64_t c = col0;
-    for (; c + 4 <= col0 + cols; c += 4) ByteColumns<kBits, 4, kRun>(a, r, c, tables);
-    for (; c < col0 + cols; ++c) ByteColumns<kBits, 1, kRun>(a, r, c, tables);
+    for (int64_t c = col0; c < col0 + cols; ++c) ByteColumns<kBits, 1, kRun>(a, r, c, tables);
   }
 }
 
