@@ -38,6 +38,11 @@
 // or MobileNetV2 block's shortcut, becomes ConvNhwc(X, W', B, Z) [Relu]: the
 // residual is added in the GEMM's epilogue.
 //
+// Step 4: a group-1 ConvNhwc over at most kConvDirectMaxChannels channels
+// (a stem over RGB) whose input is a Transpose(0,2,3,1) of A reads A itself
+// (input_layout "NCHW": its direct kernel reads through strides), and the
+// transpose goes when nothing else reads it.
+//
 // A convolution is converted when: its weight is a float32 4-D initializer,
 // its bias absent or a float32 [M] initializer, auto_pad NOTSET or VALID, and
 // group is 1 or depthwise (group == M, one input channel per group);
@@ -479,6 +484,29 @@ size_t fuse_residual_adds(Graph& graph) {
   return fused_count;
 }
 
+// ---- step 4: stems read channels-first input in place ----
+
+size_t read_channels_first_inputs(Graph& graph) {
+  const GraphIndex index(graph);
+  size_t changed = 0;
+  for (Node& conv : graph.nodes) {
+    if (conv.domain != kDomain || conv.op_type != "ConvNhwc" || int_attribute_or(conv, "group", 1) != 1)
+      continue;
+    std::optional<size_t> producer = index.producer(conv.inputs[0]);
+    if (!producer || !is_transpose(graph.nodes[*producer], kToChannelsLast)) continue;
+    const std::vector<int64_t> kernel = ints_attribute_or(conv, "kernel_shape", {});
+    auto packed = graph.initializers.find(conv.inputs[1]);
+    if (kernel.size() != 2 || packed == graph.initializers.end() || !packed->second.is_tensor()) continue;
+    const int64_t channels =
+        packed->second.tensor().shape(1) / (kernel[0] * kernel[1]);  // packed [panels, K, P]
+    if (channels > kernels::kConvDirectMaxChannels) continue;
+    conv.inputs[0] = graph.nodes[*producer].inputs[0];
+    conv.attributes.push_back(string_attribute("input_layout", "NCHW"));
+    ++changed;
+  }
+  return changed;
+}
+
 }  // namespace
 
 size_t channels_last_convs(Graph& graph) {
@@ -494,6 +522,7 @@ size_t channels_last_convs(Graph& graph) {
   bypass_identities(graph);
   remove_unread_layout_nodes(graph);
   fuse_residual_adds(graph);
+  if (read_channels_first_inputs(graph) > 0) remove_unread_layout_nodes(graph);
   import_domain(graph, kDomain, 1);
   return converted;
 }

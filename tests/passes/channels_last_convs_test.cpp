@@ -6,6 +6,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/conv_nhwc.h"
 #include "support/expect_error.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
@@ -73,8 +74,9 @@ TEST(ChannelsLastConvs, ACnnRunsChannelsLastWithTheSameValues) {
     EXPECT_EQ(histogram.at("Relu"), 1u) << opset;  // the one before the mean; the shortcut's is fused
     EXPECT_EQ(histogram.at("ai.transmuter.MaxPoolNhwc"), 1u) << opset;
     EXPECT_EQ(histogram.at("ai.transmuter.GlobalAveragePoolNhwc"), 1u) << opset;
-    // Only the borders: into channels-last at x, back after the mean and at z.
-    EXPECT_EQ(histogram.at("Transpose"), 3u) << opset;
+    // Only the borders: back after the mean and at z. The stem (3 input
+    // channels) reads x as it lies, channels-first, so x needs no transpose.
+    EXPECT_EQ(histogram.at("Transpose"), 2u) << opset;
     EXPECT_EQ(histogram.count("Identity"), 0u) << opset;
     EXPECT_EQ(histogram.count("Add"), 0u) << opset;  // the shortcut runs in the 1x1 conv's epilogue
     mx::array x = uniform({2, 3, 12, 14}, 7) * 2.0f;
@@ -156,7 +158,8 @@ TEST(ChannelsLastConvs, ConcatAlongChannelsStaysChannelsLast) {
     }
     Model nhwc = b.build();
     Model plain = b.build({.run_passes = false});
-    if (axis != 2) EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 2u) << axis;  // x in, y out
+    // y out only: both convs read x (3 channels) channels-first, in place
+    if (axis != 2) EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 1u) << axis;
     mx::array x = uniform({1, 3, 6, 6}, 44);
     mx::array want = run_output(plain, "x", x, "y");
     EXPECT_LT(max_abs_diff(run_output(nhwc, "x", x, "y"), want), 1e-5f) << axis;
@@ -187,8 +190,9 @@ TEST(ChannelsLastConvs, ReductionsKeepingTheirAxesFollowTheLayout) {
       b.output("y");
       Model nhwc = b.build();
       Model plain = b.build({.run_passes = false});
-      // Kept: the mean and the second conv run channels-last, one transpose in, one out.
-      if (keepdims == 1) EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 2u) << opset;
+      // Kept: the mean and the second conv run channels-last, one transpose out (the
+      // first conv reads x, 3 channels, channels-first).
+      if (keepdims == 1) EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 1u) << opset;
       mx::array x = uniform({2, 3, 5, 6}, 52);
       mx::array want = run_output(plain, "x", x, "y");
       mx::array got = run_output(nhwc, "x", x, "y");
@@ -199,15 +203,50 @@ TEST(ChannelsLastConvs, ReductionsKeepingTheirAxesFollowTheLayout) {
   }
 }
 
+// A conv over at most kConvDirectMaxChannels (4) channels reads its NCHW
+// input in place (no transpose into channels-last); one over 5 channels keeps
+// its transpose. Values equal the unrewritten graph's, with a bias, a fused
+// activation, stride 2 and padding (border columns) on the stem.
+TEST(ChannelsLastConvs, StemsReadChannelsFirstInputInPlace) {
+  GraphBuilder b(18);
+  b.input("x", OnnxType::kFloat, {2, 4, 11, 13})
+      .input("x5", OnnxType::kFloat, {1, 5, 8, 9})
+      .initializer("W", uniform({12, 4, 3, 3}, 61))
+      .initializer("B", uniform({12}, 62))
+      .initializer("W5", uniform({7, 5, 3, 3}, 63))
+      .node("Conv", {"x", "W", "B"}, {"c"}, {ints_attr("pads", {1, 1, 1, 1}), ints_attr("strides", {2, 2})})
+      .node("HardSwish", {"c"}, {"y"})
+      .node("Conv", {"x5", "W5"}, {"y5"})
+      .output("y")
+      .output("y5");
+  GraphBuilder plain_b = b;
+  Model nhwc = b.build();
+  Model plain = plain_b.build({.run_passes = false});
+  EXPECT_EQ(nhwc.op_histogram().at("ai.transmuter.ConvNhwc"), 2u);
+  // x5 into channels-last, y and y5 back; none at x.
+  EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 3u);
+  Inputs in = {{"x", uniform({2, 4, 11, 13}, 64) * 2.0f}, {"x5", uniform({1, 5, 8, 9}, 65)}};
+  Outputs want = run(plain, plain.params(), in, {mx::Device::cpu});
+  CompiledModel compiled_model = compile(nhwc, in);
+  for (bool compiled : {false, true}) {
+    Outputs got = compiled ? compiled_model(in) : run(nhwc, nhwc.params(), in, {mx::Device::cpu});
+    for (const char* name : {"y", "y5"}) {
+      ASSERT_EQ(got.tensor(name).shape(), want.tensor(name).shape()) << name;
+      EXPECT_LT(max_abs_diff(got.tensor(name), want.tensor(name)), 1e-5f) << name << " compiled " << compiled;
+      EXPECT_GT(mx::max(mx::abs(want.tensor(name))).item<float>(), 0.5f) << name;
+    }
+  }
+}
+
 // The node the pass makes, fed what it does not accept: an error naming it.
 TEST(ChannelsLastConvs, ConvNhwcRefusesInconsistentArguments) {
-  auto message_for = [](int64_t group, int64_t out_channels, mx::array w) {
+  auto message_for = [](int64_t group, int64_t out_channels, mx::array w, std::string layout = "NHWC") {
     GraphBuilder b(18);
     b.input("x", OnnxType::kFloat, {1, 5, 5, 4})
         .initializer("W", w)
         .domain_node("ai.transmuter", 1, "ConvNhwc", {"x", "W"}, {"y"},
                      {ints_attr("kernel_shape", {3, 3}), int_attr("group", group),
-                      int_attr("out_channels", out_channels)})
+                      int_attr("out_channels", out_channels), string_attr("input_layout", layout)})
         .output("y");
     Model model = b.build({.run_passes = false});
     return testing::error_of<OpError>(
@@ -219,7 +258,16 @@ TEST(ChannelsLastConvs, ConvNhwcRefusesInconsistentArguments) {
   std::string depthwise = message_for(4, 4, uniform({3, 3, 5}, 33));
   EXPECT_NE(depthwise.find("depthwise weight must be float32 [3, 3, 4]"), std::string::npos) << depthwise;
   std::string packed = message_for(1, 6, uniform({3, 3, 4}, 34));
-  EXPECT_NE(packed.find("packed convolution weight does not match 6 output channels"), std::string::npos) << packed;
+  EXPECT_NE(packed.find("packed convolution weight does not match 6 output channels"), std::string::npos)
+      << packed;
+  std::string layout = message_for(1, 4, uniform({3, 3, 4}, 35), "NWHC");
+  EXPECT_NE(layout.find("unknown input_layout 'NWHC'"), std::string::npos) << layout;
+  std::string depthwise_nchw = message_for(4, 4, uniform({3, 3, 4}, 36), "NCHW");
+  EXPECT_NE(depthwise_nchw.find("input_layout NCHW goes with group 1 only"), std::string::npos)
+      << depthwise_nchw;
+  // x [1, 5, 5, 4] read as NCHW has 5 channels: the packed weight (4 channels) does not fit.
+  std::string channels = message_for(1, 4, kernels::pack_conv_weight_nhwc(uniform({4, 4, 3, 3}, 37)), "NCHW");
+  EXPECT_NE(channels.find("over a window of 45 values"), std::string::npos) << channels;
 }
 
 }  // namespace

@@ -43,9 +43,19 @@ struct NhwcConvOptions {
   std::array<int, 2> dilations = {1, 1};   // [dH, dW]
   ConvActivation activation = ConvActivation::kNone;
   float clip_min = 0.0f, clip_max = 6.0f;  // kClip only
+  // Group 1: x is [N, C, H, W] (ONNX's layout), read in place by the direct
+  // kernel; the output is channels-last all the same. A CNN's stem reads the
+  // graph's NCHW input this way, without a transpose into NHWC.
+  bool channels_first_input = false;
 
   bool operator==(const NhwcConvOptions&) const = default;
 };
+
+/** Group-1 convolutions over at most this many input channels (a CNN's stem
+ * over RGB) run on the direct kernel, which reads the input through strides:
+ * NHWC, or NCHW with channels_first_input. Wider inputs are unfolded into the
+ * GEMM (channels_first_input works there too, at the direct kernel's speed). */
+constexpr int64_t kConvDirectMaxChannels = 4;
 
 /** An ONNX conv weight [M, C, kH, kW] (float) packed for conv2d_nhwc: the
  * GEMM's right-hand side B[(ky * kW + kx) * C + c, m] in its panel layout
@@ -55,7 +65,8 @@ mx::array pack_conv_weight_nhwc(const mx::array& w);
 /** An ONNX depthwise weight [C, 1, kH, kW] as [kH, kW, C] (float32). */
 mx::array depthwise_weight_nhwc(const mx::array& w, mx::StreamOrDevice s = {});
 
-/** Group-1 convolution: x float32 [N, H, W, C], packed from
+/** Group-1 convolution: x float32 [N, H, W, C] ([N, C, H, W] with
+ * options.channels_first_input), packed from
  * pack_conv_weight_nhwc of an [M, C, kH, kW] weight, bias [M] or none, and a
  * residual added before the activation (a ResNet block's shortcut: in the
  * GEMM's epilogue when it has the output's shape, else broadcast by MLX).

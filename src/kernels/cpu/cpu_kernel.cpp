@@ -3,6 +3,8 @@
 #include <mlx/allocator.h>
 #include <mlx/backend/cpu/encoder.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -25,32 +27,75 @@ struct DenseCopy {
   std::vector<int64_t> shape, strides;  // in elements
 };
 
-// copy.to (row-contiguous) = copy.from read through its strides: runs of the last axis with memcpy
-// when it is dense, element by element otherwise (broadcasts, transposes).
+// The last two axes of a strided copy: `rows` runs of `cols` elements of type T, read through the
+// given element strides. Typed so that a transpose (the NCHW -> NHWC border of a channels-last CNN,
+// whose last axis has a large stride) moves one element per load/store, not a memcpy call each.
+template <typename T>
+void copy_block(const char* from, char* to, int64_t rows, int64_t cols, int64_t row_stride,
+                int64_t col_stride) {
+  const T* src = reinterpret_cast<const T*>(from);
+  T* dst = reinterpret_cast<T*>(to);
+  for (int64_t r = 0; r < rows; ++r, dst += cols) {
+    const T* row = src + r * row_stride;
+    if (col_stride == 1) {
+      std::memcpy(dst, row, static_cast<size_t>(cols) * sizeof(T));
+    } else {
+      for (int64_t c = 0; c < cols; ++c) dst[c] = row[c * col_stride];
+    }
+  }
+}
+
+// An element of `item` bytes with no native type of that size (complex64 is 8, handled as uint64).
+void copy_block_bytes(const char* from, char* to, size_t item, int64_t rows, int64_t cols, int64_t row_stride,
+                      int64_t col_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c, to += item)
+      std::memcpy(to, from + (r * row_stride + c * col_stride) * static_cast<int64_t>(item), item);
+  }
+}
+
+void copy_block_of(const char* from, char* to, size_t item, int64_t rows, int64_t cols, int64_t row_stride,
+                   int64_t col_stride) {
+  switch (item) {
+    case 1:
+      return copy_block<uint8_t>(from, to, rows, cols, row_stride, col_stride);
+    case 2:
+      return copy_block<uint16_t>(from, to, rows, cols, row_stride, col_stride);
+    case 4:
+      return copy_block<uint32_t>(from, to, rows, cols, row_stride, col_stride);
+    case 8:
+      return copy_block<uint64_t>(from, to, rows, cols, row_stride, col_stride);
+    default:
+      return copy_block_bytes(from, to, item, rows, cols, row_stride, col_stride);
+  }
+}
+
+// copy.to (row-contiguous) = copy.from read through its strides: a block of the last two axes at a
+// time (an odometer walks the outer ones), so broadcasts and transposes cost a loop, not a call, per
+// element.
 void copy_row_contiguous(const DenseCopy& copy) {
   const int rank = static_cast<int>(copy.shape.size());
   const size_t item = copy.item;
-  char* to = copy.to;
   if (rank == 0) {
-    std::memcpy(to, copy.from, item);
+    std::memcpy(copy.to, copy.from, item);
     return;
   }
   int64_t size = 1;
   for (int64_t d : copy.shape) size *= d;
   if (size == 0) return;
-  const int64_t inner = copy.shape[rank - 1], inner_stride = copy.strides[rank - 1];
-  const int64_t outer = size / inner;
-  std::vector<int64_t> index(rank - 1, 0);
-  int64_t offset = 0;  // elements from the view's first one to the current run
-  for (int64_t run = 0; run < outer; ++run) {
-    const char* at = copy.from + offset * static_cast<int64_t>(item);
-    if (inner_stride == 1) {
-      std::memcpy(to, at, inner * item);
-    } else {
-      for (int64_t j = 0; j < inner; ++j) std::memcpy(to + j * item, at + j * inner_stride * item, item);
-    }
-    to += inner * item;
-    for (int axis = rank - 2; axis >= 0; --axis) {  // the next run: an odometer over the outer axes
+  const int64_t cols = copy.shape[rank - 1], col_stride = copy.strides[rank - 1];
+  const int64_t rows = rank >= 2 ? copy.shape[rank - 2] : 1;
+  const int64_t row_stride = rank >= 2 ? copy.strides[rank - 2] : 0;
+  const int outer_axes = std::max(rank - 2, 0);
+  const int64_t blocks = size / (rows * cols);
+  const int64_t block_bytes = rows * cols * static_cast<int64_t>(item);
+  std::vector<int64_t> index(outer_axes, 0);
+  int64_t offset = 0;  // elements from the view's first one to the current block
+  char* to = copy.to;
+  for (int64_t block = 0; block < blocks; ++block, to += block_bytes) {
+    copy_block_of(copy.from + offset * static_cast<int64_t>(item), to, item, rows, cols, row_stride,
+                  col_stride);
+    for (int axis = outer_axes - 1; axis >= 0; --axis) {  // the next block: an odometer over the outer axes
       offset += copy.strides[axis];
       if (++index[axis] < copy.shape[axis]) break;
       offset -= copy.strides[axis] * copy.shape[axis];

@@ -4,7 +4,9 @@
 //
 //   Y = activation(conv(X, W) + B)
 //
-//   X float32 [N, H, W, C]; Y float32 [N, oH, oW, out_channels].
+//   X float32 [N, H, W, C], or [N, C, H, W] with input_layout "NCHW" (group
+//   1 only: a stem reading the graph's input without a transpose); Y float32
+//   [N, oH, oW, out_channels].
 //   group 1:  W is the weight packed by pack_conv_weight_nhwc
 //             (float32 [panels, kH * kW * C, P]);
 //   group C:  (depthwise, out_channels == C) W is float32 [kH, kW, C].
@@ -14,7 +16,7 @@
 //   Attributes: kernel_shape [kH, kW], strides, pads [top, left, bottom,
 //   right], dilations (as ONNX Conv's, defaults 1 / 0), group, out_channels,
 //   activation ("" | "Relu" | "Clip" | "HardSwish") and activation_params
-//   (Clip: [min, max]).
+//   (Clip: [min, max]), input_layout ("NHWC", the default, | "NCHW").
 #include <array>
 #include <optional>
 #include <string>
@@ -62,6 +64,10 @@ kernels::NhwcConvOptions read_options(const NodeContext& ctx) {
   } else if (!activation.empty()) {
     throw ctx.error("unknown activation '", activation, "' (expected \"\", Relu, Clip or HardSwish)");
   }
+  const std::string layout = ctx.attr_string("input_layout", "NHWC");
+  if (layout != "NHWC" && layout != "NCHW")
+    throw ctx.error("unknown input_layout '", layout, "' (expected NHWC or NCHW)");
+  o.channels_first_input = layout == "NCHW";
   return o;
 }
 
@@ -74,8 +80,10 @@ OpOutputs conv_nhwc(NodeContext& ctx) {
   const int64_t out_channels = ctx.required_int("out_channels");
   const int64_t group = ctx.attr_int("group", 1);
   if (x.dtype() != mx::float32 || x.ndim() != 4) {
-    throw ctx.error("X must be float32 [N, H, W, C], got ", x.dtype(), " ", x.shape());
+    throw ctx.error("X must be float32 ", options.channels_first_input ? "[N, C, H, W]" : "[N, H, W, C]",
+                    ", got ", x.dtype(), " ", x.shape());
   }
+  if (group != 1 && options.channels_first_input) throw ctx.error("input_layout NCHW goes with group 1 only");
   if (group != 1 && (group != x.shape(3) || out_channels != group)) {
     throw ctx.error("group must be 1 or the channel count ", x.shape(3), " with as many outputs, got group ", group,
                     " and out_channels ", out_channels);

@@ -136,6 +136,93 @@ TEST(ConvNhwcKernel, DepthwiseMatchesTheConvolution) {
   EXPECT_GE(targets, 1);
 }
 
+// The direct kernel (at most kConvDirectMaxChannels input channels, or NCHW
+// input), on every SIMD target: output channel counts that fill 1-4 vectors
+// of a register group, cross panels or end inside a vector (8-lane and, on
+// AVX-512, 16-lane vectors from 32 channels), border and interior columns,
+// strides, dilation, the residual, NHWC and NCHW input. NCHW input over 6
+// channels takes the direct kernel too (the pass only makes it for stems).
+TEST(ConvNhwcKernel, DirectKernelMatchesTheConvolution) {
+  const std::vector<Case> cases = {
+      {8, 3, 8, 12, 40, 3, 3, {2, 2}, {1, 1}, {1, 1}, {1, 1}, true, ConvActivation::kHardSwish},  // PP-LCNet's
+                                                                                                  // stem
+      {1, 3, 13, 9, 15, 3, 3, {1, 1}, {1, 1}, {1, 1}, {1, 1}, false, ConvActivation::kRelu},
+      {1, 1, 24, 7, 19, 5, 3, {1, 2}, {1, 1}, {2, 0}, {1, 2}, true, ConvActivation::kClip},
+      {2, 4, 40, 10, 21, 3, 3, {2, 2}, {2, 1}, {2, 1}, {2, 1}, true},
+      {1, 3, 64, 17, 23, 7, 7, {2, 2}, {1, 1}, {3, 3}, {3, 3}, true, ConvActivation::kRelu},  // ResNet's stem
+      {1, 3, 70, 8, 16, 4, 4, {4, 4}, {1, 1}, {0, 0}, {0, 0}, true},  // ConvNeXt's patchify
+      {1, 2, 33, 5, 6, 1, 1, {2, 2}, {1, 1}, {0, 0}, {0, 0}, false},  // strided 1x1
+      {1, 6, 20, 6, 9, 3, 3, {1, 1}, {1, 1}, {1, 1}, {1, 1}, true},   // NCHW only: 6 channels
+  };
+  const int targets = testing::for_each_simd_target([&](const std::string& target) {
+    for (const Case& c : cases) {
+      for (bool nchw : {false, true}) {
+        if (!nchw && c.channels > kConvDirectMaxChannels) continue;
+        mx::array x = random_array({c.batch, c.height, c.width, c.channels}, 81);
+        mx::array w = random_array({c.out_channels, c.channels, c.kernel_h, c.kernel_w}, 82);
+        std::optional<mx::array> bias;
+        if (c.bias) bias = random_array({c.out_channels}, 83);
+        NhwcConvOptions o = c.options();
+        mx::array want = expected(x, w, bias, o, 1);
+        o.channels_first_input = nchw;
+        const mx::array input = nchw ? mx::contiguous(mx::transpose(x, {0, 3, 1, 2})) : x;
+        mx::array y = conv2d_nhwc(input, pack_conv_weight_nhwc(w), bias, c.out_channels, o, mx::Device::cpu);
+        EXPECT_TRUE(from_kernel(y)) << target << " " << describe(c);
+        ASSERT_EQ(y.shape(), want.shape()) << describe(c);
+        EXPECT_LT(max_abs_diff(y, want), kTolerance) << target << " nchw " << nchw << " " << describe(c);
+        EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f) << describe(c);
+      }
+    }
+    // The residual, in the direct kernel's epilogue: NCHW input, 40 channels (a 3-vector group).
+    mx::array x = random_array({2, 3, 9, 10}, 84);
+    mx::array w = random_array({40, 3, 3, 3}, 85);
+    mx::array z = random_array({2, 9, 10, 40}, 86);
+    NhwcConvOptions o{
+        .kernel = {3, 3}, .pads_begin = {1, 1}, .pads_end = {1, 1}, .activation = ConvActivation::kRelu};
+    NhwcConvOptions linear = o;
+    linear.activation = ConvActivation::kNone;
+    mx::array want =
+        mx::maximum(expected(mx::transpose(x, {0, 2, 3, 1}), w, {}, linear, 1) + z, mx::array(0.0f));
+    o.channels_first_input = true;
+    mx::array y = conv2d_nhwc(x, pack_conv_weight_nhwc(w), {}, 40, o, mx::Device::cpu, z);
+    EXPECT_TRUE(from_kernel(y)) << target;
+    EXPECT_LT(max_abs_diff(y, want), kTolerance) << target;
+  });
+  EXPECT_GE(targets, 1);
+}
+
+// NCHW input: gradients (from the reference, which transposes it) equal the
+// NHWC convolution's; a depthwise convolution refuses it.
+TEST(ConvNhwcKernel, ChannelsFirstInputGradientsAndRefusals) {
+  mx::array x = random_array({2, 3, 6, 7}, 91);  // NCHW
+  mx::array w = random_array({5, 3, 3, 3}, 92);
+  const mx::array packed = pack_conv_weight_nhwc(w);
+  NhwcConvOptions o{.kernel = {3, 3}, .strides = {2, 1}, .pads_begin = {1, 1}, .pads_end = {0, 1}};
+  o.channels_first_input = true;
+  mx::array weights = random_array({2, 3, 7, 5}, 93);
+  mx::array got = mx::vjp(
+                      [&](const mx::array& v) {
+                        return mx::sum(conv2d_nhwc(v, packed, {}, 5, o, mx::Device::cpu) * weights);
+                      },
+                      x, mx::array(1.0f))
+                      .second;
+  NhwcConvOptions nhwc = o;
+  nhwc.channels_first_input = false;
+  mx::array want = mx::vjp(
+                       [&](const mx::array& v) {
+                         return mx::sum(expected(mx::transpose(v, {0, 2, 3, 1}), w, {}, nhwc, 1) * weights);
+                       },
+                       x, mx::array(1.0f))
+                       .second;
+  ASSERT_EQ(got.shape(), x.shape());
+  EXPECT_LT(max_abs_diff(got, want), 1e-5f);
+  EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.1f);
+  EXPECT_THROW(
+      depthwise_conv_nhwc(mx::transpose(x, {0, 2, 3, 1}),
+                          depthwise_weight_nhwc(random_array({3, 1, 3, 3}, 94)), {}, o, mx::Device::cpu),
+      std::invalid_argument);
+}
+
 // A residual added before the activation: in the GEMM's epilogue when it has
 // the output's shape, broadcast by MLX otherwise; gradients reach it.
 TEST(ConvNhwcKernel, ResidualIsAddedBeforeTheActivation) {
