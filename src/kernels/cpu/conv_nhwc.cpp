@@ -233,27 +233,51 @@ HWY_INLINE void DirectColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int6
   }
 }
 
-// Every output channel of columns [ox0, ox0 + kCols), a register group at a
-// time. A group never crosses a panel: the panel width is a multiple of DT's lanes.
-template <class DT, int kCols, bool kChecked>
-HWY_INLINE void DirectColumnsAllChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0) {
+// Columns per register block for kVecs vectors of output channels: at least
+// 8 accumulators (two FMA units times four cycles of latency; with one vector,
+// 6 columns left PP-LCNet's 8-channel stem waiting on it) within the
+// target's registers.
+template <int kVecs>
+constexpr int DirectCols() {
+  return kVecs == 1 ? 12 : kDirectCols;
+}
+
+// One output row (image n, row oy), output channels [m0, m0 + count) (kVecs
+// vectors of DT): interior columns a register block at a time, the border
+// columns one at a time with their taps checked.
+template <class DT, int kVecs>
+HWY_INLINE void DirectRowChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t m0, int64_t count) {
+  constexpr int kCols = DirectCols<kVecs>();
+  int64_t lo, hi;
+  InteriorColumns(a, lo, hi);
+  for (int64_t ox = 0; ox < lo; ++ox) DirectColumns<DT, 1, kVecs, true>(a, n, oy, ox, m0, count);
+  int64_t ox = lo;
+  for (; ox + kCols <= hi; ox += kCols) DirectColumns<DT, kCols, kVecs, false>(a, n, oy, ox, m0, count);
+  for (; ox < hi; ++ox) DirectColumns<DT, 1, kVecs, false>(a, n, oy, ox, m0, count);
+  for (ox = std::max(hi, lo); ox < a.out_w; ++ox) DirectColumns<DT, 1, kVecs, true>(a, n, oy, ox, m0, count);
+}
+
+// Every output channel of one output row, a register group at a time. A
+// group never crosses a panel: the panel width is a multiple of DT's lanes.
+template <class DT>
+void DirectConvRowOf(const NhwcConvArgs& a, int64_t n, int64_t oy) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
   const int64_t group = std::min<int64_t>(kDirectVecs * lanes, a.panel_width);
   for (int64_t m0 = 0; m0 < a.out_channels; m0 += group) {
     const int64_t count = std::min(group, a.out_channels - m0);
     switch ((count + lanes - 1) / lanes) {
       case 1:
-        DirectColumns<DT, kCols, 1, kChecked>(a, n, oy, ox0, m0, count);
+        DirectRowChannels<DT, 1>(a, n, oy, m0, count);
         break;
       case 2:
-        DirectColumns<DT, kCols, 2, kChecked>(a, n, oy, ox0, m0, count);
+        DirectRowChannels<DT, 2>(a, n, oy, m0, count);
         break;
 #if HWY_TARGET <= HWY_AVX3
       case 3:
-        DirectColumns<DT, kCols, 3, kChecked>(a, n, oy, ox0, m0, count);
+        DirectRowChannels<DT, 3>(a, n, oy, m0, count);
         break;
       case 4:
-        DirectColumns<DT, kCols, 4, kChecked>(a, n, oy, ox0, m0, count);
+        DirectRowChannels<DT, 4>(a, n, oy, m0, count);
         break;
 #endif
       default:
@@ -262,19 +286,6 @@ HWY_INLINE void DirectColumnsAllChannels(const NhwcConvArgs& a, int64_t n, int64
   }
 }
 
-template <class DT>
-void DirectConvRowOf(const NhwcConvArgs& a, int64_t n, int64_t oy) {
-  int64_t lo, hi;
-  InteriorColumns(a, lo, hi);
-  for (int64_t ox = 0; ox < lo; ++ox) DirectColumnsAllChannels<DT, 1, true>(a, n, oy, ox);
-  int64_t ox = lo;
-  for (; ox + kDirectCols <= hi; ox += kDirectCols)
-    DirectColumnsAllChannels<DT, kDirectCols, false>(a, n, oy, ox);
-  for (; ox < hi; ++ox) DirectColumnsAllChannels<DT, 1, false>(a, n, oy, ox);
-  for (ox = std::max(hi, lo); ox < a.out_w; ++ox) DirectColumnsAllChannels<DT, 1, true>(a, n, oy, ox);
-}
-
-// One output row (image n, row oy) of the direct group-1 convolution.
 void DirectConvRow(const NhwcConvArgs& a, int64_t n, int64_t oy) {
   const int64_t full = static_cast<int64_t>(hn::Lanes(D()));
   if (full > 8 && a.out_channels >= 2 * full && a.panel_width % full == 0) {

@@ -38,7 +38,8 @@ struct Job {
   int64_t grain;
   int64_t chunks;
   std::atomic<int64_t> next_chunk{0};
-  int workers_inside = 0;  // guarded by ThreadPool::state_mutex_
+  // Changed under ThreadPool::state_mutex_; read without it by the caller's spin (finish()).
+  std::atomic<int> workers_inside{0};
   std::mutex error_mutex;
   std::exception_ptr error;
 
@@ -72,9 +73,7 @@ class ThreadPool {
     }
     wake_.notify_all();
     job.run_chunks();
-    std::unique_lock lock(state_mutex_);
-    job_ = nullptr;  // late workers skip it; those inside finish their chunks
-    left_.wait(lock, [&] { return job.workers_inside == 0; });
+    finish(job);
     return true;
   }
 
@@ -85,6 +84,31 @@ class ThreadPool {
   // busy pause loop: a matmul often follows a kernel at once, and OpenBLAS's
   // worker then needs this core.
   static constexpr std::chrono::microseconds kSpin{50};
+  // How long a caller polls for the workers to finish their last chunks before it sleeps.
+  static constexpr std::chrono::microseconds kFinishSpin{500};
+
+  // Waits until the workers inside `job` have left it. They are at most one chunk from done, so the
+  // caller polls first: sleeping on the condition variable put its core to sleep, and in a virtual
+  // machine waking a sleeping core costs tens of microseconds (futex wake-ups were ~3 % of MiniLM-L3's
+  // samples at 16 tokens; polling made it 0.83x the time, median of 12 alternating rounds).
+  void finish(Job& job) {
+    {
+      std::lock_guard lock(state_mutex_);
+      job_ = nullptr;  // late workers skip it; those inside finish their chunks
+    }
+    const auto until = std::chrono::steady_clock::now() + kFinishSpin;
+    while (job.workers_inside.load(std::memory_order_acquire) != 0) {
+      std::this_thread::yield();  // the core to a runnable thread (the eager graph builder), if any
+      if (std::chrono::steady_clock::now() > until) {
+        std::unique_lock lock(state_mutex_);
+        left_.wait(lock, [&] { return job.workers_inside.load(std::memory_order_relaxed) == 0; });
+        return;
+      }
+    }
+    // The last worker may still hold state_mutex_ (it notifies under it): take it once so that the
+    // Job, on the caller's stack, outlives every use the workers make of it.
+    std::lock_guard lock(state_mutex_);
+  }
 
   void work() {
     uint64_t seen = 0;
@@ -94,11 +118,11 @@ class ThreadPool {
       wake_.wait(lock, [&] { return job_ != nullptr && generation_.load(std::memory_order_acquire) != seen; });
       seen = generation_.load(std::memory_order_acquire);
       Job* job = job_;
-      ++job->workers_inside;
+      job->workers_inside.fetch_add(1, std::memory_order_relaxed);
       lock.unlock();
       job->run_chunks();
       lock.lock();
-      if (--job->workers_inside == 0) left_.notify_all();
+      if (job->workers_inside.fetch_sub(1, std::memory_order_acq_rel) == 1) left_.notify_all();
     }
   }
 
