@@ -253,6 +253,8 @@ HWY_INLINE void DirectRowChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, 
   for (int64_t ox = 0; ox < lo; ++ox) DirectColumns<DT, 1, kVecs, true>(a, n, oy, ox, m0, count);
   int64_t ox = lo;
   for (; ox + kCols <= hi; ox += kCols) DirectColumns<DT, kCols, kVecs, false>(a, n, oy, ox, m0, count);
+  // The rest four at a time: one column alone waits out each multiply-add's latency.
+  for (; ox + 4 <= hi; ox += 4) DirectColumns<DT, 4, kVecs, false>(a, n, oy, ox, m0, count);
   for (; ox < hi; ++ox) DirectColumns<DT, 1, kVecs, false>(a, n, oy, ox, m0, count);
   for (ox = std::max(hi, lo); ox < a.out_w; ++ox) DirectColumns<DT, 1, kVecs, true>(a, n, oy, ox, m0, count);
 }
