@@ -47,6 +47,9 @@ namespace transmuter::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
+// Vectors of at most 8 lanes (256 bits), for channel counts that are no
+// multiple of the full vector (see DepthwiseColumnsAllChannels, DirectConvRow).
+using DD = hn::CappedTag<float, 8>;
 
 // Values of ConvActivation (declared in a header included below HWY_ONCE only).
 constexpr int kNone = 0, kRelu = 1, kClip = 2, kHardSwish = 3;
@@ -92,10 +95,11 @@ HWY_INLINE void InteriorColumns(const NhwcConvArgs& a, int64_t& lo, int64_t& hi)
 // weight vector times the input vector under it, in registers; each weight
 // load serves all kCols columns. kChecked: some taps fall outside the row
 // (the border columns).
-template <int kCols, bool kChecked, bool kFull>
+template <class DT, int kCols, bool kChecked, bool kFull>
 HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0, int64_t c0,
                                  size_t valid) {
-  const D d;
+  using V = hn::Vec<DT>;
+  const DT d;
   const int64_t C = a.channels;
   auto load = [&](const float* p) { return kFull ? hn::LoadU(d, p) : LoadFirst(d, p, valid); };
   const V start = a.bias != nullptr ? load(a.bias + c0) : hn::Zero(d);
@@ -123,7 +127,7 @@ HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, i
   }
   float* out = a.y + ((n * a.out_h + oy) * a.out_w + ox0) * C + c0;
   for (int j = 0; j < kCols; ++j) {
-    const V v = Activate<D>(a, acc[j]);
+    const V v = Activate<DT>(a, acc[j]);
     if constexpr (kFull) {
       hn::StoreU(v, d, out + j * C);
     } else {
@@ -132,16 +136,21 @@ HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, i
   }
 }
 
-// Output columns [ox0, ox0 + kCols) across every channel vector.
+// Output columns [ox0, ox0 + kCols) across every channel vector: full
+// vectors of the target, then the rest in vectors of at most 8 lanes. With
+// AVX-512, 8, 24 or 88 channels (PP-LCNet's) then end on a full 8-lane
+// vector instead of a masked 16-lane one.
 template <int kCols, bool kChecked>
 HWY_INLINE void DepthwiseColumnsAllChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0) {
-  const D d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
+  const int64_t short_lanes = static_cast<int64_t>(hn::Lanes(DD()));
   int64_t c0 = 0;
   for (; c0 + lanes <= a.channels; c0 += lanes)
-    DepthwiseColumns<kCols, kChecked, true>(a, n, oy, ox0, c0, static_cast<size_t>(lanes));
+    DepthwiseColumns<D, kCols, kChecked, true>(a, n, oy, ox0, c0, static_cast<size_t>(lanes));
+  for (; c0 + short_lanes <= a.channels; c0 += short_lanes)
+    DepthwiseColumns<DD, kCols, kChecked, true>(a, n, oy, ox0, c0, static_cast<size_t>(short_lanes));
   if (c0 < a.channels)
-    DepthwiseColumns<kCols, kChecked, false>(a, n, oy, ox0, c0, static_cast<size_t>(a.channels - c0));
+    DepthwiseColumns<DD, kCols, kChecked, false>(a, n, oy, ox0, c0, static_cast<size_t>(a.channels - c0));
 }
 
 // One output row (image n, row oy) of the depthwise convolution: interior
@@ -176,7 +185,7 @@ void DepthwiseRow(const NhwcConvArgs& a, int64_t n, int64_t oy) {
 // width, 8, 16 or 32, is a multiple of them, and an 8-filter stem fills one),
 // the target's full vectors for 32 and more (AVX-512: twice the multiply-adds
 // an instruction; ResNet's 64-filter stem was 15 % slower than the GEMM on 256-bit vectors).
-using DD = hn::CappedTag<float, 8>;
+//
 // Output channels per register group: as many accumulators as the target's
 // registers hold for kDirectCols columns.
 constexpr int kDirectVecs = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
