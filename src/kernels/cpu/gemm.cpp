@@ -279,18 +279,28 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 // Splits g's output into blocks and runs them across the kernel threads.
+//
+// The blocks are sized for balance as well as for the caches: rows are split
+// evenly between the row blocks (128 rows: 66 + 62, not 96 + 32), and a
+// product with few blocks (a short sequence's 16 x 384 x 384: 12 panels, 3
+// blocks of 4 for 2 threads) takes narrower ones, down to one panel, until
+// each thread has about four.
 void run_gemm(const GemmArgs& g) {
   const int64_t panels = ceil_div(g.n, gemm_panel_width());
   const int64_t row_blocks = ceil_div(g.m, kBlockRows);
-  const int64_t panel_blocks = ceil_div(panels, kBlockPanels);
+  const int64_t block_rows = ceil_div(ceil_div(g.m, row_blocks), kTileRows) * kTileRows;
+  int64_t block_panels = kBlockPanels;
+  while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads()) block_panels /= 2;
+  const int64_t panel_blocks = ceil_div(panels, block_panels);
   const int64_t tasks = row_blocks * panel_blocks;
   const int64_t grain = g.m * g.n * g.k < kParallelWork ? tasks : 1;
   parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t row0 = (t / panel_blocks) * kBlockRows;
-      const int64_t panel0 = (t % panel_blocks) * kBlockPanels;
+      const int64_t row0 = (t / panel_blocks) * block_rows;
+      const int64_t panel0 = (t % panel_blocks) * block_panels;
+      if (row0 >= g.m) continue;  // rounding the rows up to whole tiles can leave the last block empty
       HWY_DYNAMIC_DISPATCH(Block)
-      (g, row0, std::min(kBlockRows, g.m - row0), panel0, std::min(kBlockPanels, panels - panel0));
+      (g, row0, std::min(block_rows, g.m - row0), panel0, std::min(block_panels, panels - panel0));
     }
   });
 }
