@@ -255,14 +255,13 @@ bool is_binary_elementwise(const Node& node) {
   return node.domain.empty() && ops.contains(node.op_type) && node.inputs.size() == 2 && node.outputs.size() == 1;
 }
 
-// Where a channels-first transpose of A moved past `node`: it now reads A and
-// writes a fresh channels-last value, transposed back into its old output.
-void move_transpose_after(Graph& graph, size_t node, ValueNames& names, int64_t onnx_opset) {
-  Node& moved = graph.nodes[node];
+// Where a channels-first transpose of A moved past `moved`: it now reads A and
+// writes a fresh channels-last value; returns the transpose of that value back
+// into its old output, to go right after it.
+Node transpose_back_after(Node& moved, ValueNames& names, int64_t onnx_opset) {
   const std::string output = moved.outputs[0];
   moved.outputs[0] = names.fresh(output + "/nhwc");
-  Node back = transpose_node(moved.outputs[0], output, kToChannelsFirst, onnx_opset);
-  graph.nodes.insert(graph.nodes.begin() + static_cast<std::ptrdiff_t>(node) + 1, std::move(back));
+  return transpose_node(moved.outputs[0], output, kToChannelsFirst, onnx_opset);
 }
 
 // A constant operand of a binary op whose other operand becomes channels-last:
@@ -325,82 +324,113 @@ void remap_reduction_axes(Graph& graph, Node& node, const GraphIndex& index) {
   node.inputs[1] = name;
 }
 
-// One rewrite of step 2 at some transpose, or false when none applies.
-bool sink_one_transpose(Graph& graph, ValueNames& names, int64_t onnx_opset) {
+enum class Rewrite { kNone, kCancelled, kMoved };
+
+// One rewrite of step 2 at `node`, a reader of `value` = Transpose(0,3,1,2)(channels_last):
+// kCancelled when `node` was the inverse transpose (now an Identity), kMoved when `node`
+// now reads channels-last values (its output still to be transposed back), kNone when no
+// rewrite applies.
+Rewrite rewrite_reader(Graph& graph, const GraphIndex& index, Node& node, const std::string& value,
+                       const std::string& channels_last) {
+  const auto reads = std::count(node.inputs.begin(), node.inputs.end(), value);
+  if (is_transpose(node, kToChannelsLast)) {
+    node.op_type = "Identity";
+    node.name += kLayoutIdentity;
+    node.attributes.clear();
+    node.inputs[0] = channels_last;
+    return Rewrite::kCancelled;
+  }
+  if (is_unary_elementwise(node) && node.inputs[0] == value && reads == 1) {
+    node.inputs[0] = channels_last;
+    return Rewrite::kMoved;
+  }
+  if (is_binary_elementwise(node)) {
+    std::array<std::optional<std::string>, 2> moved;
+    for (size_t k = 0; k < 2; ++k) {
+      const std::string& in = node.inputs[k];
+      if (in == value) {
+        moved[k] = channels_last;
+      } else if (std::optional<size_t> p = index.producer(in);
+                 p && is_transpose(graph.nodes[*p], kToChannelsFirst)) {
+        moved[k] = graph.nodes[*p].inputs[0];
+      } else {
+        moved[k] = channels_last_constant(graph, index, in);
+      }
+    }
+    if (!moved[0] || !moved[1]) return Rewrite::kNone;
+    node.inputs = {*moved[0], *moved[1]};
+    return Rewrite::kMoved;
+  }
+  if (is_onnx_op(node, "Concat") && node.outputs.size() == 1) {
+    // Every input channels-first through such a transpose, along channels.
+    const int64_t axis = int_attribute_or(node, "axis", 0);
+    std::vector<std::string> moved;
+    for (const std::string& in : node.inputs) {
+      std::optional<size_t> p = index.producer(in);
+      if (!p || !is_transpose(graph.nodes[*p], kToChannelsFirst)) break;
+      moved.push_back(graph.nodes[*p].inputs[0]);
+    }
+    if ((axis == 1 || axis == -3) && moved.size() == node.inputs.size()) {
+      node.inputs = moved;
+      for (Attribute& a : node.attributes) {
+        if (a.name == "axis") a.i = 3;
+      }
+      return Rewrite::kMoved;
+    }
+    return Rewrite::kNone;
+  }
+  if (is_reduction(node) && reduces_rank_four_kept(node, index)) {
+    remap_reduction_axes(graph, node, index);
+    node.inputs[0] = channels_last;
+    return Rewrite::kMoved;
+  }
+  // Pools with a channels-last twin (ai.transmuter, same attributes).
+  for (const char* pool : {"MaxPool", "GlobalAveragePool"}) {
+    if (!is_onnx_op(node, pool) || node.inputs.size() != 1 || node.outputs.size() != 1) continue;
+    node.op_type = std::string(pool) + "Nhwc";
+    node.domain = kDomain;
+    node.opset = 1;
+    node.inputs[0] = channels_last;
+    return Rewrite::kMoved;
+  }
+  return Rewrite::kNone;
+}
+
+// One sweep of step 2 over the graph: at most one rewrite per channels-first
+// transpose, none at a node already rewritten in this sweep (the index, built
+// once, is stale around it; the next sweep sees it). The transposes back are
+// inserted at the end, each right after the node it follows, so positions hold
+// during the sweep. Sweeps until nothing changes cost the longest chain of
+// moves times the graph's size; one rewrite per fresh index was quadratic (a
+// 6000-node graph took 3.9 s to load).
+size_t sink_transposes_once(Graph& graph, ValueNames& names, int64_t onnx_opset) {
   const GraphIndex index(graph);
+  std::vector<bool> touched(graph.nodes.size(), false);
+  std::vector<std::optional<Node>> after(graph.nodes.size());  // a transpose back to insert after node i
+  size_t rewrites = 0;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (!is_transpose(graph.nodes[i], kToChannelsFirst)) continue;
+    if (touched[i] || !is_transpose(graph.nodes[i], kToChannelsFirst)) continue;
     const std::string value = graph.nodes[i].outputs[0];
     const std::string channels_last = graph.nodes[i].inputs[0];
     for (size_t reader : index.consumers(value)) {
-      Node& node = graph.nodes[reader];
-      const auto reads = std::count(node.inputs.begin(), node.inputs.end(), value);
-      if (is_transpose(node, kToChannelsLast)) {
-        node.op_type = "Identity";
-        node.name += kLayoutIdentity;
-        node.attributes.clear();
-        node.inputs[0] = channels_last;
-        return true;
-      }
-      if (is_unary_elementwise(node) && node.inputs[0] == value && reads == 1) {
-        node.inputs[0] = channels_last;
-        move_transpose_after(graph, reader, names, onnx_opset);
-        return true;
-      }
-      if (is_binary_elementwise(node)) {
-        std::array<std::optional<std::string>, 2> moved;
-        for (size_t k = 0; k < 2; ++k) {
-          const std::string& in = node.inputs[k];
-          if (in == value) {
-            moved[k] = channels_last;
-          } else if (std::optional<size_t> p = index.producer(in); p && is_transpose(graph.nodes[*p], kToChannelsFirst)) {
-            moved[k] = graph.nodes[*p].inputs[0];
-          } else {
-            moved[k] = channels_last_constant(graph, index, in);
-          }
-        }
-        if (!moved[0] || !moved[1]) continue;
-        node.inputs = {*moved[0], *moved[1]};
-        move_transpose_after(graph, reader, names, onnx_opset);
-        return true;
-      }
-      if (is_onnx_op(node, "Concat") && node.outputs.size() == 1) {
-        // Every input channels-first through such a transpose, along channels.
-        const int64_t axis = int_attribute_or(node, "axis", 0);
-        std::vector<std::string> moved;
-        for (const std::string& in : node.inputs) {
-          std::optional<size_t> p = index.producer(in);
-          if (!p || !is_transpose(graph.nodes[*p], kToChannelsFirst)) break;
-          moved.push_back(graph.nodes[*p].inputs[0]);
-        }
-        if ((axis == 1 || axis == -3) && moved.size() == node.inputs.size()) {
-          node.inputs = moved;
-          for (Attribute& a : node.attributes) {
-            if (a.name == "axis") a.i = 3;
-          }
-          move_transpose_after(graph, reader, names, onnx_opset);
-          return true;
-        }
-      }
-      if (is_reduction(node) && reduces_rank_four_kept(node, index)) {
-        remap_reduction_axes(graph, node, index);
-        node.inputs[0] = channels_last;
-        move_transpose_after(graph, reader, names, onnx_opset);
-        return true;
-      }
-      // Pools with a channels-last twin (ai.transmuter, same attributes).
-      for (const char* pool : {"MaxPool", "GlobalAveragePool"}) {
-        if (!is_onnx_op(node, pool) || node.inputs.size() != 1 || node.outputs.size() != 1) continue;
-        node.op_type = std::string(pool) + "Nhwc";
-        node.domain = kDomain;
-        node.opset = 1;
-        node.inputs[0] = channels_last;
-        move_transpose_after(graph, reader, names, onnx_opset);
-        return true;
-      }
+      if (touched[reader]) continue;
+      const Rewrite r = rewrite_reader(graph, index, graph.nodes[reader], value, channels_last);
+      if (r == Rewrite::kNone) continue;
+      touched[reader] = true;
+      ++rewrites;
+      if (r == Rewrite::kMoved) after[reader] = transpose_back_after(graph.nodes[reader], names, onnx_opset);
+      break;  // value's readers changed: the index no longer lists them
     }
   }
-  return false;
+  if (rewrites == 0) return 0;
+  std::vector<Node> nodes;
+  nodes.reserve(graph.nodes.size() + rewrites);
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    nodes.push_back(std::move(graph.nodes[i]));
+    if (after[i]) nodes.push_back(std::move(*after[i]));
+  }
+  graph.nodes = std::move(nodes);
+  return rewrites;
 }
 
 // Points the readers of each Identity that step 2 made at its input, where
@@ -517,7 +547,7 @@ size_t channels_last_convs(Graph& graph) {
   ValueNames names(graph);
   const size_t converted = convert_convolutions(graph, names, onnx_opset);
   if (converted == 0) return 0;
-  while (sink_one_transpose(graph, names, onnx_opset)) {
+  while (sink_transposes_once(graph, names, onnx_opset) > 0) {
   }
   bypass_identities(graph);
   remove_unread_layout_nodes(graph);

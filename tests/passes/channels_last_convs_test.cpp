@@ -238,6 +238,38 @@ TEST(ChannelsLastConvs, StemsReadChannelsFirstInputInPlace) {
   }
 }
 
+// A long chain (a Conv, then 60 blocks of Relu -> Conv 1x1 -> Add of the
+// Relu): each block's transposes cancel only after several rewrites, made in
+// sweeps over the graph; every one happens (only the borders' two transposes
+// remain) and the values are the unrewritten graph's.
+TEST(ChannelsLastConvs, LongChainsCancelEveryInnerTranspose) {
+  constexpr int kBlocks = 60;
+  GraphBuilder b(18);
+  b.input("x", OnnxType::kFloat, {1, 6, 3, 4})
+      .initializer("W", uniform({6, 6, 1, 1}, 99))
+      .node("Conv", {"x", "W"}, {"c"});
+  std::string x = "c";
+  for (int i = 0; i < kBlocks; ++i) {
+    const std::string n = std::to_string(i);
+    b.initializer("W" + n, uniform({6, 6, 1, 1}, 100 + i) * 0.3f)
+        .node("Relu", {x}, {"r" + n})
+        .node("Conv", {"r" + n, "W" + n}, {"c" + n})
+        .node("Add", {"c" + n, "r" + n}, {"a" + n});
+    x = "a" + n;
+  }
+  b.output(x);
+  GraphBuilder plain_b = b;
+  Model nhwc = b.build();
+  Model plain = plain_b.build({.run_passes = false});
+  EXPECT_EQ(nhwc.op_histogram().at("ai.transmuter.ConvNhwc"), static_cast<size_t>(kBlocks + 1));
+  EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 2u);  // into channels-last at x, back at the output
+  mx::array input = uniform({1, 6, 3, 4}, 99);
+  mx::array want = run_output(plain, "x", input, x);
+  EXPECT_LT(max_abs_diff(run_output(nhwc, "x", input, x), want),
+            1e-5f * std::max(1.0f, mx::max(mx::abs(want)).item<float>()));
+  EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f);
+}
+
 // The node the pass makes, fed what it does not accept: an error naming it.
 TEST(ChannelsLastConvs, ConvNhwcRefusesInconsistentArguments) {
   auto message_for = [](int64_t group, int64_t out_channels, mx::array w, std::string layout = "NHWC") {
