@@ -71,25 +71,6 @@ const std::vector<int64_t> kToChannelsFirst = {0, 3, 1, 2};
 // Names the Identity nodes that replace a pair of transposes that cancel.
 constexpr std::string_view kLayoutIdentity = "/cancelled_transposes";
 
-// Value names are unique in a graph; new ones get a suffix none has.
-class ValueNames {
- public:
-  explicit ValueNames(const Graph& graph) {
-    for (const ValueInfo& v : graph.inputs) used_.insert(v.name);
-    for (const auto& [name, value] : graph.initializers) used_.insert(name);
-    for (const Node& node : graph.nodes) used_.insert(node.outputs.begin(), node.outputs.end());
-  }
-  std::string fresh(const std::string& base) {
-    std::string name = base;
-    for (int i = 1; used_.contains(name); ++i) name = str(base, "_", i);
-    used_.insert(name);
-    return name;
-  }
-
- private:
-  std::unordered_set<std::string> used_;
-};
-
 Node transpose_node(const std::string& input, const std::string& output, const std::vector<int64_t>& perm,
                     int64_t onnx_opset) {
   Node t;

@@ -165,32 +165,6 @@ bool declares_tensor_type(const ValueInfo& info) {
   return info.kind == ValueInfo::Kind::kTensor && info.elem_type != OnnxType::kUndefined;
 }
 
-// Every name `graph` and its subgraphs define or read: new names avoid them.
-void collect_names(const Graph& graph, std::unordered_set<std::string>& names) {
-  for (const ValueInfo& v : graph.inputs) names.insert(v.name);
-  for (const ValueInfo& v : graph.outputs) names.insert(v.name);
-  for (const auto& entry : graph.initializers) names.insert(entry.first);
-  for (const Node& node : graph.nodes) {
-    names.insert(node.inputs.begin(), node.inputs.end());
-    names.insert(node.outputs.begin(), node.outputs.end());
-    for_each_subgraph(node, [&](const Graph& g) { collect_names(g, names); });
-  }
-}
-
-class NameSource {
- public:
-  explicit NameSource(const Graph& graph) { collect_names(graph, used_); }
-  std::string fresh(const std::string& base) {
-    std::string name = base;
-    for (int i = 1; used_.contains(name); ++i) name = base + "_" + std::to_string(i);
-    used_.insert(name);
-    return name;
-  }
-
- private:
-  std::unordered_set<std::string> used_;
-};
-
 bool defines(const Graph& graph, const std::string& name) {
   if (graph.initializers.contains(name)) return true;
   for (const ValueInfo& v : graph.inputs) {
@@ -389,7 +363,7 @@ size_t compute_in_float32(Graph& graph) {
     output_types.push_back(it->second);
   }
 
-  NameSource names(graph);
+  ValueNames names(graph);
   std::unordered_map<std::string, size_t> producer;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     for (const std::string& name : graph.nodes[i].outputs) producer[name] = i;

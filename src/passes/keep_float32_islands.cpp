@@ -117,23 +117,6 @@ Node make_cast(const Graph& graph, const std::string& input, const std::string& 
   return cast_node(graph, "keep_float32_islands/" + output, input, output, to);
 }
 
-// A value name no node, input or initializer of `graph` uses.
-std::string fresh_value_name(const Graph& graph, const std::string& base) {
-  auto used = [&](const std::string& name) {
-    if (graph.initializers.contains(name)) return true;
-    for (const ValueInfo& v : graph.inputs) {
-      if (v.name == name) return true;
-    }
-    for (const Node& node : graph.nodes) {
-      if (std::find(node.outputs.begin(), node.outputs.end(), name) != node.outputs.end()) return true;
-    }
-    return false;
-  };
-  std::string name = base;
-  for (int i = 1; used(name); ++i) name = base + "_" + std::to_string(i);
-  return name;
-}
-
 }  // namespace
 
 size_t keep_float32_islands(Graph& graph) {
@@ -165,12 +148,13 @@ size_t keep_float32_islands(Graph& graph) {
   }
   if (islands.empty()) return 0;
 
+  ValueNames names(graph);
   std::unordered_map<std::string, std::string> float32_of;  // x -> its float32 Cast
   std::vector<std::vector<Node>> before(graph.nodes.size()), after(graph.nodes.size());
   for (const Island& island : islands) {
     auto [it, inserted] = float32_of.try_emplace(island.x, "");
     if (inserted) {
-      it->second = fresh_value_name(graph, island.x + "/float32");
+      it->second = names.fresh(island.x + "/float32");
       before[island.first].push_back(make_cast(graph, island.x, it->second, OnnxType::kFloat));
     }
     Node& first = graph.nodes[island.first];
@@ -182,6 +166,7 @@ size_t keep_float32_islands(Graph& graph) {
         std::optional<mx::array> c = index.constant(input);
         if (!c || !mx::issubdtype(c->dtype(), mx::floating) || c->dtype() == mx::float32) continue;
         const std::string copy = fresh_initializer_name(graph, input + "/float32");
+        names.reserve(copy);
         mx::array f = mx::astype(*c, mx::float32, mx::Device::cpu);
         mx::eval(f);
         graph.initializers[copy] = f;
@@ -190,7 +175,7 @@ size_t keep_float32_islands(Graph& graph) {
     }
     Node& last = graph.nodes[island.last];
     const std::string result = last.outputs[0];
-    const std::string internal = fresh_value_name(graph, result + "/float32");
+    const std::string internal = names.fresh(result + "/float32");
     last.outputs[0] = internal;
     after[island.last].push_back(make_cast(graph, internal, result, island.type));
   }

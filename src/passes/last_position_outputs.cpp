@@ -21,7 +21,6 @@
 // dimension becomes 1), so it runs only when asked for, with or without run_passes.
 #include <limits>
 #include <optional>
-#include <unordered_set>
 
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
@@ -53,9 +52,11 @@ std::optional<std::string> position_wise_input(const Node& node, const GraphInde
 
 // A product of the positions' features with a constant weight: its activation input.
 std::optional<std::string> projection_input(const Node& node, const GraphIndex& index) {
-  if (is_onnx_op(node, "MatMul") && node.inputs.size() == 2 && index.constant(node.inputs[1]) &&
-      index.constant(node.inputs[1])->ndim() == 2)
-    return node.inputs[0];
+  if (is_onnx_op(node, "MatMul") && node.inputs.size() == 2) {
+    std::optional<mx::array> weight = index.constant(node.inputs[1]);
+    if (weight && weight->ndim() == 2) return node.inputs[0];
+    return std::nullopt;
+  }
   if (node.domain == "com.microsoft" && node.op_type == "MatMulNBits" && node.inputs.size() >= 2 &&
       index.constant(node.inputs[1]))
     return node.inputs[0];
@@ -84,19 +85,6 @@ std::optional<CutPoint> cut_point(const Graph& graph, const GraphIndex& index, c
   return std::nullopt;
 }
 
-std::string fresh_value_name(const Graph& graph, const std::string& base) {
-  std::unordered_set<std::string> taken;
-  for (const Node& node : graph.nodes) {
-    taken.insert(node.inputs.begin(), node.inputs.end());
-    taken.insert(node.outputs.begin(), node.outputs.end());
-  }
-  for (const ValueInfo& v : graph.inputs) taken.insert(v.name);
-  for (const auto& entry : graph.initializers) taken.insert(entry.first);
-  std::string name = base;
-  for (int i = 1; taken.contains(name); ++i) name = str(base, "_", i);
-  return name;
-}
-
 Node int64_constant(const Graph& graph, const std::string& name, int64_t value) {
   Node c;
   c.name = name;
@@ -112,7 +100,7 @@ Node int64_constant(const Graph& graph, const std::string& name, int64_t value) 
 }
 
 // Slice(input) -> output keeping the last position of axis -2; Slice-1's attributes before opset 10.
-std::vector<Node> last_position_slice(const Graph& graph, const std::string& input,
+std::vector<Node> last_position_slice(const Graph& graph, ValueNames& names, const std::string& input,
                                       const std::string& output) {
   constexpr int64_t kStart = -1, kEnd = std::numeric_limits<int64_t>::max(), kAxis = -2;
   Node slice;
@@ -128,7 +116,7 @@ std::vector<Node> last_position_slice(const Graph& graph, const std::string& inp
   }
   std::vector<Node> nodes;
   for (auto [suffix, value] : {std::pair{"starts", kStart}, {"ends", kEnd}, {"axes", kAxis}})
-    nodes.push_back(int64_constant(graph, fresh_value_name(graph, output + "/" + suffix), value));
+    nodes.push_back(int64_constant(graph, names.fresh(output + "/" + suffix), value));
   slice.inputs = {input, nodes[0].outputs[0], nodes[1].outputs[0], nodes[2].outputs[0]};
   nodes.push_back(slice);
   return nodes;
@@ -144,7 +132,7 @@ ValueInfo& declared_output(Graph& graph, const std::string& name) {
       str("last_position_outputs names '", name, "', which is no output of the model (outputs: ", list, ")"));
 }
 
-void cut_output(Graph& graph, const std::string& name) {
+void cut_output(Graph& graph, ValueNames& names, const std::string& name) {
   ValueInfo& declared = declared_output(graph, name);
   if (declared.has_shape && declared.shape.size() < 2)
     throw Error(str("last_position_outputs: output '", name, "' has rank ", declared.shape.size(),
@@ -159,16 +147,16 @@ void cut_output(Graph& graph, const std::string& name) {
   size_t insert_at = 0;
   if (std::optional<CutPoint> cut = cut_point(graph, index, name)) {
     std::string& feed = graph.nodes[cut->node].inputs[cut->input];
-    const std::string sliced = fresh_value_name(graph, feed + "/last_position");
-    slice = last_position_slice(graph, feed, sliced);
+    const std::string sliced = names.fresh(feed + "/last_position");
+    slice = last_position_slice(graph, names, feed, sliced);
     feed = sliced;
     insert_at = cut->node;
   } else {
-    const std::string all_positions = fresh_value_name(graph, name + "/all_positions");
+    const std::string all_positions = names.fresh(name + "/all_positions");
     for (std::string& out : graph.nodes[*producer].outputs) {
       if (out == name) out = all_positions;
     }
-    slice = last_position_slice(graph, all_positions, name);
+    slice = last_position_slice(graph, names, all_positions, name);
     insert_at = *producer + 1;
   }
   graph.nodes.insert(graph.nodes.begin() + static_cast<std::ptrdiff_t>(insert_at), slice.begin(),
@@ -179,7 +167,8 @@ void cut_output(Graph& graph, const std::string& name) {
 }  // namespace
 
 size_t last_position_outputs(Graph& graph, const std::vector<std::string>& outputs) {
-  for (const std::string& name : outputs) cut_output(graph, name);
+  ValueNames names(graph);
+  for (const std::string& name : outputs) cut_output(graph, names, name);
   return outputs.size();
 }
 

@@ -169,6 +169,30 @@ std::string fresh_initializer_name(const Graph& graph, const std::string& base) 
   return name;
 }
 
+namespace {
+
+void collect_names(const Graph& graph, std::unordered_set<std::string>& names) {
+  for (const ValueInfo& v : graph.inputs) names.insert(v.name);
+  for (const ValueInfo& v : graph.outputs) names.insert(v.name);
+  for (const auto& entry : graph.initializers) names.insert(entry.first);
+  for (const Node& node : graph.nodes) {
+    names.insert(node.inputs.begin(), node.inputs.end());
+    names.insert(node.outputs.begin(), node.outputs.end());
+    for_each_subgraph(node, [&](const Graph& g) { collect_names(g, names); });
+  }
+}
+
+}  // namespace
+
+ValueNames::ValueNames(const Graph& graph) { collect_names(graph, used_); }
+
+std::string ValueNames::fresh(const std::string& base) {
+  std::string name = base;
+  for (int i = 1; used_.contains(name); ++i) name = str(base, "_", i);
+  used_.insert(name);
+  return name;
+}
+
 Node cast_node(const Graph& graph, const std::string& name, const std::string& input, const std::string& output,
                OnnxType to) {
   Node cast;

@@ -62,6 +62,21 @@ Attribute string_attribute(const std::string& name, std::string value);
 /** `base`, or `base_1`, `base_2`... : the first name no initializer has. */
 std::string fresh_initializer_name(const Graph& graph, const std::string& base);
 
+/** New value names for a pass's nodes: `base`, or `base_1`, `base_2`... the
+ * first that no input, output, initializer or node of the graph or of its
+ * subgraphs names, nor any name this source gave before. The names are
+ * collected once, so a pass asking for many costs one walk of the graph. */
+class ValueNames {
+ public:
+  explicit ValueNames(const Graph& graph);
+  std::string fresh(const std::string& base);
+  /** Marks `name` taken (one the pass made by other means, e.g. an initializer). */
+  void reserve(const std::string& name) { used_.insert(name); }
+
+ private:
+  std::unordered_set<std::string> used_;
+};
+
 /** Erases the initializer `name` (a weight a pass replaced by a prepared copy,
  * which nothing reads any more) and gives its memory back: the file pages
  * that preparing it read when it aliases the model file (they refault from
