@@ -370,38 +370,30 @@ bool HasByteDot(int bits) { return bits == 4 ? kByteDot : (bits == 8 && kByteDot
 // Bytes of one vector of weight words.
 int64_t ByteVectorBytes() { return static_cast<int64_t>(hn::Lanes(DU8())); }
 
-// The int32 dot products of one vector of words of C rows of w with row r of xq: lane i holds the
-// sum over word i's values (8 at 4 bits, 4 at 8). Words past `valid` read as 0.
-template <int kBits, int C>
-HWY_INLINE void ByteChunkDots(const uint32_t* const (&w)[C], const int8_t* x, int64_t chunk, int64_t valid,
-                              VI (&dot)[C]) {
+// The int32 dot product of one vector of words of a row of w with row r of xq, added to dot: lane i
+// holds the sum over word i's values (8 at 4 bits, 4 at 8). Words past `valid` read as 0.
+template <int kBits>
+HWY_INLINE void ByteChunkDot(const uint32_t* w, const int8_t* x, int64_t chunk, int64_t valid, VI& dot) {
   const DU du;
   const DU8 du8;
   const DI8 di8;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
   const int64_t bytes = static_cast<int64_t>(hn::Lanes(du8));
   const auto low_nibbles = hn::Set(du8, uint8_t{0x0F});
-  hn::Vec<DI8> xe, xo;
+  hwy::Prefetch(w + chunk * lanes + kPrefetchWords);
+  const VU words = valid == lanes ? hn::LoadU(du, w + chunk * lanes)
+                                  : LoadFirst(du, w + chunk * lanes, static_cast<size_t>(valid));
+  const auto packed = hn::BitCast(du8, words);
   if constexpr (kBits == 4) {
-    xe = hn::LoadU(di8, x + chunk * 2 * bytes);
-    xo = hn::LoadU(di8, x + chunk * 2 * bytes + bytes);
+    const hn::Vec<DI8> xe = hn::LoadU(di8, x + chunk * 2 * bytes);
+    const hn::Vec<DI8> xo = hn::LoadU(di8, x + chunk * 2 * bytes + bytes);
+    const auto low = hn::And(packed, low_nibbles);
+    const auto high =
+        hn::And(hn::BitCast(du8, hn::ShiftRight<4>(hn::BitCast(hn::Repartition<uint16_t, DU>(), words))),
+                low_nibbles);
+    dot = DotBytes(DotBytes(dot, low, xe), high, xo);
   } else {
-    xe = hn::LoadU(di8, x + chunk * bytes);
-  }
-  for (int c = 0; c < C; ++c) {
-    hwy::Prefetch(w[c] + chunk * lanes + kPrefetchWords);
-    const VU words = valid == lanes ? hn::LoadU(du, w[c] + chunk * lanes)
-                                    : LoadFirst(du, w[c] + chunk * lanes, static_cast<size_t>(valid));
-    const auto packed = hn::BitCast(du8, words);
-    if constexpr (kBits == 4) {
-      const auto low = hn::And(packed, low_nibbles);
-      const auto high =
-          hn::And(hn::BitCast(du8, hn::ShiftRight<4>(hn::BitCast(hn::Repartition<uint16_t, DU>(), words))),
-                  low_nibbles);
-      dot[c] = DotBytes(DotBytes(dot[c], low, xe), high, xo);
-    } else {
-      dot[c] = DotBytes(dot[c], packed, xe);
-    }
+    dot = DotBytes(dot, packed, hn::LoadU(di8, x + chunk * bytes));
   }
 }
 
@@ -421,65 +413,50 @@ struct RunTables {
   }
 };
 
-// acc[c] += the scaled products of C rows of w with the int8 row x over runs [0, runs) of kRun chunks
+// acc += the scaled products of a row of w with the int8 row x over runs [0, runs) of kRun chunks
 // (kRun = words per group < lanes: a run covers one group per lane). A run's scales times x's scales
-// are one vector per column, which each chunk spreads to its lanes with one permutation (instead of
-// a masked load, a permutation and a product a chunk and column).
-template <int kBits, int C, int kRun>
-HWY_INLINE void ByteRunProducts(const uint32_t* const (&w)[C], const float* const (&scales)[C],
-                                const int8_t* x, const float* xscale, int64_t runs,
-                                const RunTables<kRun>& tables, V (&acc)[C]) {
+// are one vector, which each chunk spreads to its lanes with one permutation (instead of a masked
+// load, a permutation and a product a chunk).
+template <int kBits, int kRun>
+HWY_INLINE void ByteRunProducts(const uint32_t* w, const float* scales, const int8_t* x, const float* xscale,
+                                int64_t runs, const RunTables<kRun>& tables, V& acc) {
   const D d;
   const DI di;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t run = 0; run < runs; ++run) {
-    const V xs = hn::LoadU(d, xscale + run * lanes);
-    V scale[C];
-    for (int c = 0; c < C; ++c) scale[c] = hn::Mul(hn::LoadU(d, scales[c] + run * lanes), xs);
+    const V scale = hn::Mul(hn::LoadU(d, scales + run * lanes), hn::LoadU(d, xscale + run * lanes));
     for (int j = 0; j < kRun; ++j) {
-      VI dot[C];
-      for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
-      ByteChunkDots<kBits, C>(w, x, run * kRun + j, lanes, dot);
-      for (int c = 0; c < C; ++c)
-        acc[c] =
-            hn::MulAdd(hn::ConvertTo(d, dot[c]), hn::TableLookupLanes(scale[c], tables.chunk[j]), acc[c]);
+      VI dot = hn::Zero(di);
+      ByteChunkDot<kBits>(w, x, run * kRun + j, lanes, dot);
+      acc = hn::MulAdd(hn::ConvertTo(d, dot), hn::TableLookupLanes(scale, tables.chunk[j]), acc);
     }
   }
 }
 
-// y[row, col0 + c] for c < C from the int8 row: per group, scale[c, g] * xscale[g] * (q . xq), and the
-// biases as in Columns (biases[c, g] * xsum[g]). kRun: the words of a group when a chunk holds several
-// groups and whole runs of groups are scaled a run at a time (ByteRunProducts), else 0.
-template <int kBits, int C, int kRun>
-HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0,
-                            const RunTables<kRun>& tables) {
+// y[row, col] from the int8 row: per group, scale[col, g] * xscale[g] * (q . xq), and the biases as
+// in Columns (biases[col, g] * xsum[g]). kRun: the words of a group when a chunk holds several groups
+// and whole runs of groups are scaled a run at a time (ByteRunProducts), else 0.
+template <int kBits, int kRun>
+HWY_INLINE void ByteColumn(const QuantizedArgs& a, int64_t row, int64_t col, const RunTables<kRun>& tables) {
   const D d;
   const DI di;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t words = a.words(), groups = a.groups();
   const int64_t words_per_group = a.group_size * kBits / 32;
-  const uint32_t* w[C];
-  const float* scales[C];
-  const float* biases[C];
-  for (int c = 0; c < C; ++c) {
-    w[c] = a.w + (col0 + c) * words;
-    scales[c] = a.scales + (col0 + c) * groups;
-    biases[c] = a.biases != nullptr ? a.biases + (col0 + c) * groups : nullptr;
-  }
+  const uint32_t* w = a.w + col * words;
+  const float* scales = a.scales + col * groups;
+  const float* biases = a.biases != nullptr ? a.biases + col * groups : nullptr;
   const int8_t* x = a.xq + row * a.kpad;
   const float* xscale = a.xscale + row * groups;
-  V acc[C];
-  VI dot[C];
-  for (int c = 0; c < C; ++c) acc[c] = hn::Zero(d);
+  V acc = hn::Zero(d);
   if (words_per_group >= lanes) {
     // A group spans whole chunks: its integer dot product is scaled once.
     const int64_t chunks_per_group = words_per_group / lanes;
     for (int64_t g = 0; g < groups; ++g) {
-      for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
+      VI dot = hn::Zero(di);
       for (int64_t i = 0; i < chunks_per_group; ++i)
-        ByteChunkDots<kBits, C>(w, x, g * chunks_per_group + i, lanes, dot);
-      for (int c = 0; c < C; ++c)
-        acc[c] = hn::MulAdd(hn::ConvertTo(d, dot[c]), hn::Set(d, scales[c][g] * xscale[g]), acc[c]);
+        ByteChunkDot<kBits>(w, x, g * chunks_per_group + i, lanes, dot);
+      acc = hn::MulAdd(hn::ConvertTo(d, dot), hn::Set(d, scales[g] * xscale[g]), acc);
     }
   } else {
     // A chunk spans several groups: whole runs of `lanes` groups first, then chunk by chunk, lane i's
@@ -487,35 +464,30 @@ HWY_INLINE void ByteColumns(const QuantizedArgs& a, int64_t row, int64_t col0,
     int64_t chunk = 0;
     if constexpr (kRun > 0) {
       const int64_t runs = groups / lanes;
-      ByteRunProducts<kBits, C, kRun>(w, scales, x, xscale, runs, tables, acc);
+      ByteRunProducts<kBits, kRun>(w, scales, x, xscale, runs, tables, acc);
       chunk = runs * kRun;
     }
     const ChunkGroups split(words_per_group);
     const int64_t chunks = (words + lanes - 1) / lanes;
     for (; chunk < chunks; ++chunk) {
       const int64_t valid = std::min(lanes, words - chunk * lanes);
-      for (int c = 0; c < C; ++c) dot[c] = hn::Zero(di);
-      ByteChunkDots<kBits, C>(w, x, chunk, valid, dot);
+      VI dot = hn::Zero(di);
+      ByteChunkDot<kBits>(w, x, chunk, valid, dot);
       const size_t present = static_cast<size_t>(valid >> split.shift);
       const V xs = hn::TableLookupLanes(LoadFirst(d, xscale + chunk * split.per_chunk, present), split.table);
-      for (int c = 0; c < C; ++c) {
-        const V s =
-            hn::TableLookupLanes(LoadFirst(d, scales[c] + chunk * split.per_chunk, present), split.table);
-        acc[c] = hn::MulAdd(hn::Mul(hn::ConvertTo(d, dot[c]), xs), s, acc[c]);
-      }
+      const V s = hn::TableLookupLanes(LoadFirst(d, scales + chunk * split.per_chunk, present), split.table);
+      acc = hn::MulAdd(hn::Mul(hn::ConvertTo(d, dot), xs), s, acc);
     }
   }
   const V negative_zero = hn::Set(d, -a.zero_point);
   for (int64_t g0 = 0; g0 < groups; g0 += lanes) {
     const size_t present = static_cast<size_t>(groups - g0);
     const V xs = LoadFirst(d, a.xsum + row * groups + g0, present);
-    for (int c = 0; c < C; ++c) {
-      const V b = biases[c] != nullptr ? LoadFirst(d, biases[c] + g0, present)
-                                       : hn::Mul(LoadFirst(d, scales[c] + g0, present), negative_zero);
-      acc[c] = hn::MulAdd(b, xs, acc[c]);
-    }
+    const V b = biases != nullptr ? LoadFirst(d, biases + g0, present)
+                                  : hn::Mul(LoadFirst(d, scales + g0, present), negative_zero);
+    acc = hn::MulAdd(b, xs, acc);
   }
-  for (int c = 0; c < C; ++c) a.y[row * a.n + col0 + c] = hn::GetLane(hn::SumOfLanes(d, acc[c]));
+  a.y[row * a.n + col] = hn::GetLane(hn::SumOfLanes(d, acc));
 }
 
 // One column (row of w) at a time: its weights and scales are two sequential streams. Four at once
@@ -527,11 +499,11 @@ template <int kBits, int kRun>
 void ByteGemvColumns(const QuantizedArgs& a, int64_t col0, int64_t cols) {
   const RunTables<kRun> tables;
   for (int64_t r = 0; r < a.m; ++r) {
-    for (int64_t c = col0; c < col0 + cols; ++c) ByteColumns<kBits, 1, kRun>(a, r, c, tables);
+    for (int64_t c = col0; c < col0 + cols; ++c) ByteColumn<kBits, kRun>(a, r, c, tables);
   }
 }
 
-// Picks ByteColumns' kRun: the words of a group when fewer than a vector's lanes (2, 4 or 8 with
+// Picks ByteColumn's kRun: the words of a group when fewer than a vector's lanes (2, 4 or 8 with
 // AVX-512's 16; 2 or 4 with AVX2's 8), else 0.
 template <int kBits>
 void ByteGemvBlockOf(const QuantizedArgs& a, int64_t col0, int64_t cols) {
