@@ -106,12 +106,18 @@ struct Clamp {
 // y[R rows, segment] = start + a[R rows, 0..depth) @ b[0..depth, segment),
 // with b's rows `ldb` apart (TileStart). kMaskedB: b holds only the
 // segment's columns (an unpacked matrix's last columns), read masked.
-template <int R, bool kMaskedB>
+// kLowOnly: the segment's columns fit the first vector (a last panel of at
+// most `lanes` columns; 16-column pointwise convs, N = 16, have nothing else),
+// so the second vector's multiply-adds, all on zero padding, are skipped.
+template <int R, bool kMaskedB, bool kLowOnly>
 HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
                      int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp) {
   const D d;
   const size_t lanes = hn::Lanes(d);
   V lo[R], hi[R];
+  if constexpr (kLowOnly) {
+    for (int r = 0; r < R; ++r) hi[r] = hn::Zero(d);  // stays zero: stored nowhere (segment.high == 0)
+  }
   if (start.accumulate) {
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) segment.load(y + r * ldy, lo[r], hi[r]);
@@ -122,7 +128,7 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
     for (int r = 0; r < R; ++r) {
       const V row = hn::Set(d, start.row_bias != nullptr ? start.row_bias[r] : 0.0f);
       lo[r] = hn::Add(start_lo, row);
-      hi[r] = hn::Add(start_hi, row);
+      if constexpr (!kLowOnly) hi[r] = hn::Add(start_hi, row);
     }
     if (start.residual != nullptr) {
 #pragma GCC unroll 6
@@ -130,7 +136,7 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
         V res_lo, res_hi;
         segment.load(start.residual + r * ldy, res_lo, res_hi);
         lo[r] = hn::Add(lo[r], res_lo);
-        hi[r] = hn::Add(hi[r], res_hi);
+        if constexpr (!kLowOnly) hi[r] = hn::Add(hi[r], res_hi);
       }
     }
   }
@@ -139,7 +145,7 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
       segment.load(b + k * ldb, b_lo, b_hi);
     } else {
       b_lo = hn::LoadU(d, b + k * ldb);
-      b_hi = hn::LoadU(d, b + k * ldb + lanes);
+      if constexpr (!kLowOnly) b_hi = hn::LoadU(d, b + k * ldb + lanes);
     }
   };
   int64_t k = 0;
@@ -151,12 +157,12 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
       V b_lo, b_hi;
       load_b(k, b_lo, b_hi);
       lo[0] = hn::MulAdd(hn::Set(d, a[k]), b_lo, lo[0]);
-      hi[0] = hn::MulAdd(hn::Set(d, a[k]), b_hi, hi[0]);
+      if constexpr (!kLowOnly) hi[0] = hn::MulAdd(hn::Set(d, a[k]), b_hi, hi[0]);
 #pragma GCC unroll 3
       for (int j = 0; j < 3; ++j) {
         load_b(k + 1 + j, b_lo, b_hi);
         lo_k[j] = hn::MulAdd(hn::Set(d, a[k + 1 + j]), b_lo, lo_k[j]);
-        hi_k[j] = hn::MulAdd(hn::Set(d, a[k + 1 + j]), b_hi, hi_k[j]);
+        if constexpr (!kLowOnly) hi_k[j] = hn::MulAdd(hn::Set(d, a[k + 1 + j]), b_hi, hi_k[j]);
       }
     }
     lo[0] = hn::Add(hn::Add(lo[0], lo_k[0]), hn::Add(lo_k[1], lo_k[2]));
@@ -170,36 +176,36 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
     for (int r = 0; r < R; ++r) {
       const V x = hn::Set(d, a[r * lda + k]);
       lo[r] = hn::MulAdd(x, b_lo, lo[r]);
-      hi[r] = hn::MulAdd(x, b_hi, hi[r]);
+      if constexpr (!kLowOnly) hi[r] = hn::MulAdd(x, b_hi, hi[r]);
     }
   }
   if (clamp != nullptr) {
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
       lo[r] = clamp->apply(lo[r]);
-      hi[r] = clamp->apply(hi[r]);
+      if constexpr (!kLowOnly) hi[r] = clamp->apply(hi[r]);
     }
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) segment.store(lo[r], hi[r], y + r * ldy);
 }
 
-template <bool kMaskedB>
+template <bool kMaskedB, bool kLowOnly = false>
 void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
               int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp) {
   switch (rows) {
     case 6:
-      return Tile<6, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<6, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
     case 5:
-      return Tile<5, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<5, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
     case 4:
-      return Tile<4, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<4, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
     case 3:
-      return Tile<3, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<3, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
     case 2:
-      return Tile<2, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<2, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
     default:
-      return Tile<1, kMaskedB>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<1, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
   }
 }
 
@@ -223,7 +229,10 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
         const RowSegment segment(std::min(width, g.n - col0));
         const TileStart start{g.col_bias != nullptr ? g.col_bias + col0 : nullptr, row_bias,
                               g.residual != nullptr ? g.residual + r * g.ldy + col0 : nullptr, k0 > 0};
-        if (g.packed != nullptr) {  // zero-padded panels: full loads
+        if (g.packed != nullptr && segment.high == 0) {  // zero-padded panels: full loads
+          TileRows<false, true>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0,
+                                g.ldy, segment, start, last);
+        } else if (g.packed != nullptr) {
           TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0,
                           g.ldy, segment, start, last);
         } else if (segment.full) {
