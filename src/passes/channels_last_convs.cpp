@@ -390,7 +390,7 @@ size_t sink_transposes_once(Graph& graph, ValueNames& names, int64_t onnx_opset)
   std::vector<std::optional<Node>> after(graph.nodes.size());  // a transpose back to insert after node i
   size_t rewrites = 0;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (touched[i] || !is_transpose(graph.nodes[i], kToChannelsFirst)) continue;
+    if (!is_transpose(graph.nodes[i], kToChannelsFirst)) continue;
     const std::string value = graph.nodes[i].outputs[0];
     const std::string channels_last = graph.nodes[i].inputs[0];
     for (size_t reader : index.consumers(value)) {

@@ -174,7 +174,8 @@ void DepthwiseRow(const NhwcConvArgs& a, int64_t n, int64_t oy) {
 //
 // With C = 3 an unfolded row is 27 values (3x3) or 147 (7x7) copied in runs of
 // 3 to 21 floats, and the GEMM's panels are half empty when M is 8: the
-// unfold and the tile loop took 85 % of PP-LCNet's stem. Here each output
+// unfold and the tile loop took 72 % of PP-LCNet's stem run alone (its
+// transpose into NHWC 13 % more). Here each output
 // value is accumulated in registers straight from the input: for every tap
 // (ky, kx, c), one input value per output column is broadcast and multiplied
 // with the tap's row of the packed weight (the GEMM's panels, read in place).
@@ -184,7 +185,7 @@ void DepthwiseRow(const NhwcConvArgs& a, int64_t n, int64_t oy) {
 // Vectors of at most 8 lanes (256 bits) for few output channels (every panel
 // width, 8, 16 or 32, is a multiple of them, and an 8-filter stem fills one),
 // the target's full vectors for 32 and more (AVX-512: twice the multiply-adds
-// an instruction; ResNet's 64-filter stem was 15 % slower than the GEMM on 256-bit vectors).
+// an instruction; ResNet's 64-filter stem was 16-20 % slower than the GEMM on 256-bit vectors).
 //
 // Output channels per register group: as many accumulators as the target's
 // registers hold for kDirectCols columns.
@@ -424,7 +425,7 @@ constexpr int64_t kUnfoldFloats = int64_t{8} << 20;
 // against the unfold + GEMM on stems over RGB, 2 threads, in- and output
 // transposes included: PP-LCNet's 3x3 stride 2 to 8 channels (batch 8,
 // 48x192) 0.78-1.12 -> 0.45-0.62 ms; MobileNetV2's to 32 (224x224)
-// 0.50-0.56 -> 0.32-0.42; ResNet's 7x7 to 64 1.73-2.45 -> 1.96-2.13 (equal
+// 0.50-0.56 -> 0.32-0.42; ResNet's 7x7 to 64 1.74-2.99 -> 1.96-2.13 (equal
 // within noise, after its 512-bit path).
 bool runs_direct(const NhwcConvArgs& a) {
   return a.channels_first || (!is_pointwise(a) && a.channels <= kConvDirectMaxChannels);

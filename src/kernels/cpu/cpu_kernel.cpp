@@ -45,15 +45,6 @@ void copy_block(const char* from, char* to, int64_t rows, int64_t cols, int64_t 
   }
 }
 
-// An element of `item` bytes with no native type of that size (complex64 is 8, handled as uint64).
-void copy_block_bytes(const char* from, char* to, size_t item, int64_t rows, int64_t cols, int64_t row_stride,
-                      int64_t col_stride) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c, to += item)
-      std::memcpy(to, from + (r * row_stride + c * col_stride) * static_cast<int64_t>(item), item);
-  }
-}
-
 void copy_block_of(const char* from, char* to, size_t item, int64_t rows, int64_t cols, int64_t row_stride,
                    int64_t col_stride) {
   switch (item) {
@@ -63,10 +54,8 @@ void copy_block_of(const char* from, char* to, size_t item, int64_t rows, int64_
       return copy_block<uint16_t>(from, to, rows, cols, row_stride, col_stride);
     case 4:
       return copy_block<uint32_t>(from, to, rows, cols, row_stride, col_stride);
-    case 8:
+    default:  // 8: every MLX element is 1, 2, 4 or 8 bytes (checked in eval_cpu)
       return copy_block<uint64_t>(from, to, rows, cols, row_stride, col_stride);
-    default:
-      return copy_block_bytes(from, to, item, rows, cols, row_stride, col_stride);
   }
 }
 
@@ -130,6 +119,9 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   std::vector<DenseCopy> copies;
   for (mx::array& in : dense) {
     if (in.flags().row_contiguous) continue;
+    if (in.itemsize() != 1 && in.itemsize() != 2 && in.itemsize() != 4 && in.itemsize() != 8)
+      throw std::logic_error(std::string(name()) + ": an input of " + std::to_string(in.itemsize()) +
+                             "-byte elements");
     mx::array copy(in.shape(), in.dtype(), nullptr, {});
     copy.set_data(mx::allocator::malloc(copy.nbytes()));
     copies.push_back({in.data<char>(), copy.data<char>(), in.itemsize(),

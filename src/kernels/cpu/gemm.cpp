@@ -230,8 +230,8 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
         const TileStart start{g.col_bias != nullptr ? g.col_bias + col0 : nullptr, row_bias,
                               g.residual != nullptr ? g.residual + r * g.ldy + col0 : nullptr, k0 > 0};
         if (g.packed != nullptr && segment.high == 0) {  // zero-padded panels: full loads
-          TileRows<false, true>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0,
-                                g.ldy, segment, start, last);
+          TileRows<false, true>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth,
+                                y + col0, g.ldy, segment, start, last);
         } else if (g.packed != nullptr) {
           TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0,
                           g.ldy, segment, start, last);
@@ -296,10 +296,11 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // each thread has about four.
 void run_gemm(const GemmArgs& g) {
   const int64_t panels = ceil_div(g.n, gemm_panel_width());
-  const int64_t row_blocks = ceil_div(g.m, kBlockRows);
-  const int64_t block_rows = ceil_div(ceil_div(g.m, row_blocks), kTileRows) * kTileRows;
+  const int64_t block_rows = ceil_div(ceil_div(g.m, ceil_div(g.m, kBlockRows)), kTileRows) * kTileRows;
+  const int64_t row_blocks = ceil_div(g.m, block_rows);
   int64_t block_panels = kBlockPanels;
-  while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads()) block_panels /= 2;
+  while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads())
+    block_panels /= 2;
   const int64_t panel_blocks = ceil_div(panels, block_panels);
   const int64_t tasks = row_blocks * panel_blocks;
   const int64_t grain = g.m * g.n * g.k < kParallelWork ? tasks : 1;
@@ -307,7 +308,6 @@ void run_gemm(const GemmArgs& g) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t row0 = (t / panel_blocks) * block_rows;
       const int64_t panel0 = (t % panel_blocks) * block_panels;
-      if (row0 >= g.m) continue;  // rounding the rows up to whole tiles can leave the last block empty
       HWY_DYNAMIC_DISPATCH(Block)
       (g, row0, std::min(block_rows, g.m - row0), panel0, std::min(block_panels, panels - panel0));
     }
