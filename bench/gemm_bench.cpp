@@ -2,9 +2,11 @@
 // (OpenBLAS sgemm, which packs the weights on every call) on the products of
 // the benchmarked encoders, alternating the two call by call.
 //
-// usage: gemm_bench [--runs N] [--packed-only] [--direct] [MxKxN ...]
+// usage: gemm_bench [--runs N] [--packed-only] [--direct] [--cold] [MxKxN ...]
 // --direct calls the kernel (run_gemm) on raw buffers, without MLX's graph
 // and evaluation around it: the kernel's own speed on small products.
+// --cold writes 64 MiB of other memory before each timed call, so that the
+// operands start outside the caches, as a layer's do inside a whole model.
 // Prints per shape: median milliseconds of each, their ratio (packed / mlx),
 // GFLOPS of the packed kernel (at the median and at the fastest call), and the max abs difference of the results.
 #include <algorithm>
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   int runs = 30;
   bool packed_only = false;  // no OpenBLAS call in between (its threads spin after each call)
   bool direct = false;
+  bool cold = false;
   std::vector<Shape> shapes;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -54,10 +57,13 @@ int main(int argc, char** argv) {
       packed_only = true;
     } else if (arg == "--direct") {
       direct = packed_only = true;
+    } else if (arg == "--cold") {
+      cold = true;
     } else {
       Shape s{};
       if (std::sscanf(arg.c_str(), "%dx%dx%d", &s.m, &s.k, &s.n) != 3) {
-        std::fprintf(stderr, "usage: gemm_bench [--runs N] [--packed-only] [--direct] [MxKxN ...]\n");
+        std::fprintf(stderr,
+                     "usage: gemm_bench [--runs N] [--packed-only] [--direct] [--cold] [MxKxN ...]\n");
         return 2;
       }
       shapes.push_back(s);
@@ -72,6 +78,10 @@ int main(int argc, char** argv) {
               {197, 768, 768},   {4096, 384, 384}, {4096, 384, 1536}};
   }
   mx::set_default_device(mx::Device::cpu);
+  std::vector<char> eviction(cold ? size_t{64} << 20 : 0);
+  auto evict = [&] {
+    for (size_t i = 0; i < eviction.size(); i += 64) eviction[i] = static_cast<char>(eviction[i] + 1);
+  };
   std::printf("%-16s %10s %10s %8s %8s %8s %10s\n", "MxKxN", "mlx_ms", "packed_ms", "ratio", "GFLOPS", "best", "max_diff");
   for (const Shape& s : shapes) {
     mx::array a = mx::random::normal({s.m, s.k});
@@ -96,8 +106,10 @@ int main(int argc, char** argv) {
     g.m = s.m;
     for (int r = 0; r < runs + 3; ++r) {
       const double t_mlx = packed_only ? 0.0 : seconds_of([&] { mx::eval(mx::matmul(a, b)); });
-      const double t_packed = direct ? seconds_of([&] { tk::run_gemm(g); })
-                                     : seconds_of([&] { mx::eval(tk::packed_matmul(a, packed, std::nullopt, s.n)); });
+      evict();
+      const double t_packed =
+          direct ? seconds_of([&] { tk::run_gemm(g); })
+                 : seconds_of([&] { mx::eval(tk::packed_matmul(a, packed, std::nullopt, s.n)); });
       if (r >= 3) {
         mlx_times.push_back(t_mlx);
         packed_times.push_back(t_packed);

@@ -33,6 +33,7 @@ const std::vector<Pass>& default_passes() {
       {"fuse_skip_layer_norm", fuse_skip_layer_norm},
       {"keep_float32_islands", keep_float32_islands},  // after the norm fusions: wraps what stays decomposed
       {"channels_last_convs", channels_last_convs},    // after the BatchNorm and activation fusions
+      {"fuse_depthwise_blocks", fuse_depthwise_blocks},  // on channels_last_convs' ConvNhwc nodes
       {"pack_matmul_nbits", pack_matmul_nbits},
       {"fuse_gated_mlp", fuse_gated_mlp},  // after pack_matmul_nbits: stacks the packed gate and up weights
       {"pack_matmul_weights", pack_matmul_weights},  // last: takes the bias Adds and GELUs the others left

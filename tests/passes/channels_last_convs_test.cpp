@@ -70,7 +70,9 @@ TEST(ChannelsLastConvs, ACnnRunsChannelsLastWithTheSameValues) {
     const auto& applied = nhwc.passes_applied();
     EXPECT_NE(std::find(applied.begin(), applied.end(), "channels_last_convs"), applied.end());
     const auto histogram = nhwc.op_histogram();
-    EXPECT_EQ(histogram.at("ai.transmuter.ConvNhwc"), 4u) << opset;
+    // Four convs: the depthwise one and the 1x1 after it run as one block (fuse_depthwise_blocks).
+    EXPECT_EQ(histogram.at("ai.transmuter.ConvNhwc"), 2u) << opset;
+    EXPECT_EQ(histogram.at("ai.transmuter.DepthwiseBlockNhwc"), 1u) << opset;
     EXPECT_EQ(histogram.at("Relu"), 1u) << opset;  // the one before the mean; the shortcut's is fused
     EXPECT_EQ(histogram.at("ai.transmuter.MaxPoolNhwc"), 1u) << opset;
     EXPECT_EQ(histogram.at("ai.transmuter.GlobalAveragePoolNhwc"), 1u) << opset;

@@ -12,35 +12,7 @@
 
 #include "kernels/cpu/partial_vectors-inl.h"
 
-#ifndef TRANSMUTER_KERNELS_CPU_CONV_NHWC_ARGS
-#define TRANSMUTER_KERNELS_CPU_CONV_NHWC_ARGS
-namespace transmuter::kernels {
-// One call's pointers and geometry (outside the per-target namespaces: every
-// target's code takes the same struct).
-struct NhwcConvArgs {
-  const float* x;         // [N, in_h, in_w, C], or [N, C, in_h, in_w] when channels_first
-  const float* w;         // depthwise: [kernel_h, kernel_w, C]; group 1: packed panels
-  const float* bias;      // [out_channels] or null
-  const float* residual;  // y's shape, added before the activation (group 1), or null
-  float* y;               // [N, out_h, out_w, out_channels]
-  int64_t batch, channels, out_channels;
-  int64_t in_h, in_w, out_h, out_w;
-  int64_t kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left;
-  int activation;  // a ConvActivation
-  float clip_min, clip_max;
-  bool channels_first;  // x is [N, C, H, W] (group 1 only: the direct kernel reads it in place)
-  int64_t panel_width;  // group 1: columns per panel of the packed weight
-  // x[n, iy, ix, c] lies at x + n * x_stride_n + iy * x_stride_h + ix * x_stride_w + c * x_stride_c.
-  int64_t x_stride_n, x_stride_h, x_stride_w, x_stride_c;
-
-  int64_t positions() const { return batch * out_h * out_w; }
-  int64_t window() const { return kernel_h * kernel_w * channels; }  // the GEMM's K
-  // First input row / column under kernel tap 0 of output row / column o.
-  int64_t input_row(int64_t oy) const { return oy * stride_h - pad_top; }
-  int64_t input_col(int64_t ox) const { return ox * stride_w - pad_left; }
-};
-}  // namespace transmuter::kernels
-#endif
+#include "kernels/cpu/conv_nhwc_args.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace transmuter::kernels::HWY_NAMESPACE {
@@ -96,8 +68,8 @@ HWY_INLINE void InteriorColumns(const NhwcConvArgs& a, int64_t& lo, int64_t& hi)
 // load serves all kCols columns. kChecked: some taps fall outside the row
 // (the border columns).
 template <class DT, int kCols, bool kChecked, bool kFull>
-HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0, int64_t c0,
-                                 size_t valid) {
+HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, const float* const* rows, float* out_row, int64_t ox0,
+                                 int64_t c0, size_t valid) {
   using V = hn::Vec<DT>;
   const DT d;
   const int64_t C = a.channels;
@@ -107,9 +79,8 @@ HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, i
   for (int j = 0; j < kCols; ++j) acc[j] = start;
   const int64_t column_step = a.stride_w * C;  // between neighbouring output columns
   for (int64_t ky = 0; ky < a.kernel_h; ++ky) {
-    const int64_t iy = a.input_row(oy) + ky * a.dilation_h;
-    if (iy < 0 || iy >= a.in_h) continue;
-    const float* row = a.x + ((n * a.in_h + iy) * a.in_w) * C + c0;
+    if (rows[ky] == nullptr) continue;  // in the padding
+    const float* row = rows[ky] + c0;
     const float* w = a.w + ky * a.kernel_w * C + c0;
     for (int64_t kx = 0; kx < a.kernel_w; ++kx, w += C) {
       const V wv = load(w);
@@ -125,7 +96,7 @@ HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, i
       }
     }
   }
-  float* out = a.y + ((n * a.out_h + oy) * a.out_w + ox0) * C + c0;
+  float* out = out_row + ox0 * C + c0;
   for (int j = 0; j < kCols; ++j) {
     const V v = Activate<DT>(a, acc[j]);
     if constexpr (kFull) {
@@ -141,33 +112,36 @@ HWY_INLINE void DepthwiseColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, i
 // AVX-512, 8, 24 or 88 channels (PP-LCNet's) then end on a full 8-lane
 // vector instead of a masked 16-lane one.
 template <int kCols, bool kChecked>
-HWY_INLINE void DepthwiseColumnsAllChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0) {
+HWY_INLINE void DepthwiseColumnsAllChannels(const NhwcConvArgs& a, const float* const* rows, float* out_row,
+                                            int64_t ox0) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
   const int64_t short_lanes = static_cast<int64_t>(hn::Lanes(DD()));
   int64_t c0 = 0;
   for (; c0 + lanes <= a.channels; c0 += lanes)
-    DepthwiseColumns<D, kCols, kChecked, true>(a, n, oy, ox0, c0, static_cast<size_t>(lanes));
+    DepthwiseColumns<D, kCols, kChecked, true>(a, rows, out_row, ox0, c0, static_cast<size_t>(lanes));
   for (; c0 + short_lanes <= a.channels; c0 += short_lanes)
-    DepthwiseColumns<DD, kCols, kChecked, true>(a, n, oy, ox0, c0, static_cast<size_t>(short_lanes));
+    DepthwiseColumns<DD, kCols, kChecked, true>(a, rows, out_row, ox0, c0, static_cast<size_t>(short_lanes));
   if (c0 < a.channels)
-    DepthwiseColumns<DD, kCols, kChecked, false>(a, n, oy, ox0, c0, static_cast<size_t>(a.channels - c0));
+    DepthwiseColumns<DD, kCols, kChecked, false>(a, rows, out_row, ox0, c0,
+                                                 static_cast<size_t>(a.channels - c0));
 }
 
-// One output row (image n, row oy) of the depthwise convolution: interior
-// columns eight at a time (eight independent multiply-add chains keep both
-// FMA units busy; four left them waiting on the latency: 8 % less time in
-// MobileNetV2's depthwise convs), the border columns with their taps
-// checked. Each group of columns runs over all channels before the next, so
-// the input window it reads stays in L1.
-void DepthwiseRow(const NhwcConvArgs& a, int64_t n, int64_t oy) {
+// One output row of the depthwise convolution, from the input rows under
+// its taps (rows[ky]: the row under tap row ky, null in the padding) into
+// out_row: interior columns eight at a time (eight independent multiply-add
+// chains keep both FMA units busy; four left them waiting on the latency:
+// 8 % less time in MobileNetV2's depthwise convs), the border columns with
+// their taps checked. Each group of columns runs over all channels before the
+// next, so the input window it reads stays in L1.
+void DepthwiseRowFrom(const NhwcConvArgs& a, const float* const* rows, float* out_row) {
   int64_t lo, hi;
   InteriorColumns(a, lo, hi);
-  for (int64_t ox = 0; ox < lo; ++ox) DepthwiseColumnsAllChannels<1, true>(a, n, oy, ox);
+  for (int64_t ox = 0; ox < lo; ++ox) DepthwiseColumnsAllChannels<1, true>(a, rows, out_row, ox);
   int64_t ox = lo;
-  for (; ox + 8 <= hi; ox += 8) DepthwiseColumnsAllChannels<8, false>(a, n, oy, ox);
-  for (; ox + 4 <= hi; ox += 4) DepthwiseColumnsAllChannels<4, false>(a, n, oy, ox);
-  for (; ox < hi; ++ox) DepthwiseColumnsAllChannels<1, false>(a, n, oy, ox);
-  for (ox = std::max(hi, lo); ox < a.out_w; ++ox) DepthwiseColumnsAllChannels<1, true>(a, n, oy, ox);
+  for (; ox + 8 <= hi; ox += 8) DepthwiseColumnsAllChannels<8, false>(a, rows, out_row, ox);
+  for (; ox + 4 <= hi; ox += 4) DepthwiseColumnsAllChannels<4, false>(a, rows, out_row, ox);
+  for (; ox < hi; ++ox) DepthwiseColumnsAllChannels<1, false>(a, rows, out_row, ox);
+  for (ox = std::max(hi, lo); ox < a.out_w; ++ox) DepthwiseColumnsAllChannels<1, true>(a, rows, out_row, ox);
 }
 
 // ---- group 1, direct: few input channels (a CNN's stem over RGB) ----
@@ -324,13 +298,17 @@ HWY_AFTER_NAMESPACE();
 
 namespace transmuter::kernels {
 
-HWY_EXPORT(DepthwiseRow);
+HWY_EXPORT(DepthwiseRowFrom);
 HWY_EXPORT(DirectConvRow);
 
 static_assert(static_cast<int>(ConvActivation::kNone) == HWY_NAMESPACE::kNone &&
               static_cast<int>(ConvActivation::kRelu) == HWY_NAMESPACE::kRelu &&
               static_cast<int>(ConvActivation::kClip) == HWY_NAMESPACE::kClip &&
               static_cast<int>(ConvActivation::kHardSwish) == HWY_NAMESPACE::kHardSwish);
+
+void depthwise_row_from(const NhwcConvArgs& a, const float* const* input_rows, float* out_row) {
+  HWY_DYNAMIC_DISPATCH(DepthwiseRowFrom)(a, input_rows, out_row);
+}
 
 namespace {
 
@@ -473,7 +451,15 @@ void run_depthwise_nhwc(const NhwcConvArgs& a) {
   // About 16K outputs a chunk.
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, a.out_w * a.channels));
   parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) HWY_DYNAMIC_DISPATCH(DepthwiseRow)(a, r / a.out_h, r % a.out_h);
+    std::vector<const float*> input_rows(static_cast<size_t>(a.kernel_h));
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / a.out_h, oy = r % a.out_h;
+      for (int64_t ky = 0; ky < a.kernel_h; ++ky) {
+        const int64_t iy = a.input_row(oy) + ky * a.dilation_h;
+        input_rows[ky] = iy >= 0 && iy < a.in_h ? a.x + ((n * a.in_h + iy) * a.in_w) * a.channels : nullptr;
+      }
+      depthwise_row_from(a, input_rows.data(), a.y + r * a.out_w * a.channels);
+    }
   });
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_kernel.h"
 
+#include "kernels/cpu/kernel_profile.h"
+
 #include <mlx/allocator.h>
 #include <mlx/backend/cpu/encoder.h>
 
@@ -131,16 +133,17 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     in = copy;
   }
   KernelTask task = make_task(dense, outputs);
+  if (!copies.empty()) {
+    task = [copies = std::move(copies), task = std::move(task)]() {
+      for (const DenseCopy& copy : copies) copy_row_contiguous(copy);
+      task();
+    };
+  }
+  if (kernel_profile_enabled())
+    task = profiled_task(kernel_profile_key(name(), inputs, outputs), std::move(task));
   for (const mx::array& in : inputs) encoder.set_input_array(in);
   for (mx::array& out : outputs) encoder.set_output_array(out);
-  if (copies.empty()) {
-    encoder.dispatch(std::move(task));
-    return;
-  }
-  encoder.dispatch([copies = std::move(copies), task = std::move(task)]() mutable {
-    for (const DenseCopy& copy : copies) copy_row_contiguous(copy);
-    task();
-  });
+  encoder.dispatch(std::move(task));
 }
 
 void CpuKernel::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

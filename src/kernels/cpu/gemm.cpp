@@ -314,6 +314,10 @@ void run_gemm(const GemmArgs& g) {
   });
 }
 
+void run_gemm_on_this_thread(const GemmArgs& g) {
+  HWY_DYNAMIC_DISPATCH(Block)(g, 0, g.m, 0, ceil_div(g.n, gemm_panel_width()));
+}
+
 namespace {
 
 class PackedMatmulKernel : public CpuKernel {

@@ -103,6 +103,10 @@ struct GemmArgs {
 
 void run_gemm(const GemmArgs& args);
 
+/** run_gemm on the calling thread alone: for a kernel that already runs its
+ * own parallel tasks (a fused block's row strips). */
+void run_gemm_on_this_thread(const GemmArgs& args);
+
 /** Copies one row of a panel: `cols` floats of src, then zeros up to
  * `width` (the panel width). The common widths are constant-size copies the
  * compiler inlines (a libc call per 64 bytes dominated packing). */

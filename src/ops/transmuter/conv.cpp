@@ -25,6 +25,7 @@
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/conv_nhwc.h"
+#include "kernels/cpu/depthwise_block.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -39,6 +40,26 @@ std::array<int, 2> pair_attribute(const NodeContext& ctx, std::string_view name,
   return {to_int32(ctx, v[0], name), to_int32(ctx, v[1], name)};
 }
 
+// The activation attributes `<prefix>activation` and `<prefix>activation_params` into o.
+void read_activation(const NodeContext& ctx, const std::string& prefix, kernels::NhwcConvOptions& o) {
+  const std::string activation = ctx.attr_string(prefix + "activation", "");
+  if (activation == "Relu") {
+    o.activation = ConvActivation::kRelu;
+  } else if (activation == "HardSwish") {
+    o.activation = ConvActivation::kHardSwish;
+  } else if (activation == "Clip") {
+    std::vector<float> p = ctx.attr_floats(prefix + "activation_params");
+    if (p.size() != 2)
+      throw ctx.error("activation Clip needs 2 ", prefix, "activation_params, got ", p.size());
+    o.activation = ConvActivation::kClip;
+    o.clip_min = p[0];
+    o.clip_max = p[1];
+  } else if (!activation.empty()) {
+    throw ctx.error("unknown ", prefix, "activation '", activation,
+                    "' (expected \"\", Relu, Clip or HardSwish)");
+  }
+}
+
 kernels::NhwcConvOptions read_options(const NodeContext& ctx) {
   kernels::NhwcConvOptions o;
   std::vector<int64_t> kernel = ctx.attr_ints("kernel_shape");
@@ -50,20 +71,7 @@ kernels::NhwcConvOptions read_options(const NodeContext& ctx) {
   if (pads.size() != 4) throw ctx.error("attribute 'pads' must hold 4 values");
   o.pads_begin = {to_int32(ctx, pads[0], "pads"), to_int32(ctx, pads[1], "pads")};
   o.pads_end = {to_int32(ctx, pads[2], "pads"), to_int32(ctx, pads[3], "pads")};
-  const std::string activation = ctx.attr_string("activation", "");
-  if (activation == "Relu") {
-    o.activation = ConvActivation::kRelu;
-  } else if (activation == "HardSwish") {
-    o.activation = ConvActivation::kHardSwish;
-  } else if (activation == "Clip") {
-    std::vector<float> p = ctx.attr_floats("activation_params");
-    if (p.size() != 2) throw ctx.error("activation Clip needs 2 activation_params, got ", p.size());
-    o.activation = ConvActivation::kClip;
-    o.clip_min = p[0];
-    o.clip_max = p[1];
-  } else if (!activation.empty()) {
-    throw ctx.error("unknown activation '", activation, "' (expected \"\", Relu, Clip or HardSwish)");
-  }
+  read_activation(ctx, "", o);
   const std::string layout = ctx.attr_string("input_layout", "NHWC");
   if (layout != "NHWC" && layout != "NCHW")
     throw ctx.error("unknown input_layout '", layout, "' (expected NHWC or NCHW)");
@@ -99,6 +107,48 @@ OpOutputs conv_nhwc(NodeContext& ctx) {
   }
 }
 
+// DepthwiseBlockNhwc (ai.transmuter, since 1), made by
+// src/passes/fuse_depthwise_blocks.cpp: a depthwise ConvNhwc with the 1x1
+// ConvNhwc before it (expand) and/or after it (project) fused
+// (src/kernels/cpu/depthwise_block.h).
+//
+//   E = expand_activation(X @ We + Be)        (when We is given; else E = X)
+//   D = activation(depthwise(E, Wd) + Bd)
+//   Y = project_activation(D @ Wp + Bp + Z)   (when Wp is given; else Y = D)
+//
+//   Inputs: X float32 [N, H, W, Cin], We (optional: packed as ConvNhwc's
+//   group-1 W), Be (optional), Wd [kH, kW, C], Bd (optional), Wp (optional,
+//   packed), Bp (optional), Z (optional, with Wp only; Y's shape).
+//   Attributes: the depthwise conv's kernel_shape, strides, pads, dilations,
+//   activation, activation_params (as ConvNhwc's); expand_channels (C, with
+//   We), out_channels (with Wp); expand_activation(_params),
+//   project_activation(_params).
+OpOutputs depthwise_block_nhwc(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  if (x.dtype() != mx::float32 || x.ndim() != 4)
+    throw ctx.error("X must be float32 [N, H, W, C], got ", x.dtype(), " ", x.shape());
+  const kernels::NhwcConvOptions depthwise = read_options(ctx);
+  if (depthwise.channels_first_input) throw ctx.error("input_layout NCHW goes with ConvNhwc group 1 only");
+  auto stage = [&](size_t weight, const char* channels,
+                   const std::string& prefix) -> std::optional<kernels::PointwiseStage> {
+    if (!ctx.has_input(weight)) return std::nullopt;
+    kernels::PointwiseStage s{
+        ctx.input(weight), ctx.optional_input(weight + 1), ctx.required_int(channels), {}};
+    read_activation(ctx, prefix, s.options);
+    return s;
+  };
+  std::optional<kernels::PointwiseStage> expand = stage(1, "expand_channels", "expand_");
+  std::optional<kernels::PointwiseStage> project = stage(5, "out_channels", "project_");
+  std::optional<mx::array> residual = ctx.optional_input(7);
+  if (residual && !project) throw ctx.error("Z needs the project stage (Wp)");
+  try {
+    return {kernels::depthwise_block_nhwc(x, expand, ctx.input(3), ctx.optional_input(4), depthwise, project,
+                                          residual, ctx.stream())};
+  } catch (const std::invalid_argument& e) {
+    throw ctx.error(e.what());
+  }
+}
+
 // GlobalAveragePoolNhwc (ai.transmuter, since 1): X [N, H, W, C] -> the mean
 // over H and W, [N, 1, 1, C]. Other ranks and dtypes: the mean over the axes
 // between the first and the last.
@@ -116,6 +166,7 @@ OpOutputs global_average_pool_nhwc(NodeContext& ctx) {
 void register_transmuter_conv(OpRegistry& r) {
   r.add({
       {"ConvNhwc", kTransmuter, 1, kOpen, conv_nhwc},
+      {"DepthwiseBlockNhwc", kTransmuter, 1, kOpen, depthwise_block_nhwc},
       {"GlobalAveragePoolNhwc", kTransmuter, 1, kOpen, global_average_pool_nhwc},
   });
 }

@@ -1,0 +1,42 @@
+// The geometry and pointers of one channels-last convolution call, shared by
+// the convolution kernels (conv_nhwc.cpp, compiled once per SIMD target) and
+// the fused depthwise blocks (depthwise_block.cpp) that reuse their rows.
+#pragma once
+
+#include <cstdint>
+
+namespace transmuter::kernels {
+
+// One call's pointers and geometry (outside the per-target namespaces: every
+// target's code takes the same struct).
+struct NhwcConvArgs {
+  const float* x;         // [N, in_h, in_w, C], or [N, C, in_h, in_w] when channels_first
+  const float* w;         // depthwise: [kernel_h, kernel_w, C]; group 1: packed panels
+  const float* bias;      // [out_channels] or null
+  const float* residual;  // y's shape, added before the activation (group 1), or null
+  float* y;               // [N, out_h, out_w, out_channels]
+  int64_t batch, channels, out_channels;
+  int64_t in_h, in_w, out_h, out_w;
+  int64_t kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, pad_top, pad_left;
+  int activation;  // a ConvActivation
+  float clip_min, clip_max;
+  bool channels_first;  // x is [N, C, H, W] (group 1 only: the direct kernel reads it in place)
+  int64_t panel_width;  // group 1: columns per panel of the packed weight
+  // x[n, iy, ix, c] lies at x + n * x_stride_n + iy * x_stride_h + ix * x_stride_w + c * x_stride_c.
+  int64_t x_stride_n, x_stride_h, x_stride_w, x_stride_c;
+
+  int64_t positions() const { return batch * out_h * out_w; }
+  int64_t window() const { return kernel_h * kernel_w * channels; }  // the GEMM's K
+  // First input row / column under kernel tap 0 of output row / column o.
+  int64_t input_row(int64_t oy) const { return oy * stride_h - pad_top; }
+  int64_t input_col(int64_t ox) const { return ox * stride_w - pad_left; }
+};
+
+/** One output row of the depthwise convolution `a` (a.w [kH, kW, C], a.bias,
+ * a.activation; a.x and a.y unused): input_rows[ky] is the input row [in_w,
+ * C] under kernel row ky, or null where that row lies in the padding; writes
+ * the [out_w, C] row to out_row. Runs on the calling thread, on the CPU's best
+ * SIMD target. */
+void depthwise_row_from(const NhwcConvArgs& a, const float* const* input_rows, float* out_row);
+
+}  // namespace transmuter::kernels
