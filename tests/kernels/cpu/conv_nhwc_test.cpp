@@ -269,6 +269,23 @@ TEST(ConvNhwcKernel, ThreadedAndMultiPassMatch) {
   const float scale = mx::max(mx::abs(want)).item<float>();
   EXPECT_LT(max_abs_diff(conv2d_nhwc(x, pack_conv_weight_nhwc(w), bias, 64, o, mx::Device::cpu), want),
             4e-6f * scale);
+  // Unfolded per task (2.4 MB of unfolded rows, 27 KB of weights): stride 2, a residual, a last task
+  // of fewer rows.
+  mx::array x2 = random_array({3, 61, 59, 24}, 35);
+  mx::array w2 = random_array({20, 24, 3, 3}, 36);
+  const NhwcConvOptions o2{.kernel = {3, 3},
+                           .strides = {2, 2},
+                           .pads_begin = {1, 1},
+                           .pads_end = {1, 1},
+                           .activation = ConvActivation::kRelu};
+  NhwcConvOptions linear = o2;
+  linear.activation = ConvActivation::kNone;
+  mx::array residual = random_array(expected(x2, w2, std::nullopt, linear, 1).shape(), 37);
+  mx::array want2 = mx::maximum(expected(x2, w2, std::nullopt, linear, 1) + residual, mx::array(0.0f));
+  EXPECT_LT(
+      max_abs_diff(
+          conv2d_nhwc(x2, pack_conv_weight_nhwc(w2), std::nullopt, 20, o2, mx::Device::cpu, residual), want2),
+      4e-6f * mx::max(mx::abs(want2)).item<float>());
   mx::array wd = random_array({48, 1, 3, 3}, 34);
   EXPECT_LT(max_abs_diff(depthwise_conv_nhwc(x, depthwise_weight_nhwc(wd), {}, o, mx::Device::cpu),
                          expected(x, wd, {}, o, 48)),
