@@ -18,9 +18,9 @@
 // buffer, and the project product straight from that buffer, so E and D stay
 // in the core's L2.
 //
-// Images whose depthwise input is small (under kDepthwiseBlockStreamBytes per
-// image) run as the three separate kernels: there everything stays in cache
-// anyway, and the separate kernels split each product across the threads.
+// Each strip runs on one thread. When the images give fewer strips than there
+// are threads (a 14x14 image at batch 1 is one strip), the block runs as the
+// three separate kernels instead, which split each product across the threads.
 #pragma once
 
 #include <cstdint>
@@ -43,10 +43,6 @@ struct PointwiseStage {
   int64_t out_channels = 0;
   NhwcConvOptions options;
 };
-
-/** Depthwise inputs per image at least this large stream through the fused
- * kernel; smaller ones run as separate kernels. */
-constexpr int64_t kDepthwiseBlockStreamBytes = int64_t{512} << 10;
 
 /** The block above: x float32 [N, H, W, Cin]; expand (Cin -> C) or none
  * (then C = Cin); the depthwise weight [kH, kW, C] (depthwise_weight_nhwc),

@@ -2,8 +2,9 @@
 // against the three convolutions written out with mx::conv_general: with and
 // without each 1x1 stage, strides, dilations, asymmetric pads, channel counts
 // that are no multiple of the SIMD width, batches, images that stream through
-// the fused kernel (strips, the expanded-row window) and small ones that run
-// as separate kernels; gradients; mx::compile; argument checks.
+// the fused kernel (strips, the expanded-row window), batches of small ones,
+// and a single small image that runs as separate kernels; gradients;
+// mx::compile; argument checks.
 #include "kernels/cpu/depthwise_block.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/thread_pool.h"
 #include "support/conv_reference.h"
 #include "support/random_arrays.h"
 
@@ -107,7 +109,7 @@ TEST(DepthwiseBlockKernel, MatchesTheThreeConvolutions) {
       // Its stride-2 block, odd sizes, channels past the last full vector.
       {2, 13, 72, 19, 49, 47, 3, {2, 2}, {1, 1}, {1, 1}, {1, 1}, true, true, false},
       // 5x5, dilation 2, asymmetric pads, no project (the depthwise output is the block's).
-      {1, 16, 68, 0, 50, 45, 5, {1, 2}, {2, 1}, {3, 2}, {1, 4}, true, false, false},
+      {2, 16, 68, 0, 50, 45, 5, {1, 2}, {2, 1}, {3, 2}, {1, 4}, true, false, false},
       // Depthwise + pointwise (PP-LCNet): no expand.
       {3, 64, 64, 40, 48, 48, 3, {1, 1}, {1, 1}, {1, 1}, {1, 1}, false, true, false},
       {1, 72, 72, 8, 50, 50, 3, {2, 2}, {1, 1}, {0, 0}, {1, 1}, false, true, false},
@@ -115,12 +117,18 @@ TEST(DepthwiseBlockKernel, MatchesTheThreeConvolutions) {
   int seed = 100;
   for (const Case& c : streamed)
     EXPECT_EQ(check_case(c, seed += 10), "transmuter::DepthwiseBlockNhwc") << c.describe();
-  // Small images run as the separate kernels, with the same results.
-  const std::vector<Case> small = {
+  // Small images in a batch stream too (one strip per image), down to images the kernel covers at once.
+  const std::vector<Case> batched = {
       {2, 8, 24, 8, 9, 11, 3, {1, 1}, {1, 1}, {1, 1}, {1, 1}, true, true, true},
-      {1, 16, 16, 12, 7, 7, 3, {2, 2}, {1, 1}, {1, 1}, {1, 1}, false, true, false},
+      {4, 5, 20, 6, 3, 4, 3, {2, 1}, {1, 1}, {1, 1}, {1, 1}, true, true, false},
+      {3, 16, 16, 12, 2, 2, 5, {1, 1}, {1, 1}, {2, 2}, {2, 2}, false, true, false},
   };
-  for (const Case& c : small) EXPECT_EQ(check_case(c, seed += 10), "") << c.describe();
+  for (const Case& c : batched)
+    EXPECT_EQ(check_case(c, seed += 10), "transmuter::DepthwiseBlockNhwc") << c.describe();
+  // A single small image is one strip: with more threads than that it runs as the separate kernels,
+  // which split each product across them. The same results either way.
+  const Case single = {1, 16, 16, 12, 7, 7, 3, {2, 2}, {1, 1}, {1, 1}, {1, 1}, false, true, false};
+  EXPECT_EQ(check_case(single, seed += 10), kernel_threads() > 1 ? "" : "transmuter::DepthwiseBlockNhwc");
 }
 
 TEST(DepthwiseBlockKernel, GradientsEqualThoseOfTheComposition) {
