@@ -565,6 +565,10 @@ class NhwcConvKernel : public CpuKernel {
     if (depthwise_) return [a] { run_depthwise_nhwc(a); };
     return [a] { run_conv2d_nhwc(a); };
   }
+  // The output takes the residual's buffer when nothing else holds it (a ResNet block's shortcut): each
+  // output element is written only after its tile has read the residual under it, and the memory is
+  // in cache and owned already instead of a fresh buffer's lines fetched only to be overwritten.
+  int donor_of(size_t) const override { return has_residual_ ? (has_bias_ ? 3 : 2) : -1; }
 
  private:
   NhwcConvOptions options_;

@@ -243,6 +243,24 @@ TEST(ConvNhwcKernel, ResidualIsAddedBeforeTheActivation) {
     EXPECT_LT(max_abs_diff(y, want), kTolerance);
     EXPECT_GT(mx::sum(mx::abs(want)).item<float>(), 1.0f);
   }
+  // A residual nothing else holds gives the output its buffer (in place, the same values), on both
+  // GEMM paths of a pointwise conv (K in one slice and in two).
+  const NhwcConvOptions pointwise{.activation = ConvActivation::kRelu};
+  for (const int channels : {12, 300}) {
+    mx::array xp = random_array({2, 6, 7, channels}, 77);
+    mx::array wp = random_array({20, channels, 1, 1}, 78);
+    mx::array z0 = random_array({2, 6, 7, 20}, 79);
+    mx::array residual = z0 * 2.0f;
+    mx::eval(residual);
+    const float* residual_data = residual.data<float>();
+    mx::array y = conv2d_nhwc(xp, pack_conv_weight_nhwc(wp), bias, 20, pointwise, mx::Device::cpu, residual);
+    residual = mx::array(0.0f);  // the conv's input is now its only holder
+    mx::eval(y);
+    EXPECT_EQ(y.data<float>(), residual_data) << channels;
+    mx::array want = mx::maximum(expected(xp, wp, bias, NhwcConvOptions{}, 1) + z0 * 2.0f, mx::array(0.0f));
+    // 300 taps deep: outputs up to ~50, rounding differences a few float32 epsilons of that.
+    EXPECT_LT(max_abs_diff(y, want), kTolerance + 4e-6f * mx::max(mx::abs(want)).item<float>()) << channels;
+  }
   mx::array z = random_array({2, 6, 7, 20}, 75);
   mx::array weights = random_array({2, 6, 7, 20}, 76);
   auto [_, grads] = mx::vjp(
