@@ -306,6 +306,32 @@ static_assert(static_cast<int>(ConvActivation::kNone) == HWY_NAMESPACE::kNone &&
               static_cast<int>(ConvActivation::kClip) == HWY_NAMESPACE::kClip &&
               static_cast<int>(ConvActivation::kHardSwish) == HWY_NAMESPACE::kHardSwish);
 
+NhwcConvArgs nhwc_conv_geometry(const NhwcConvOptions& o, int64_t batch, int64_t in_h, int64_t in_w,
+                                int64_t channels, int64_t out_h, int64_t out_w, int64_t out_channels) {
+  NhwcConvArgs a{};
+  a.batch = batch;
+  a.in_h = in_h;
+  a.in_w = in_w;
+  a.channels = channels;
+  a.x_stride_c = 1, a.x_stride_h = in_w * channels, a.x_stride_w = channels;
+  a.x_stride_n = channels * in_h * in_w;
+  a.out_h = out_h;
+  a.out_w = out_w;
+  a.out_channels = out_channels;
+  a.kernel_h = o.kernel[0];
+  a.kernel_w = o.kernel[1];
+  a.stride_h = o.strides[0];
+  a.stride_w = o.strides[1];
+  a.dilation_h = o.dilations[0];
+  a.dilation_w = o.dilations[1];
+  a.pad_top = o.pads_begin[0];
+  a.pad_left = o.pads_begin[1];
+  a.activation = static_cast<int>(o.activation);
+  a.clip_min = o.clip_min;
+  a.clip_max = o.clip_max;
+  return a;
+}
+
 void depthwise_row_from(const NhwcConvArgs& a, const float* const* input_rows, float* out_row) {
   HWY_DYNAMIC_DISPATCH(DepthwiseRowFrom)(a, input_rows, out_row);
 }
@@ -506,32 +532,14 @@ void run_depthwise_nhwc(const NhwcConvArgs& a) {
 }
 
 NhwcConvArgs args_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y) {
-  NhwcConvArgs a{};
-  a.batch = x.shape(0);
-  a.channels_first = o.channels_first_input;
-  a.in_h = x.shape(a.channels_first ? 2 : 1);
-  a.in_w = x.shape(a.channels_first ? 3 : 2);
-  a.channels = x.shape(a.channels_first ? 1 : 3);
-  if (a.channels_first) {
+  const bool channels_first = o.channels_first_input;
+  NhwcConvArgs a =
+      nhwc_conv_geometry(o, x.shape(0), x.shape(channels_first ? 2 : 1), x.shape(channels_first ? 3 : 2),
+                         x.shape(channels_first ? 1 : 3), y.shape(1), y.shape(2), y.shape(3));
+  if (channels_first) {
+    a.channels_first = true;
     a.x_stride_c = a.in_h * a.in_w, a.x_stride_h = a.in_w, a.x_stride_w = 1;
-  } else {
-    a.x_stride_c = 1, a.x_stride_h = a.in_w * a.channels, a.x_stride_w = a.channels;
   }
-  a.x_stride_n = a.channels * a.in_h * a.in_w;
-  a.out_h = y.shape(1);
-  a.out_w = y.shape(2);
-  a.out_channels = y.shape(3);
-  a.kernel_h = o.kernel[0];
-  a.kernel_w = o.kernel[1];
-  a.stride_h = o.strides[0];
-  a.stride_w = o.strides[1];
-  a.dilation_h = o.dilations[0];
-  a.dilation_w = o.dilations[1];
-  a.pad_top = o.pads_begin[0];
-  a.pad_left = o.pads_begin[1];
-  a.activation = static_cast<int>(o.activation);
-  a.clip_min = o.clip_min;
-  a.clip_max = o.clip_max;
   return a;
 }
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/conv_nhwc.h"  // NhwcConvOptions
+
 namespace transmuter::kernels {
 
 // One call's pointers and geometry (outside the per-target namespaces: every
@@ -31,6 +33,11 @@ struct NhwcConvArgs {
   int64_t input_row(int64_t oy) const { return oy * stride_h - pad_top; }
   int64_t input_col(int64_t ox) const { return ox * stride_w - pad_left; }
 };
+
+/** The geometry of `o` over an input [batch, in_h, in_w, channels] and an output [batch, out_h, out_w,
+ * out_channels] (channels-last strides; the pointers null). */
+NhwcConvArgs nhwc_conv_geometry(const NhwcConvOptions& o, int64_t batch, int64_t in_h, int64_t in_w,
+                                int64_t channels, int64_t out_h, int64_t out_w, int64_t out_channels);
 
 /** One output row of the depthwise convolution `a` (a.w [kH, kW, C], a.bias,
  * a.activation; a.x and a.y unused): input_rows[ky] is the input row [in_w,

@@ -158,29 +158,6 @@ GemmArgs pointwise_product(const float* packed, const float* bias, int64_t k, in
   return g;
 }
 
-NhwcConvArgs depthwise_geometry(const NhwcConvOptions& o, int64_t batch, int64_t in_h, int64_t in_w,
-                                int64_t channels, int64_t out_h, int64_t out_w) {
-  NhwcConvArgs a{};
-  a.batch = batch;
-  a.in_h = in_h;
-  a.in_w = in_w;
-  a.channels = a.out_channels = channels;
-  a.out_h = out_h;
-  a.out_w = out_w;
-  a.kernel_h = o.kernel[0];
-  a.kernel_w = o.kernel[1];
-  a.stride_h = o.strides[0];
-  a.stride_w = o.strides[1];
-  a.dilation_h = o.dilations[0];
-  a.dilation_w = o.dilations[1];
-  a.pad_top = o.pads_begin[0];
-  a.pad_left = o.pads_begin[1];
-  a.activation = static_cast<int>(o.activation);
-  a.clip_min = o.clip_min;
-  a.clip_max = o.clip_max;
-  return a;
-}
-
 // Which of the optional operands a kernel call has, in the order they follow x.
 struct Layout {
   bool expand = false, expand_bias = false, depthwise_bias = false, project = false, project_bias = false,
@@ -225,8 +202,8 @@ class DepthwiseBlockKernel : public CpuKernel {
     b.residual = take(layout_.residual);
     b.y = out[0].data<float>();
     b.out_channels = out[0].shape(3);
-    b.dw = depthwise_geometry(depthwise_, x.shape(0), x.shape(1), x.shape(2), channels, out[0].shape(1),
-                              out[0].shape(2));
+    b.dw = nhwc_conv_geometry(depthwise_, x.shape(0), x.shape(1), x.shape(2), channels, out[0].shape(1),
+                              out[0].shape(2), channels);
     b.dw.w = depthwise_weight;
     b.dw.bias = depthwise_bias;
     if (b.has_expand)
@@ -246,8 +223,9 @@ class DepthwiseBlockKernel : public CpuKernel {
 // batch 1 is one strip: its block took 0.56 ms on one thread against 0.40 as separate kernels).
 bool streams(const mx::array& x, const mx::array& depthwise_weight, const NhwcConvOptions& o,
              const mx::array& y, bool has_expand) {
-  const NhwcConvArgs dw = depthwise_geometry(o, x.shape(0), x.shape(1), x.shape(2), depthwise_weight.shape(2),
-                                             y.shape(1), y.shape(2));
+  const int64_t channels = depthwise_weight.shape(2);
+  const NhwcConvArgs dw =
+      nhwc_conv_geometry(o, x.shape(0), x.shape(1), x.shape(2), channels, y.shape(1), y.shape(2), channels);
   return dw.batch * strips_per_image(dw, has_expand) >= kernel_threads();
 }
 

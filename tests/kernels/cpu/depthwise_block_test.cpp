@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "support/conv_reference.h"
+#include "support/expect_error.h"
 #include "support/random_arrays.h"
 
 namespace transmuter::kernels {
@@ -185,14 +186,7 @@ TEST(DepthwiseBlockKernel, MismatchedArgumentsAreRefused) {
   const NhwcConvOptions dw{.kernel = {3, 3}, .pads_begin = {1, 1}, .pads_end = {1, 1}};
   const PointwiseStage project{pack_conv_weight_nhwc(random_array({6, 4, 1, 1}, 403)), std::nullopt, 6,
                                pointwise(ConvActivation::kNone)};
-  auto message = [](auto f) {
-    try {
-      f();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto message = [](auto f) { return testing::error_of<std::invalid_argument>(f); };
   EXPECT_NE(message([&] {
               depthwise_block_nhwc(x, std::nullopt, wd, std::nullopt, dw, std::nullopt,
                                    random_array({1, 8, 8, 4}, 404));
