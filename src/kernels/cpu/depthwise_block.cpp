@@ -123,14 +123,19 @@ int64_t step_rows_of(const NhwcConvArgs& dw) {
 
 // Strips per image: about two per thread, each image's rows in contiguous strips. A strip recomputes
 // the expanded rows it shares with the strip above (the depthwise kernel's halo), so strips are kept at
-// least four halos tall.
+// least four halos tall; when that leaves fewer strips than threads (a 14x14 image at batch 1), two
+// halos tall, one strip per thread.
 int64_t strips_per_image(const NhwcConvArgs& dw, bool has_expand) {
   const int64_t step_rows = step_rows_of(dw);
-  const int64_t halo = std::max<int64_t>(0, window_rows(dw, 1) - dw.stride_h);
-  const int64_t min_rows =
-      has_expand ? std::max<int64_t>(step_rows, (4 * halo + dw.stride_h - 1) / dw.stride_h) : step_rows;
-  const int64_t wanted = (2 * kernel_threads() + dw.batch - 1) / dw.batch;
-  return std::clamp<int64_t>(dw.out_h / std::max<int64_t>(1, min_rows), 1, wanted);
+  const int64_t halo = has_expand ? std::max<int64_t>(0, window_rows(dw, 1) - dw.stride_h) : 0;
+  auto strips_at_least = [&](int64_t halos, int64_t most) {
+    const int64_t min_rows = std::max<int64_t>(step_rows, (halos * halo + dw.stride_h - 1) / dw.stride_h);
+    return std::clamp<int64_t>(dw.out_h / std::max<int64_t>(1, min_rows), 1, most);
+  };
+  const int64_t threads = kernel_threads();
+  const int64_t strips = strips_at_least(4, (2 * threads + dw.batch - 1) / dw.batch);
+  if (dw.batch * strips >= threads) return strips;
+  return std::max(strips, strips_at_least(2, (threads + dw.batch - 1) / dw.batch));
 }
 
 void run_depthwise_block(const BlockArgs& b) {

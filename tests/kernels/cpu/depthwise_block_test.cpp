@@ -118,8 +118,10 @@ TEST(DepthwiseBlockKernel, MatchesTheThreeConvolutions) {
   int seed = 100;
   for (const Case& c : streamed)
     EXPECT_EQ(check_case(c, seed += 10), "transmuter::DepthwiseBlockNhwc") << c.describe();
-  // Small images in a batch stream too (one strip per image), down to images the kernel covers at once.
+  // Small images in a batch stream too (one strip per image), down to images the kernel covers at once;
+  // a single 14x14 image in strips two halos tall (the expanded rows they share are computed twice).
   const std::vector<Case> batched = {
+      {1, 8, 24, 8, 14, 14, 3, {1, 1}, {1, 1}, {1, 1}, {1, 1}, true, true, true},
       {2, 8, 24, 8, 9, 11, 3, {1, 1}, {1, 1}, {1, 1}, {1, 1}, true, true, true},
       {4, 5, 20, 6, 3, 4, 3, {2, 1}, {1, 1}, {1, 1}, {1, 1}, true, true, false},
       {3, 16, 16, 12, 2, 2, 5, {1, 1}, {1, 1}, {2, 2}, {2, 2}, false, true, false},
