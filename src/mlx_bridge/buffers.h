@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -39,6 +40,8 @@ class MlxBuffer {
   }
   /** The array over this buffer; the buffer is consumed. */
   mx::array into_array(const mx::Shape& shape, mx::Dtype dtype) { return mx::array(std::move(data_), shape, dtype); }
+  /** The buffer itself, for a primitive's output (array::set_data); consumed. */
+  mx::allocator::Data take() && { return std::move(data_); }
 
  private:
   mx::allocator::Data data_;
@@ -51,6 +54,29 @@ class MlxBuffer {
  * above (or `bytes` starts less than 8 bytes into `region`). */
 std::optional<mx::array> alias_memory(std::span<const uint8_t> bytes, std::span<const uint8_t> region,
                                       std::shared_ptr<const void> owner, const mx::Shape& shape, mx::Dtype dtype);
+
+/** Called with a deferred copy's source bytes once they have been copied. */
+using AfterCopy = std::function<void(std::span<const uint8_t>)>;
+
+/** An unevaluated array (on the CPU stream) whose evaluation copies `bytes`
+ * into a fresh MLX buffer, then calls `after_copy(bytes)` when set. `owner`
+ * keeps the bytes alive until then. For tensors that cannot be aliased (raw
+ * data misaligned in its file): a load-time pass that repacks such a weight
+ * reads `deferred_bytes` in place, so the copy, and the fresh pages that the
+ * kernel would zero for it, are never made. The array is an ordinary lazy MLX
+ * array otherwise; `bytes` must hold exactly its row-major elements. */
+mx::array deferred_copy(std::span<const uint8_t> bytes, std::shared_ptr<const void> owner,
+                        const mx::Shape& shape, mx::Dtype dtype, AfterCopy after_copy = nullptr);
+
+/** The source bytes of an array made by deferred_copy that is not yet
+ * evaluated (possibly misaligned for its dtype: read them with memcpy);
+ * nullopt for any other array. */
+std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a);
+
+/** The row-major element bytes of `a` for a host-side reader: a deferred
+ * copy's source bytes in place, or else `a` evaluated, as row-contiguous
+ * float32 when `as_float32`. `keep` holds what the bytes lie in. */
+std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::array& keep);
 
 /** True when this MLX build's allocator keeps a size_t header right before
  * the data, which alias_memory relies on for CPU arrays. */

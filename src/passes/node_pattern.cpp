@@ -5,6 +5,7 @@
 #include <span>
 
 #include "graph/subgraphs.h"
+#include "mlx_bridge/buffers.h"
 #include "onnx/mapped_file.h"
 #include "transmuter/error.h"
 
@@ -118,7 +119,10 @@ void drop_weight(Graph& graph, const std::string& name) {
   auto it = graph.initializers.find(name);
   if (it == graph.initializers.end() || !it->second.is_tensor()) return;
   const mx::array& w = it->second.tensor();
-  const std::span<const uint8_t> bytes(w.data<uint8_t>(), w.nbytes());
+  // A weight still deferred (never copied out of its file) gives back the file
+  // pages its packing read.
+  const std::optional<std::span<const uint8_t>> deferred = deferred_bytes(w);
+  const std::span<const uint8_t> bytes = deferred ? *deferred : std::span(w.data<uint8_t>(), w.nbytes());
   graph.initializers.erase(it);
   if (!release_if_file_backed(bytes)) mx::clear_cache();
 }

@@ -4,6 +4,8 @@
 
 #include <mlx/device.h>
 
+#include "graph/subgraphs.h"
+#include "mlx_bridge/buffers.h"
 #include "onnx/model_file.h"
 #include "ops/registry.h"
 #include "passes/pass_manager.h"
@@ -25,6 +27,35 @@ Params collect_params(const Graph& graph) {
   return params;
 }
 
+// `describe()` names the value in an error (built only on failure).
+template <typename Describe>
+void materialize(const Value& value, Describe&& describe) {
+  if (!value.is_tensor() || !deferred_bytes(value.tensor())) return;
+  try {
+    mx::array tensor = value.tensor();  // shares the value's array: evaluating it evaluates the value
+    tensor.eval();
+  } catch (const AllocationFailure& failure) {
+    throw Error(str(describe(), ": cannot allocate ", failure.nbytes, " bytes for its copy"));
+  }
+}
+
+// Copies out the tensors whose copy the reader deferred (mlx_bridge
+// deferred_copy) and no pass consumed in place, so that runs see only
+// evaluated weights.
+void materialize_deferred(const Graph& graph) {
+  for (const auto& [name, value] : graph.initializers) {
+    materialize(value, [&] { return str("initializer '", name, "'"); });
+  }
+  for (const Node& node : graph.nodes) {
+    for (const Attribute& attribute : node.attributes) {
+      auto describe = [&] { return str("attribute '", attribute.name, "' of node '", node.name, "'"); };
+      materialize(attribute.t, describe);
+      for (const Value& tensor : attribute.tensors) materialize(tensor, describe);
+    }
+    for_each_subgraph(node, [](const Graph& subgraph) { materialize_deferred(subgraph); });
+  }
+}
+
 // The precision passes for `compute_type`: compute_in_float32 when it resolves
 // to float32, keep_float32_islands when the graph runs in its own types.
 std::vector<Pass> passes_for(const LoadOptions& options) {
@@ -44,6 +75,7 @@ Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const 
   auto state = std::make_shared<Model::State>();
   last_position_outputs(*graph, options.last_position_outputs);  // asked for: not one of run_passes'
   if (options.run_passes) state->passes_applied = run_passes(*graph, passes_for(options));
+  materialize_deferred(*graph);
   state->bound = bind_graph(*graph, builtin_registry(), source);
   state->host_reads = std::make_unique<SignatureMemoCache>(*state->bound);
   state->ir_version = ir_version;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -49,6 +50,58 @@ TEST(MlxBridgeBuffers, MlxBufferBecomesAnArray) {
   std::memcpy(buffer.as<int32_t>(), values, sizeof(values));
   mx::array a = buffer.into_array({3}, mx::int32);
   EXPECT_EQ(mx::sum(a).item<int32_t>(), 15);
+}
+
+TEST(MlxBridgeBuffers, DeferredCopyIsMadeWhenEvaluatedAndReportsItsPieces) {
+  // 2.5 MiB of floats one byte past an aligned address: several 1 MiB pieces.
+  constexpr size_t kCount = (size_t{5} << 19) / sizeof(float);
+  auto storage = std::make_shared<std::vector<uint8_t>>(kCount * sizeof(float) + 8);
+  std::span<const uint8_t> bytes(storage->data() + 1, kCount * sizeof(float));
+  std::vector<float> values(kCount);
+  std::iota(values.begin(), values.end(), 0.0f);
+  std::memcpy(storage->data() + 1, values.data(), bytes.size());
+  std::vector<std::span<const uint8_t>> pieces;
+  mx::array a = deferred_copy(bytes, storage, {static_cast<int>(kCount)}, mx::float32,
+                              [&](std::span<const uint8_t> piece) { pieces.push_back(piece); });
+
+  ASSERT_TRUE(deferred_bytes(a).has_value()) << "not evaluated yet: its source bytes are readable in place";
+  EXPECT_EQ(deferred_bytes(a)->data(), bytes.data());
+  mx::array keep = a;
+  EXPECT_EQ(host_bytes(a, /*as_float32=*/true, keep).data(), bytes.data()) << "read in place, no copy";
+  EXPECT_FALSE(a.is_available());
+  EXPECT_TRUE(pieces.empty());
+
+  a.eval();
+  EXPECT_FALSE(deferred_bytes(a).has_value());
+  EXPECT_NE(a.data<uint8_t>(), bytes.data());
+  EXPECT_EQ(std::memcmp(a.data<float>(), values.data(), bytes.size()), 0);
+  ASSERT_GE(pieces.size(), 3u);
+  const uint8_t* next = bytes.data();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    EXPECT_EQ(pieces[i].data(), next) << "pieces follow each other";
+    next = pieces[i].data() + pieces[i].size();
+    if (i + 1 < pieces.size()) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(next) % 4096, 0u) << "a piece ends on a page boundary";
+    }
+  }
+  EXPECT_EQ(next, bytes.data() + bytes.size());
+}
+
+TEST(MlxBridgeBuffers, DeferredCopiesComposeAndConvertLikeAnyArray) {
+  auto storage = std::make_shared<std::vector<uint8_t>>(4 * sizeof(int32_t) + 3);
+  const int32_t values[4] = {1, -2, 30, 400};
+  std::memcpy(storage->data() + 3, values, sizeof(values));
+  std::span<const uint8_t> bytes(storage->data() + 3, sizeof(values));
+  mx::array a = deferred_copy(bytes, storage, {2, 2}, mx::int32);
+  mx::array keep = a;
+  const std::span<const uint8_t> floats = host_bytes(a, /*as_float32=*/true, keep);
+  ASSERT_EQ(floats.size(), 4 * sizeof(float));
+  float converted[4];
+  std::memcpy(converted, floats.data(), sizeof(converted));
+  EXPECT_EQ(converted[3], 400.0f) << "an int32 tensor read as float32 is converted";
+  EXPECT_EQ(mx::sum(mx::transpose(a)).item<int32_t>(), 429);
+  EXPECT_THROW(deferred_copy(bytes, storage, {3}, mx::int32), std::invalid_argument)
+      << "the bytes must fill the array";
 }
 
 }  // namespace

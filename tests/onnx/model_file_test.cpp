@@ -18,9 +18,11 @@
 #include <sstream>
 #include <thread>
 
-#include "support/proto_writer.h"
+#include "mlx_bridge/buffers.h"
 #include "support/expect_error.h"
+#include "support/proto_writer.h"
 #include "transmuter/error.h"
+#include "transmuter/runtime.h"
 
 namespace transmuter {
 namespace {
@@ -497,6 +499,51 @@ TEST_F(ModelFiles, InitializerAliasesTheFileMapping) {
   for (auto [begin, end] : mappings_of(path)) inside |= address >= begin && address < end;
   EXPECT_TRUE(inside) << "initializer data should lie in the mmap of " << path;
   EXPECT_EQ(values_of<float>(w), (std::vector<float>{10, 20, 30, 40}));
+}
+
+TEST_F(ModelFiles, LargeMisalignedInitializerIsCopiedOnlyWhenEvaluated) {
+  // 128 x 128 floats (64 KiB, the smallest deferred size), padded with
+  // doc_string until raw_data is not 4-aligned in the file.
+  std::vector<float> values(128 * 128);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 97) - 48.0f;
+  const std::string payload = proto::raw(values);
+  fs::path path;
+  for (int pad = 0; pad < 4; ++pad) {
+    proto::GraphParts g;
+    g.inputs = {proto::value_info("X", OnnxType::kFloat, {1, 128})};
+    g.nodes = {proto::node("MatMul", {"X", "W"}, {"Y"})};
+    g.initializers = {proto::raw_tensor("W", OnnxType::kFloat, {128, 128}, payload)};
+    g.outputs = {proto::value_info("Y", OnnxType::kFloat, {1, 128})};
+    ProtoWriter m;
+    m.string(6, std::string(static_cast<size_t>(pad), 'd'));
+    m.raw(proto::model(proto::graph(g)).data());
+    if (m.data().find(payload) % 4 != 0) {
+      path = write("model.onnx", m.data());
+      break;
+    }
+  }
+  ASSERT_FALSE(path.empty());
+  {
+    const ModelFile model = read_model_file(path);
+    const mx::array& w = model.graph->initializers.at("W").tensor();
+    const std::optional<std::span<const uint8_t>> bytes = deferred_bytes(w);
+    ASSERT_TRUE(bytes.has_value()) << "a misaligned weight is left in the file until evaluated";
+    const auto address = reinterpret_cast<uintptr_t>(bytes->data());
+    EXPECT_NE(address % 4, 0u);
+    bool inside = false;
+    for (auto [begin, end] : mappings_of(path)) inside |= address >= begin && address < end;
+    EXPECT_TRUE(inside) << "its bytes are read in the mmap of " << path;
+    EXPECT_EQ(values_of<float>(w), values);
+  }
+  // Loaded, the product runs on the weight packed from the file's bytes.
+  const Model model = transmuter::load(path.string(), LoadOptions{});
+  EXPECT_EQ(model.op_histogram().at("ai.transmuter.PackedMatMul"), 1u);
+  const mx::array x = mx::full({1, 128}, 0.5f);
+  const mx::array y = run(model, model.params(), {{"X", x}}, {mx::Device::cpu}).tensor("Y");
+  const mx::array want = mx::matmul(x, mx::array(values.data(), {128, 128}, mx::float32));
+  // Sums of 128 products of halves of integers in [-48, 48]: exact in float32.
+  EXPECT_EQ(mx::max(mx::abs(mx::subtract(y, want))).item<float>(), 0.0f);
+  EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 1.0f);
 }
 
 TEST_F(ModelFiles, ExternalDataNextToTheModel) {

@@ -4,8 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
 
 #include <mlx/mlx.h>
+
+#include "mlx_bridge/buffers.h"
 
 namespace transmuter::testing {
 
@@ -19,6 +25,19 @@ inline mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale
 /** Uniform uint8 values (packed quantized weights, zero points), the same for the same seed. */
 inline mx::array random_bytes(const mx::Shape& shape, uint64_t seed) {
   return mx::astype(mx::random::randint(0, 256, shape, mx::int32, mx::random::key(seed)), mx::uint8);
+}
+
+/** `values` as the loader gives a large tensor whose bytes lie misaligned in
+ * its file: an unevaluated deferred_copy over a copy of the bytes placed one
+ * byte past an 8-byte boundary. */
+inline mx::array misaligned_deferred(mx::array values) {
+  values = mx::contiguous(values);
+  values.eval();
+  auto storage = std::make_shared<std::vector<uint8_t>>(values.nbytes() + 16);
+  const size_t offset = 9 - reinterpret_cast<uintptr_t>(storage->data()) % 8;  // address = 1 mod 8
+  std::memcpy(storage->data() + offset, values.data<uint8_t>(), values.nbytes());
+  return deferred_copy(std::span<const uint8_t>(storage->data() + offset, values.nbytes()), storage,
+                       values.shape(), values.dtype());
 }
 
 /** max |a - b| over all elements, computed in float32 (half inputs widen). */

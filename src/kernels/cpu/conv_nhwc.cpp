@@ -708,28 +708,27 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
   if (w.ndim() != 4 || w.size() == 0 || !mx::issubdtype(w.dtype(), mx::floating)) {
     throw std::invalid_argument("pack_conv_weight_nhwc: the weight must be a non-empty 4-D float array");
   }
-  mx::array source = w.dtype() == mx::float32 ? w : mx::astype(w, mx::float32, mx::Device::cpu);
-  source = mx::contiguous(source, false, mx::Device::cpu);
-  source.eval();
+  mx::array source = w;
+  const uint8_t* weight = host_bytes(w, /*as_float32=*/true, source).data();  // at any alignment
   const int64_t m = w.shape(0), channels = w.shape(1), taps = int64_t{w.shape(2)} * w.shape(3);
   const int64_t k = taps * channels, width = gemm_panel_width(), panels = (m + width - 1) / width;
   // MLX's own buffer: an array built over foreign memory would be copied.
   MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float));
   float* packed = buffer.as<float>();
-  const float* weight = source.data<float>();
   // packed[p, tap * C + c, j] = w[p * width + j, c, tap]: each panel row (one
   // cache line with AVX2) is written whole, from the panel's `width` filters
   // read in their own order.
+  constexpr int64_t kItem = sizeof(float);
   parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<const float*> filters(static_cast<size_t>(width));
+    std::vector<const uint8_t*> filters(static_cast<size_t>(width));
     for (int64_t p = begin; p < end; ++p) {
       float* panel = packed + p * k * width;
       const int64_t cols = std::min(width, m - p * width);
-      for (int64_t j = 0; j < cols; ++j) filters[j] = weight + (p * width + j) * k;  // [C, taps]
+      for (int64_t j = 0; j < cols; ++j) filters[j] = weight + (p * width + j) * k * kItem;  // [C, taps]
       for (int64_t c = 0; c < channels; ++c) {
         for (int64_t t = 0; t < taps; ++t) {
           float* row = panel + (t * channels + c) * width;
-          for (int64_t j = 0; j < cols; ++j) row[j] = filters[j][c * taps + t];
+          for (int64_t j = 0; j < cols; ++j) std::memcpy(&row[j], filters[j] + (c * taps + t) * kItem, kItem);
           std::fill(row + cols, row + width, 0.0f);
         }
       }

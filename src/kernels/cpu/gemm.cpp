@@ -359,7 +359,11 @@ class PackedMatmulKernel : public CpuKernel {
 
 // Fills packed [panels, k, width] from b ([k, n] row-major, or [n, k] when
 // transposed), zero past column n. Each loop reads b along its rows.
-void pack_panels(const float* b, bool transposed, int64_t k, int64_t n, int64_t width, float* packed) {
+// B is read as bytes at any alignment (a weight may be read where it lies in
+// its model file): elements move by memcpy, which costs nothing when aligned.
+void pack_panels(const void* b, bool transposed, int64_t k, int64_t n, int64_t width, float* packed) {
+  const auto* bytes = static_cast<const uint8_t*>(b);
+  constexpr int64_t kItem = sizeof(float);
   const int64_t panels = ceil_div(n, width);
   parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
@@ -368,12 +372,12 @@ void pack_panels(const float* b, bool transposed, int64_t k, int64_t n, int64_t 
       if (transposed) {
         if (cols < width) std::memset(panel, 0, static_cast<size_t>(k * width) * sizeof(float));
         for (int64_t j = 0; j < cols; ++j) {
-          const float* row = b + (p * width + j) * k;
-          for (int64_t kk = 0; kk < k; ++kk) panel[kk * width + j] = row[kk];
+          const uint8_t* row = bytes + (p * width + j) * k * kItem;
+          for (int64_t kk = 0; kk < k; ++kk) std::memcpy(&panel[kk * width + j], row + kk * kItem, kItem);
         }
       } else {
         for (int64_t kk = 0; kk < k; ++kk)
-          copy_panel_row(panel + kk * width, b + kk * n + p * width, cols, width);
+          copy_panel_row(panel + kk * width, bytes + (kk * n + p * width) * kItem, cols, width);
       }
     }
   });
@@ -483,15 +487,15 @@ mx::array pack_gemm_rhs(const mx::array& b, bool transposed) {
   if (b.ndim() != 2 || b.size() == 0 || !mx::issubdtype(b.dtype(), mx::floating)) {
     throw std::invalid_argument("pack_gemm_rhs: B must be a non-empty 2-D float array");
   }
-  mx::array source = mx::contiguous(mx::astype(b, mx::float32, mx::Device::cpu), false, mx::Device::cpu);
-  source.eval();
+  mx::array source = b;
+  const std::span<const uint8_t> bytes = host_bytes(b, /*as_float32=*/true, source);
   const int64_t k = transposed ? b.shape(1) : b.shape(0);
   const int64_t n = transposed ? b.shape(0) : b.shape(1);
   const int64_t width = gemm_panel_width();
   const int64_t panels = ceil_div(n, width);
   // MLX's own buffer: an array built over foreign memory would be copied.
   MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float));
-  pack_panels(source.data<float>(), transposed, k, n, width, buffer.as<float>());
+  pack_panels(bytes.data(), transposed, k, n, width, buffer.as<float>());
   return buffer.into_array({static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)},
                            mx::float32);
 }

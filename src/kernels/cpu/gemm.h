@@ -107,10 +107,10 @@ void run_gemm(const GemmArgs& args);
  * own parallel tasks (a fused block's row strips). */
 void run_gemm_on_this_thread(const GemmArgs& args);
 
-/** Copies one row of a panel: `cols` floats of src, then zeros up to
+/** Copies one row of a panel: `cols` floats of src (at any alignment), then zeros up to
  * `width` (the panel width). The common widths are constant-size copies the
  * compiler inlines (a libc call per 64 bytes dominated packing). */
-inline void copy_panel_row(float* dst, const float* src, int64_t cols, int64_t width) {
+inline void copy_panel_row(float* dst, const void* src, int64_t cols, int64_t width) {
   if (cols == 16 && width == 16) {
     std::memcpy(dst, src, 16 * sizeof(float));
   } else if (cols == 32 && width == 32) {
