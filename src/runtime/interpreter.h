@@ -39,6 +39,11 @@ class Environment {
  * memory); never lowers it; 0 does nothing. */
 void raise_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requested);
 
+/** RunOptions::cpu_eval_lookahead: on a CPU device, sets MLX's memory limit
+ * to the active memory now plus `requested` bytes (default 128 MiB); 0 does
+ * nothing. */
+void bound_cpu_eval_lookahead(const mx::Device& device, std::optional<size_t> requested);
+
 /** Binds the graph's initializers, replacing those named in `overrides`. */
 void bind_initializers(const Graph& graph, const Params* overrides, Environment& env);
 

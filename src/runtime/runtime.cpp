@@ -44,6 +44,16 @@ void raise_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requ
   if (previous > floor) mx::set_cache_limit(previous);
 }
 
+void bound_cpu_eval_lookahead(const mx::Device& device, std::optional<size_t> requested) {
+  if (device != mx::Device::cpu) return;
+  const size_t budget = requested.value_or(size_t{128} << 20);
+  if (budget == 0) return;
+  // From the active memory at the start of this run: the weights and whatever
+  // the caller holds are not look-ahead. A limit left by an earlier run can
+  // only slow later evaluations down, and the next run sets it afresh.
+  mx::set_memory_limit(mx::get_active_memory() + budget);
+}
+
 namespace {
 
 // Remembered host reads hold what the model's own initializers gave; params
@@ -66,6 +76,7 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   const Inputs typed_inputs = validate_inputs(graph, inputs);
   Execution exec{options.device.value_or(default_device()), options.memory_limit};
   raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
+  bound_cpu_eval_lookahead(exec.device, options.cpu_eval_lookahead);
   // Host reads that depend only on the input signature: replayed when a run
   // with this signature has read them, else read and kept for the next runs.
   SignatureMemoCache& host_reads = *model.internal_state().host_reads;

@@ -75,6 +75,69 @@ TEST(Run, RaisesMlxBufferCacheOnTheCpuAndNeverLowersIt) {
   EXPECT_EQ(mx::set_cache_limit(before), size_t{48} << 20) << "compiled plans raise it too";
 }
 
+// x times 40 different scalars, summed in a chain: every product is a fresh
+// 4 MiB buffer, and MLX encodes many of them before the first has run.
+Model fan_out_and_sum(int branches) {
+  GraphBuilder g;
+  g.input("x", OnnxType::kFloat, {-1});
+  std::string sum;
+  for (int i = 0; i < branches; ++i) {
+    const std::string c = "c" + std::to_string(i), p = "p" + std::to_string(i), s = "s" + std::to_string(i);
+    g.initializer(c, mx::array(1.0f + static_cast<float>(i)));
+    g.node("Mul", {"x", c}, {p});
+    if (sum.empty()) {
+      sum = p;
+      continue;
+    }
+    g.node("Add", {sum, p}, {s});
+    sum = s;
+  }
+  return g.node("Identity", {sum}, {"y"}).output("y").build({.run_passes = false});
+}
+
+// MLX's peak active memory while one run of `model` is evaluated, less the
+// memory active before it.
+size_t peak_growth_of_one_run(const Model& model, const Inputs& in, const RunOptions& options) {
+  mx::synchronize();
+  const size_t before = mx::get_active_memory();
+  mx::reset_peak_memory();
+  mx::array y = run(model, model.params(), in, options).tensor("y");
+  mx::eval(y);
+  mx::synchronize();
+  return mx::get_peak_memory() - before;
+}
+
+TEST(Run, BoundsHowFarMlxEvaluatesAheadOnTheCpu) {
+  const int branches = 40;
+  Model model = fan_out_and_sum(branches);
+  mx::array x = mx::ones({1 << 20});  // 4 MiB
+  mx::eval(x);
+  const Inputs in = {{"x", x}};
+  const size_t tensor = x.nbytes(), budget = size_t{16} << 20;
+  const size_t mlx_limit = mx::get_memory_limit();
+
+  const size_t unbounded = peak_growth_of_one_run(model, in, {.device = mx::Device::cpu, .cpu_eval_lookahead = 0});
+  EXPECT_EQ(mx::get_memory_limit(), mlx_limit) << "0 leaves MLX's limit alone";
+  const size_t bounded = peak_growth_of_one_run(model, in, {.device = mx::Device::cpu, .cpu_eval_lookahead = budget});
+  const size_t limit_set = mx::get_memory_limit();
+  mx::set_memory_limit(mlx_limit);
+
+  // The run started with x and the model active: the limit is that plus the
+  // budget, and the evaluation stays within it but for the ops already
+  // encoded when it was reached (one add and its product at a time).
+  EXPECT_GE(limit_set, budget + tensor);
+  EXPECT_LE(limit_set, budget + tensor + (size_t{1} << 20));
+  EXPECT_LE(bounded, budget + 3 * tensor) << "unbounded: " << unbounded;
+  // Without the bound MLX runs far ahead here; if it stops doing so, this
+  // option has no purpose left.
+  EXPECT_GE(unbounded, 2 * bounded) << "bounded: " << bounded;
+
+  // Values are unchanged: sum of 1..40.
+  Outputs out = run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_eval_lookahead = budget});
+  mx::set_memory_limit(mlx_limit);
+  EXPECT_EQ(to_doubles(mx::slice(out.tensor("y"), {0}, {2})), (std::vector<double>{820, 820}));
+}
+
 TEST(Run, RejectsWrongDtype) {
   Model model = dense_relu();
   try {
