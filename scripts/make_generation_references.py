@@ -9,6 +9,7 @@ It writes tests/pipelines/fixtures/generation/*.json (committed; the C++ tests o
   NoRepeatNGram, MinLength, MinNewTokensLength, Temperature, TopK, TopP, MinP), on seeded random logits
   (ties, large values, entries already at -inf) and histories (repeats, ids past the vocabulary).
 - chains.json: the processor list GenerationMixin._get_logits_processor builds for a GenerationConfig
+  (encoder-decoder checkpoints' forced_bos/forced_eos_token_id, suppress_tokens, begin_suppress_tokens too)
   (after generate's own preparation: global defaults, min_new_tokens -> min_length, eos tensor), applied to
   one row, and torch.argmax of the result (greedy's choice).
 - stop_strings.json: StopStringCriteria with real tokenizers (tests/text/fixtures/*/tokenizer.json loaded by
@@ -194,11 +195,13 @@ def prepared_config(fields: dict, prompt_length: int, model: DecoderOnly) -> Gen
 
 
 def chain_for(fields: dict, prompt_length: int):
+    """The processors and the max_length generate() derives (where forced_eos_token_id acts)."""
     model = DecoderOnly()
     config = prepared_config(fields, prompt_length, model)
-    return GenerationMixin._get_logits_processor(model, config, input_ids_seq_length=prompt_length,
-                                                 encoder_input_ids=None, logits_processor=None, device="cpu",
-                                                 model_kwargs={})
+    processors = GenerationMixin._get_logits_processor(model, config, input_ids_seq_length=prompt_length,
+                                                       encoder_input_ids=None, logits_processor=None,
+                                                       device="cpu", model_kwargs={})
+    return processors, config.max_length
 
 
 CHAIN_CONFIGS = [
@@ -219,14 +222,28 @@ CHAIN_CONFIGS = [
                                              "top_k": 10, "temperature": 0.9}},
     {"name": "sample_sharp", "config": {"do_sample": True, "temperature": 0.3, "top_k": 5, "top_p": 0.95}},
 ]
+# The processors of encoder-decoder checkpoints (BART's forced bos/eos, Whisper's suppressed tokens), on
+# one-token prompts (the decoder start token) and longer ones, at the steps where they act and after.
+FORCING_CONFIGS = [
+    {"name": "forced_bos_eos", "config": {"forced_bos_token_id": 7, "forced_eos_token_id": 2, "max_new_tokens": 3}},
+    {"name": "forced_eos_list", "config": {"forced_eos_token_id": [2, 11], "max_new_tokens": 2,
+                                           "repetition_penalty": 1.2}},
+    {"name": "suppress", "config": {"suppress_tokens": [1, 4, 9, 200], "begin_suppress_tokens": [3, 5]}},
+    {"name": "suppress_after_forced_bos", "config": {"forced_bos_token_id": 6, "begin_suppress_tokens": [3, 8],
+                                                     "eos_token_id": 3, "min_new_tokens": 2}},
+    {"name": "sample_forced", "config": {"do_sample": True, "top_k": 4, "forced_bos_token_id": 5,
+                                         "forced_eos_token_id": 1, "max_new_tokens": 2}},
+]
+FORCING_SHAPES = [(50, 1, 0), (64, 1, 1), (97, 1, 2), (80, 4, 0), (60, 4, 1)]
 
 
 def chain_cases(rng: np.random.Generator) -> list[dict]:
     cases = []
-    for spec in CHAIN_CONFIGS:
-        for j, (vocab, prompt_length, generated) in enumerate([(50, 6, 1), (97, 4, 3), (128, 9, 6)]):
+    shapes = [(50, 6, 1), (97, 4, 3), (128, 9, 6)]
+    for spec in [*CHAIN_CONFIGS, *FORCING_CONFIGS]:
+        for j, (vocab, prompt_length, generated) in enumerate(FORCING_SHAPES if spec in FORCING_CONFIGS else shapes):
             history = random_history(rng, vocab, prompt_length + generated, past_vocab=False)
-            processors = chain_for(spec["config"], prompt_length)
+            processors, max_length = chain_for(spec["config"], prompt_length)
             logits = random_logits(rng, vocab)
             scores = torch.from_numpy(logits.copy()).reshape(1, vocab)
             out = processors(ids_tensor(history), scores.clone())
@@ -235,6 +252,7 @@ def chain_cases(rng: np.random.Generator) -> list[dict]:
                 "config": spec["config"],
                 "transformers_chain": [type(p).__name__ for p in processors],
                 "prompt_length": prompt_length,
+                "max_length": max_length,
                 "history": history,
                 "logits": row(scores),
                 "expected": row(out),

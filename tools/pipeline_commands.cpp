@@ -241,8 +241,8 @@ double number_option(const Args& args, const std::string& name, double fallback)
 }
 
 /** The folder's generation config with the command line's settings over it. */
-generation::GenerationConfig generation_config(const Args& args, const TextGeneration& pipe) {
-  generation::GenerationConfig config = pipe.default_config();
+generation::GenerationConfig generation_config(const Args& args, const generation::GenerationConfig& defaults) {
+  generation::GenerationConfig config = defaults;
   if (args.has("max-new-tokens")) config.max_new_tokens = count_option(args, "max-new-tokens", 0);
   if (args.has("min-new-tokens")) config.min_new_tokens = count_option(args, "min-new-tokens", 0);
   if (args.has("do-sample")) config.do_sample = true;
@@ -268,7 +268,8 @@ KvCache cache_option(const Args& args) {
 }
 
 /** One line on stderr per reply; compiled runs add how many plans the decode steps have built. */
-void print_summary(const GenerationSummary& s, const TextGeneration& pipe, const Args& args) {
+template <typename Pipeline>
+void print_summary(const GenerationSummary& s, const Pipeline& pipe, const Args& args) {
   char line[256];
   std::snprintf(
       line, sizeof line,
@@ -307,15 +308,10 @@ void write_generated(std::ostream& out, const GeneratedText& g) {
 
 }  // namespace
 
-int generate_main(const Args& args) {
-  require_model(
-      args,
-      "usage: transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--min-new-tokens N] [--do-sample] "
-      "[--temperature T] "
-      "[--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--no-repeat-ngram N] [--stop TEXT]... "
-      "[--seed N] [--cache auto|none|dynamic|static] [--jsonl]");
-  auto pipe = TextGeneration::open(args.positional[0], pipeline_options(args), cache_option(args));
-  const generation::GenerationConfig config = generation_config(args, pipe);
+/** Generates from each prompt in turn: streamed to stdout (or one JSON line each), a summary on stderr. */
+template <typename Pipeline>
+int generate_each(const Args& args, const Pipeline& pipe) {
+  const generation::GenerationConfig config = generation_config(args, pipe.default_config());
   const bool json = args.has("jsonl");
   for (const auto& prompt : input_texts(args)) {
     if (prompt.empty()) throw Error("the prompt is empty");
@@ -329,9 +325,23 @@ int generate_main(const Args& args) {
   return 0;
 }
 
+int generate_main(const Args& args) {
+  require_model(
+      args,
+      "usage: transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--min-new-tokens N] [--do-sample] "
+      "[--temperature T] "
+      "[--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--no-repeat-ngram N] [--stop TEXT]... "
+      "[--seed N] [--cache auto|none|dynamic|static] [--jsonl]");
+  const PipelineOptions options = pipeline_options(args);
+  // An encoder-decoder export (encoder_model.onnx + decoders): the prompt is the encoder's input.
+  if (Text2TextGeneration::holds_encoder_decoder(args.positional[0], options))
+    return generate_each(args, Text2TextGeneration::open(args.positional[0], options, cache_option(args)));
+  return generate_each(args, TextGeneration::open(args.positional[0], options, cache_option(args)));
+}
+
 int chat_session_main(const Args& args) {
   auto chat = Chat::open(args.positional[0], pipeline_options(args), cache_option(args));
-  const generation::GenerationConfig config = generation_config(args, chat.generation());
+  const generation::GenerationConfig config = generation_config(args, chat.generation().default_config());
   if (args.has("system")) chat.set_system(args.get("system", ""));
   // One user message per line of stdin; the conversation carries over from line to line. A turn that
   // fails (the conversation outgrew the context, ...) is reported and left out; the chat goes on, and

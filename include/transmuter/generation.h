@@ -57,6 +57,15 @@ struct GenerationConfig {
   std::optional<int64_t> pad_token_id;
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> decoder_start_token_id;
+  /** The first generated token is this one (ForcedBOSTokenLogitsProcessor; BART-style checkpoints). */
+  std::optional<int64_t> forced_bos_token_id;
+  /** The token at max_length - 1 is one of these (ForcedEOSTokenLogitsProcessor): an int or a list. */
+  std::vector<int64_t> forced_eos_token_ids;
+  /** Tokens never generated (SuppressTokensLogitsProcessor; Whisper). */
+  std::vector<int64_t> suppress_tokens;
+  /** Tokens not generated first (SuppressTokensAtBeginLogitsProcessor; Whisper): at the step where the
+   * history is the prompt, or the prompt + the forced bos token when the prompt is one token long. */
+  std::vector<int64_t> begin_suppress_tokens;
   /** Generation stops once the text ends in one of these (StopRules has the exact rule). */
   std::vector<std::string> stop_strings;
   /** Seed of sampling (not a transformers field; never read from a file). */
@@ -101,15 +110,23 @@ void keep_min_p(std::span<float> logits, double min_p);
 /** torch.argmax: the first index of the largest value. logits must not be empty. */
 int64_t argmax_token(std::span<const float> logits);
 
+/** ForcedBOSTokenLogitsProcessor / ForcedEOSTokenLogitsProcessor: every logit -inf but the token's, which
+ * becomes 0 (of several eos ids, each). */
+void force_tokens(std::span<float> logits, std::span<const int64_t> token_ids);
+
 /** The processors generate() builds for a config, in its order (_get_logits_processor):
- * repetition_penalty, no_repeat_ngram_size, min_length / min_new_tokens (eos to -inf), then, only when
- * do_sample, the warpers temperature, top_k, top_p, min_p. Stateless; may be shared across rows. */
+ * repetition_penalty, no_repeat_ngram_size, min_length / min_new_tokens (eos to -inf), forced_bos_token_id,
+ * forced_eos_token_id, suppress_tokens, begin_suppress_tokens, then, only when do_sample, the warpers
+ * temperature, top_k, top_p, min_p. Stateless; may be shared across rows. */
 class LogitsProcessor {
  public:
   /** Validates the config (GenerationConfigError). */
   explicit LogitsProcessor(GenerationConfig config);
-  /** generated: how many tokens of history were generated (the rest is the prompt). */
-  void apply(std::span<float> logits, std::span<const int64_t> history, size_t generated) const;
+  /** generated: how many tokens of history were generated (the rest is the prompt). max_length: the
+   * sequence's prompt + generated tokens at most (StopRules::max_length), where forced_eos_token_id
+   * forces eos; 0 leaves forced_eos_token_id out. */
+  void apply(std::span<float> logits, std::span<const int64_t> history, size_t generated,
+             size_t max_length = 0) const;
   const GenerationConfig& config() const { return config_; }
 
  private:
@@ -124,8 +141,10 @@ class TokenSampler {
    * repeats exactly for the same seed (std::mt19937_64, seeded through std::seed_seq; both specified
    * by the C++ standard, the draw below is ours). */
   explicit TokenSampler(GenerationConfig config, uint64_t row = 0);
-  /** logits: this step's row [vocab] (processed in place); history: prompt + generated tokens. */
-  int64_t next(std::span<float> logits, std::span<const int64_t> history, size_t generated);
+  /** logits: this step's row [vocab] (processed in place); history: prompt + generated tokens; max_length
+   * as LogitsProcessor::apply takes it. */
+  int64_t next(std::span<float> logits, std::span<const int64_t> history, size_t generated,
+               size_t max_length = 0);
   /** The draw alone: index i with probability softmax(processed_logits)[i], never one at -inf. Throws
    * GenerationConfigError when every entry is -inf (torch.multinomial fails there too). */
   int64_t draw(std::span<const float> processed_logits);

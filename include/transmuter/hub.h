@@ -115,9 +115,10 @@ struct ModelFiles {
 };
 
 /** The ONNX model of an `hf://` source (its explicit path, or the dtype's file as
- * onnx_file_candidates lists them) and every external-data file it references. */
+ * onnx_file_candidates(dtype, base) lists them: "model", or an encoder-decoder's "encoder_model",
+ * "decoder_model_merged", ...) and every external-data file it references. */
 ModelFiles download_model(std::string_view source, std::string_view dtype = "fp32",
-                          const HubOptions& options = {});
+                          const HubOptions& options = {}, std::string_view base = "model");
 
 /** One snapshot of a cached repo. */
 struct CachedRevision {

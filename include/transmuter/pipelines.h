@@ -299,6 +299,55 @@ class TextGeneration {
   std::shared_ptr<const Impl> impl_;
 };
 
+// --- text2text_generation ------------------------------------------------------------------
+
+/** An encoder-decoder model (T5, BART, mBART, Marian, Pegasus, ...) in optimum's seq2seq layout:
+ * encoder_model.onnx with decoder_model_merged.onnx (one If on use_cache_branch), or with
+ * decoder_model.onnx + decoder_with_past_model.onnx, or with decoder_model.onnx alone (no cache); each
+ * picked by the options' dtype as transformers.js names them (onnx/encoder_model_quantized.onnx, ...).
+ * It generates as transformers' generate() does for such models: the encoder runs once over the texts
+ * (right padded, as seq2seq tokenizers pad), the decoder starts from decoder_start_token_id, keeps its
+ * self-attention past between steps and the cross-attention past of its first step, and chooses tokens
+ * as TextGeneration does (generation::GenerationConfig, forced_bos/forced_eos_token_id included). */
+class Text2TextGeneration {
+ public:
+  /** cache: kAuto is kDynamic when the folder has a decoder with past, else kNone; kStatic is refused
+   * (these decoders take their positions from the past's length). options.model_file is not used: the
+   * files are found by their names. */
+  static Text2TextGeneration open(const std::string& source, const PipelineOptions& options = {},
+                                  KvCache cache = KvCache::kAuto);
+  /** Whether `source` holds an encoder-decoder export: an encoder_model file for the options' dtype (hf://
+   * sources: fetched when the repo has one). */
+  static bool holds_encoder_decoder(const std::string& source, const PipelineOptions& options = {});
+
+  /** Texts encoded by the tokenizer (its special tokens added; longer than the limit: truncated or
+   * rejected per options.long_inputs), then generated from. */
+  std::vector<GeneratedText> operator()(std::span<const std::string> texts,
+                                        const generation::GenerationConfig& config,
+                                        const TextStreamer& streamer = {},
+                                        GenerationSummary* summary = nullptr) const;
+  /** The same from the encoder's token ids (each at least one token); GeneratedText::prompt holds them. */
+  std::vector<GeneratedText> generate(const std::vector<std::vector<int64_t>>& encoder_ids,
+                                      const generation::GenerationConfig& config,
+                                      const TextStreamer& streamer = {},
+                                      GenerationSummary* summary = nullptr) const;
+
+  const generation::GenerationConfig& default_config() const;
+  const text::Tokenizer& tokenizer() const;
+  /** The cache mode kAuto resolved to. */
+  KvCache cache() const;
+  /** The files in use: the encoder, then the decoder(s). */
+  std::vector<std::filesystem::path> model_files() const;
+  /** The compiled decoder plans' counters, summed over the decoder files (ExecutionMode::kCompiled). */
+  CompileStats compile_stats() const;
+
+  struct Impl;
+
+ private:
+  explicit Text2TextGeneration(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
 /** A conversation with a chat model: each user message is appended to the messages, the model's chat
  * template renders them with the generation prompt (as apply_chat_template(add_generation_prompt=True)),
  * the rendered prompt is encoded without adding special tokens (the template writes them) and

@@ -20,7 +20,7 @@ std::string folder_in_repo(const std::string& path) {
 // The first candidate the repo has. Only "no such file" moves on to the next one:
 // any other failure (access, network, integrity) is the answer.
 CachedFile first_existing(const HubSource& source, const std::vector<std::string>& candidates,
-                          std::string_view dtype, const HubOptions& options) {
+                          std::string_view dtype, std::string_view base, const HubOptions& options) {
   std::string tried;
   for (const std::string& candidate : candidates) {
     try {
@@ -32,17 +32,18 @@ CachedFile first_existing(const HubSource& source, const std::vector<std::string
   }
   const auto kind = *options.offline ? HubError::Kind::kOfflineMiss : HubError::Kind::kEntryNotFound;
   throw HubError(kind,
-                 str("hf://", source.repo_id, "@", source.revision, " has no ONNX model for dtype '", dtype,
+                 str("hf://", source.repo_id, "@", source.revision, " has no ONNX file '", base, "' for dtype '", dtype,
                      "'; tried:", tried, "\n(name the file: hf://", source.repo_id, "/path/to/model.onnx)"));
 }
 
 }  // namespace
 
-ModelFiles download_model(std::string_view source_text, std::string_view dtype, const HubOptions& options) {
+ModelFiles download_model(std::string_view source_text, std::string_view dtype, const HubOptions& options,
+                          std::string_view base) {
   const HubOptions resolved = options.resolved();
   const HubSource source = parse_hub_source(source_text);
   const CachedFile model = source.path.empty()
-                               ? first_existing(source, onnx_file_candidates(dtype), dtype, resolved)
+                               ? first_existing(source, onnx_file_candidates(dtype, base), dtype, base, resolved)
                                : fetch_file(source.repo_id, source.path, source.revision, resolved);
   ModelFiles files;
   files.model = model.path;

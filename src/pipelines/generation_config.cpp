@@ -137,6 +137,10 @@ void read_fields(const FieldReader& in, GenerationConfig& c) {
   set_if(c.pad_token_id, in.integer("pad_token_id"));
   set_if(c.bos_token_id, in.integer("bos_token_id"));
   set_if(c.decoder_start_token_id, in.integer("decoder_start_token_id"));
+  set_if(c.forced_bos_token_id, in.integer("forced_bos_token_id"));
+  set_if(c.forced_eos_token_ids, in.ids("forced_eos_token_id"));
+  set_if(c.suppress_tokens, in.ids("suppress_tokens"));
+  set_if(c.begin_suppress_tokens, in.ids("begin_suppress_tokens"));
   set_if(c.stop_strings, in.strings("stop_strings"));
 }
 

@@ -132,10 +132,16 @@ int64_t argmax_token(std::span<const float> logits) {
   return static_cast<int64_t>(best);
 }
 
+void force_tokens(std::span<float> logits, std::span<const int64_t> token_ids) {
+  std::fill(logits.begin(), logits.end(), kMasked);
+  for (int64_t id : token_ids)
+    if (in_row(id, logits.size())) logits[static_cast<size_t>(id)] = 0.0f;
+}
+
 LogitsProcessor::LogitsProcessor(GenerationConfig config) : config_(std::move(config)) { config_.validate(); }
 
-void LogitsProcessor::apply(std::span<float> logits, std::span<const int64_t> history,
-                            size_t generated) const {
+void LogitsProcessor::apply(std::span<float> logits, std::span<const int64_t> history, size_t generated,
+                            size_t max_length) const {
   if (generated > history.size())
     throw Error(str("LogitsProcessor: ", generated, " generated tokens but a history of ", history.size()));
   const GenerationConfig& c = config_;
@@ -145,6 +151,17 @@ void LogitsProcessor::apply(std::span<float> logits, std::span<const int64_t> hi
   // test the same thing); without it, min_length counts the prompt too.
   const bool eos_too_early = c.min_new_tokens ? generated < *c.min_new_tokens : history.size() < c.min_length;
   if (eos_too_early) suppress_tokens(logits, c.eos_token_ids);
+  if (c.forced_bos_token_id && history.size() == 1) force_tokens(logits, std::span(&*c.forced_bos_token_id, 1));
+  if (!c.forced_eos_token_ids.empty() && max_length > 0 && history.size() + 1 == max_length)
+    force_tokens(logits, c.forced_eos_token_ids);
+  if (!c.suppress_tokens.empty()) suppress_tokens(logits, c.suppress_tokens);
+  if (!c.begin_suppress_tokens.empty()) {
+    // generate()'s begin_index: the prompt's length, one more when a one-token prompt is followed by the
+    // forced bos token.
+    const size_t prompt = history.size() - generated;
+    const size_t begin = prompt + (prompt == 1 && c.forced_bos_token_id ? 1 : 0);
+    if (history.size() == begin) suppress_tokens(logits, c.begin_suppress_tokens);
+  }
   if (!c.do_sample) return;
   if (c.temperature != 1.0) apply_temperature(logits, c.temperature);
   if (c.top_k != 0) keep_top_k(logits, static_cast<size_t>(c.top_k));

@@ -22,19 +22,20 @@ void check_relative(const std::string& name) {
 }
 
 /** The ONNX files to try for a dtype, best first, as transformers.js tries them. */
-std::vector<std::string> candidates_for(const std::string& dtype) {
+std::vector<std::string> candidates_for(const std::string& dtype, const std::string& base) {
 #if TRANSMUTER_WITH_HUB
-  return hub::onnx_file_candidates(dtype);
+  return hub::onnx_file_candidates(dtype, base);
 #else
   if (dtype != "fp32")
     throw PipelineError(str("dtype '", dtype, "' picks files by the hub's naming; name model_file instead"));
-  return {"onnx/model.onnx", "model.onnx"};
+  return {"onnx/" + base + ".onnx", base + ".onnx"};
 #endif
 }
 
 }  // namespace
 
-ModelFolder ModelFolder::open(const std::string& source, const PipelineOptions& options) {
+ModelFolder ModelFolder::open(const std::string& source, const PipelineOptions& options,
+                              const std::string& base) {
   ModelFolder folder;
   folder.source_ = source;
   folder.options_ = options;
@@ -45,7 +46,7 @@ ModelFolder ModelFolder::open(const std::string& source, const PipelineOptions& 
     std::string with_file = source;
     if (parsed.path.empty() && !options.model_file.empty()) with_file += "/" + options.model_file;
     const hub::HubOptions hub_options = options.load.hub ? *options.load.hub : hub::HubOptions{};
-    hub::ModelFiles files = hub::download_model(with_file, options.load.dtype, hub_options);
+    hub::ModelFiles files = hub::download_model(with_file, options.load.dtype, hub_options, base);
     folder.repo_id_ = parsed.repo_id;
     folder.commit_ = files.commit;
     folder.model_path_ = files.model;
@@ -72,15 +73,53 @@ ModelFolder ModelFolder::open(const std::string& source, const PipelineOptions& 
       throw PipelineError(str(source, ": no model file ", options.model_file));
     return folder;
   }
-  std::string tried;
-  for (const auto& candidate : candidates_for(options.load.dtype)) {
-    if (fs::is_regular_file(path / candidate, ec)) {
-      folder.model_path_ = path / candidate;
-      return folder;
-    }
-    tried += (tried.empty() ? "" : ", ") + candidate;
+  if (auto found = folder.find_model(base)) {
+    folder.model_path_ = *found;
+    return folder;
   }
+  std::string tried;
+  for (const auto& candidate : candidates_for(options.load.dtype, base))
+    tried += (tried.empty() ? "" : ", ") + candidate;
   throw PipelineError(str(source, ": no ONNX model for dtype ", options.load.dtype, " (tried ", tried, ")"));
+}
+
+bool ModelFolder::holds(const std::string& source, const PipelineOptions& options, const std::string& base) {
+  PipelineOptions by_name = options;
+  by_name.model_file.clear();
+  try {
+    open(source, by_name, base);
+    return true;
+  } catch (const PipelineError&) {
+    return false;
+  }
+#if TRANSMUTER_WITH_HUB
+  catch (const hub::HubError& e) {
+    if (e.kind() == hub::HubError::Kind::kEntryNotFound || e.kind() == hub::HubError::Kind::kOfflineMiss)
+      return false;
+    throw;
+  }
+#endif
+}
+
+std::optional<fs::path> ModelFolder::find_model(const std::string& base) const {
+  if (commit_.empty()) {
+    std::error_code ec;
+    for (const auto& candidate : candidates_for(options_.load.dtype, base))
+      if (fs::is_regular_file(dir_ / candidate, ec)) return dir_ / candidate;
+    return std::nullopt;
+  }
+#if TRANSMUTER_WITH_HUB
+  try {
+    const hub::HubOptions hub_options = options_.load.hub ? *options_.load.hub : hub::HubOptions{};
+    return hub::download_model(str("hf://", repo_id_, "@", commit_), options_.load.dtype, hub_options, base).model;
+  } catch (const hub::HubError& e) {
+    if (e.kind() == hub::HubError::Kind::kEntryNotFound || e.kind() == hub::HubError::Kind::kOfflineMiss)
+      return std::nullopt;
+    throw;
+  }
+#else
+  return std::nullopt;
+#endif
 }
 
 text::Tokenizer ModelFolder::tokenizer() const {

@@ -14,8 +14,20 @@ namespace transmuter::pipelines {
 class ModelFolder {
  public:
   /** source: a folder, a .onnx file inside one, or hf://org/repo[@revision][/path.onnx]. The ONNX
-   * file is options.model_file, else the first of load.dtype's candidates that exists. */
-  static ModelFolder open(const std::string& source, const PipelineOptions& options);
+   * file is options.model_file, else the first of load.dtype's candidates for `base` that exists
+   * (onnx/<base><dtype suffix>.onnx, then <base><suffix>.onnx: "model", or an encoder-decoder's
+   * "encoder_model"). */
+  static ModelFolder open(const std::string& source, const PipelineOptions& options,
+                          const std::string& base = "model");
+
+  /** Whether open(source, options, base) would find its ONNX file: false for a source that is no folder,
+   * file or repo, or has no such file (open() then says which). */
+  static bool holds(const std::string& source, const PipelineOptions& options, const std::string& base);
+
+  /** Another ONNX file of the same folder or repo commit, chosen by the options' dtype as open() chooses
+   * (an encoder-decoder's "decoder_model_merged" beside its "encoder_model"); nullopt when there is none.
+   * For hf:// sources it is fetched with its external-data files. */
+  std::optional<std::filesystem::path> find_model(const std::string& base) const;
 
   /** The local path of the ONNX file (in the hub cache for hf:// sources). */
   const std::filesystem::path& model_path() const { return model_path_; }

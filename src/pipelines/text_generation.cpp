@@ -18,12 +18,12 @@
 // sliding_window_cache; the past's length is named 'past_sliding_length') keep a window-sized buffer
 // in every mode, config.json's sliding_window rows from the prefill on, which the op itself evicts from.
 #include <algorithm>
-#include <chrono>
 #include <mutex>
 
 #include <mlx/ops.h>
 #include <mlx/transforms.h>
 
+#include "pipelines/decode_rows.h"
 #include "pipelines/model_config.h"
 #include "pipelines/model_folder.h"
 #include "pipelines/model_runner.h"
@@ -34,7 +34,6 @@ namespace {
 namespace fs = std::filesystem;
 using generation::GenerationConfig;
 using generation::StopReason;
-using Clock = std::chrono::steady_clock;
 
 /** The static cache's capacity grows in these steps, so that calls of similar lengths share plans. */
 constexpr size_t kStaticCapacityStep = 64;
@@ -337,10 +336,6 @@ mx::array mask_over_capacity(const std::vector<int64_t>& tokens, size_t capacity
 
 size_t round_up(size_t n, size_t step) { return (n + step - 1) / step * step; }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 }  // namespace
 
 TextGeneration TextGeneration::open(const std::string& source, const PipelineOptions& options,
@@ -390,7 +385,6 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
                                                     const TextStreamer& streamer,
                                                     GenerationSummary* summary) const {
   const Impl& impl = *impl_;
-  const auto start = Clock::now();
   if (prompts.empty()) return {};
   for (size_t i = 0; i < prompts.size(); ++i)
     if (prompts[i].empty())
@@ -411,26 +405,16 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
 
   std::optional<generation::TokenTexts> texts;
   if (!config.stop_strings.empty()) texts = impl.texts();
-  std::vector<generation::StopRules> stops;
-  std::vector<generation::TokenSampler> samplers;
-  std::vector<text::DecodeStream> streams;
-  for (size_t r = 0; r < rows; ++r) {
-    stops.emplace_back(config, batch.prompt_length, texts, impl.config.max_position_embeddings);
-    samplers.emplace_back(config, r);
-    if (streamer) streams.push_back(impl.tokenizer.decode_stream(true));
-  }
-  const size_t max_length = stops.front().max_length();
+  const int64_t finished_token = config.pad_token_id_or_eos().value_or(impl.pad_id);
+  DecodeRows choices(config, impl.tokenizer, prompts, batch.prompt_length, texts,
+                     impl.config.max_position_embeddings, finished_token, streamer);
+  const size_t max_length = choices.max_length();
   if (impl.config.max_position_embeddings && max_length > *impl.config.max_position_embeddings)
     throw PipelineError(str("the prompt's ", batch.prompt_length, " tokens and the new ones (up to ",
                             max_length, " in all) do not fit the model's context of ",
                             *impl.config.max_position_embeddings, ": lower max_new_tokens"));
-  const int64_t finished_token = config.pad_token_id_or_eos().value_or(impl.pad_id);
 
-  std::vector<GeneratedText> results(rows);
-  for (size_t r = 0; r < rows; ++r) results[r].prompt = prompts[r];
-  std::vector<bool> done(rows, false);
   size_t generated = 0, steps = 0;
-  double first_token_s = 0;
   std::vector<mx::array> past = impl.empty_past(static_cast<int>(rows));
   const int capacity = static_cast<int>(round_up(max_length, kStaticCapacityStep));
 
@@ -465,46 +449,12 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
     mx::array logits = impl.last_logits(outputs, past);
 
     // 2. Choose each row's next token; a finished row gets the pad token, as in transformers.
-    const size_t vocab = static_cast<size_t>(logits.shape(1));
-    std::vector<float> row_logits(vocab);
-    for (size_t r = 0; r < rows; ++r) {
-      int64_t next = finished_token;
-      if (!done[r]) {
-        std::copy_n(logits.data<float>() + r * vocab, vocab, row_logits.begin());
-        next = samplers[r].next(row_logits, batch.rows[r], generated);
-      }
-      batch.append(r, next);
-      if (done[r]) continue;
-      results[r].tokens.push_back(next);
-      if (streamer) {
-        std::string piece = streams[r].step(next);
-        if (!piece.empty()) streamer(r, piece);
-      }
-      results[r].reason = stops[r].check(batch.rows[r]);
-      done[r] = results[r].reason != StopReason::kNone;
-    }
-    if (generated == 0) first_token_s = seconds_since(start);
+    const bool all_done =
+        choices.step(logits, batch.rows, [&](size_t row, int64_t token) { batch.append(row, token); });
     ++generated;
-    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    if (all_done) break;
   }
-
-  size_t output_tokens = 0, input_tokens = 0;
-  for (auto& result : results) {
-    result.text = impl.tokenizer.decode(result.tokens, true);
-    output_tokens += result.tokens.size();
-    input_tokens += result.prompt.size();
-  }
-  if (summary) {
-    summary->input_tokens = input_tokens;
-    summary->output_tokens = output_tokens;
-    summary->time_to_first_token_s = first_token_s;
-    summary->total_s = seconds_since(start);
-    summary->steps = steps;
-    const double decode_s = summary->total_s - first_token_s;
-    summary->tokens_per_s =
-        decode_s > 0 && output_tokens > rows ? static_cast<double>(output_tokens - rows) / decode_s : 0;
-  }
-  return results;
+  return choices.finish(summary, steps);
 }
 
 }  // namespace transmuter::pipelines

@@ -27,8 +27,9 @@ double uniform01(std::mt19937_64& engine) { return static_cast<double>(engine() 
 TokenSampler::TokenSampler(GenerationConfig config, uint64_t row)
     : processor_(std::move(config)), engine_(seeded_engine(processor_.config().seed, row)) {}
 
-int64_t TokenSampler::next(std::span<float> logits, std::span<const int64_t> history, size_t generated) {
-  processor_.apply(logits, history, generated);
+int64_t TokenSampler::next(std::span<float> logits, std::span<const int64_t> history, size_t generated,
+                           size_t max_length) {
+  processor_.apply(logits, history, generated, max_length);
   return processor_.config().do_sample ? draw(logits) : argmax_token(logits);
 }
 

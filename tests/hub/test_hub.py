@@ -1080,3 +1080,25 @@ def test_generate_reads_the_generation_config_from_the_model_commit(hub, transmu
     assert out["stop_reason"] == "eos_token"
     assert out["tokens"] == case["new_token_ids"][0]  # one prompt: no pad tokens after the eos
     assert out["text"] == case["texts"][0]
+
+
+def test_generate_fetches_an_encoder_decoders_files(hub, transmuter):
+    """`transmuter generate hf://...` on an encoder-decoder repo laid out as transformers.js repos are
+    (onnx/encoder_model.onnx, onnx/decoder_model_merged.onnx): both files from the same commit, greedy
+    tokens equal transformers' (tests/pipelines/fixtures/bart_seq2seq)."""
+    import json
+
+    fixture = Path(__file__).resolve().parents[1] / "pipelines" / "fixtures" / "bart_seq2seq"
+    files = {name: (fixture / name).read_bytes() for name in
+             ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json")}
+    for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        files["onnx/" + name] = (fixture / name).read_bytes()
+    commit = hub.add_repo("org/seq2seq", files, lfs={"onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx"})
+    case = next(c for c in json.loads((fixture / "expected.json").read_text())["cases"] if c["name"] == "single")
+    result = transmuter.run("generate", "hf://org/seq2seq", case["texts"][0], "--max-new-tokens",
+                            str(case["generate"]["max_new_tokens"]), "--jsonl")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[0])
+    assert out["tokens"] == case["new_token_ids"][0]
+    assert transmuter.snapshot("org/seq2seq", commit, "onnx/decoder_model_merged.onnx").is_file()
+

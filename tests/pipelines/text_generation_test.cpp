@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipelines/generation_cases.h"
 #include "support/expect_error.h"
 #include "transmuter/pipelines.h"
 
@@ -22,6 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::error_of;
+using testing::GenerationMode;
+using testing::until_eos;
 
 fs::path fixture(const std::string& name) {
   return fs::path(TRANSMUTER_SOURCE_DIR) / "tests/pipelines/fixtures" / name;
@@ -41,29 +44,16 @@ generation::GenerationConfig config_of(const TextGeneration& pipe, const json& a
   return config;
 }
 
-/** transformers keeps generating pad tokens in rows that already stopped; ours end at their eos. */
-std::vector<int64_t> until_eos(std::vector<int64_t> tokens, int64_t eos) {
-  auto it = std::find(tokens.begin(), tokens.end(), eos);
-  if (it != tokens.end()) tokens.erase(it + 1, tokens.end());
-  return tokens;
-}
-
-struct Mode {
-  KvCache cache;
-  ExecutionMode execution;
-  const char* name;
-};
-
 class TextGenerationTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
-const Mode kModes[] = {{KvCache::kNone, ExecutionMode::kEager, "no cache"},
+const GenerationMode kModes[] = {{KvCache::kNone, ExecutionMode::kEager, "no cache"},
                        {KvCache::kDynamic, ExecutionMode::kEager, "dynamic cache"},
                        {KvCache::kStatic, ExecutionMode::kEager, "static cache"},
                        {KvCache::kStatic, ExecutionMode::kCompiled, "static cache, compiled"}};
 
 TEST_P(TextGenerationTest, GreedyEqualsTransformersGenerate) {
   const auto& [family, mode_index] = GetParam();
-  const Mode& mode = kModes[mode_index];
+  const GenerationMode& mode = kModes[mode_index];
   const json expected = expected_of(family);
   PipelineOptions options;
   options.mode = mode.execution;

@@ -161,6 +161,25 @@ def test_generate_errors():
     assert result.returncode == 1 and "--cache takes auto|dynamic|none|static" in result.stderr
 
 
+def test_generate_runs_encoder_decoders():
+    """An encoder_model.onnx in the folder: the prompt is the encoder's input (T5 with decoder_model +
+    decoder_with_past_model, BART with decoder_model_merged), tokens equal transformers' generate()."""
+    import json
+
+    for family in ("t5", "bart"):
+        case = next(c for c in expected(f"{family}_seq2seq")["cases"] if c["name"] == "stops_on_eos")
+        for mode in ("eager", "compiled"):
+            result = cli("generate", str(FIXTURES / f"{family}_seq2seq"), case["texts"][0], "--max-new-tokens",
+                         str(case["generate"]["max_new_tokens"]), "--jsonl", "--mode", mode)
+            assert result.returncode == 0, result.stderr
+            out = json.loads(result.stdout.splitlines()[0])
+            assert out["tokens"] == case["new_token_ids"][0], (family, mode)
+            assert out["text"] == case["decoded"][0] and out["stop_reason"] == "eos_token"
+            assert re.match(SUMMARY, result.stderr.strip()), result.stderr
+    result = cli("generate", str(FIXTURES / "bart_seq2seq"), "hi", "--cache", "static")
+    assert result.returncode == 1 and "cannot run with a static cache" in result.stderr
+
+
 # Short, as the fixture's context is 64 byte-level tokens.
 CHAT_TEMPLATE = "{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 
