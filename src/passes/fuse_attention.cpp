@@ -25,6 +25,19 @@
 //   place: for BERT, [0, 2, 3, 1] -> [0, 2, 1, 3]), else a new
 //   Transpose(Kt, [0, 1, 3, 2]) for a 4-D Kt.
 //
+// Grouped-query attention: when K and V are transformers' repeat_kv of fewer
+// key/value heads,
+//
+//   Kkv [B, Hkv, S, D] -> Unsqueeze(axes = [2]) -> Expand -> Reshape -> (K's Transpose)
+//   Vkv                -> Unsqueeze(axes = [2]) -> Expand -> Reshape -> V
+//
+// and K's rewritten Transpose is the identity, the fused node also gets Kkv and
+// Vkv as inputs 4 and 5 (input 3, the mask, empty when there is none). The op
+// reads them instead of the repeated K and V when their shapes say they are
+// the same heads repeated (runtime check), so the repeats, copies of the whole
+// past in a decode step, are never computed; the repeat nodes stay for the
+// other cases.
+//
 // Matches only when each intermediate (scores, scaled, masked, probabilities)
 // is read by the next node alone and is not a graph output, the constant is
 // a one-element float initializer or Constant, and Kt is rank 4 when the
@@ -114,12 +127,52 @@ std::optional<size_t> known_rank(const Graph& graph, const std::string& value) {
   return std::nullopt;
 }
 
+// The one-element integer constant `name` (initializer or Constant node).
+std::optional<int64_t> int_constant(const Graph& graph, const GraphIndex& index, const std::string& name) {
+  const Value* value = nullptr;
+  if (auto it = graph.initializers.find(name); it != graph.initializers.end()) value = &it->second;
+  if (value == nullptr) {
+    auto p = index.producer.find(name);
+    if (p == index.producer.end() || !is_onnx(graph.nodes[p->second], "Constant")) return std::nullopt;
+    const Attribute* a = graph.nodes[p->second].find_attribute("value");
+    if (a != nullptr && a->type == AttrType::kTensor) value = &a->t;
+  }
+  if (value == nullptr || !value->is_tensor()) return std::nullopt;
+  const mx::array& t = value->tensor();
+  if (t.size() != 1 || !mx::issubdtype(t.dtype(), mx::integer)) return std::nullopt;
+  return mx::astype(mx::reshape(t, {}, mx::Device::cpu), mx::int64, mx::Device::cpu).item<int64_t>();
+}
+
+// Kkv when `repeated` is Reshape(Expand(Unsqueeze(Kkv, axes = [2]))), transformers' repeat_kv.
+std::optional<std::string> repeated_heads_source(const Graph& graph, const GraphIndex& index,
+                                                 const std::string& repeated) {
+  auto producer_of = [&](const std::string& value, std::string_view op) -> const Node* {
+    auto it = index.producer.find(value);
+    return it != index.producer.end() && is_onnx(graph.nodes[it->second], op) ? &graph.nodes[it->second] : nullptr;
+  };
+  const Node* reshape = producer_of(repeated, "Reshape");
+  const Node* expand = reshape != nullptr ? producer_of(reshape->inputs[0], "Expand") : nullptr;
+  const Node* unsqueeze = expand != nullptr ? producer_of(expand->inputs[0], "Unsqueeze") : nullptr;
+  if (unsqueeze == nullptr) return std::nullopt;
+  std::optional<int64_t> axis;
+  if (unsqueeze->opset >= 13 && unsqueeze->inputs.size() == 2) {
+    axis = int_constant(graph, index, unsqueeze->inputs[1]);
+  } else if (const Attribute* axes = unsqueeze->find_attribute("axes");
+             axes != nullptr && axes->type == AttrType::kInts && axes->ints.size() == 1) {
+    axis = axes->ints[0];
+  }
+  // Axis 2 of the 5-D result (-3 counts from its end).
+  if (axis != std::optional<int64_t>(2) && axis != std::optional<int64_t>(-3)) return std::nullopt;
+  return unsqueeze->inputs[0];
+}
+
 // A matched subgraph, as node indices.
 struct AttentionMatch {
   size_t scores = 0, softmax = 0, output = 0;
   std::optional<size_t> scale_node, mask_add, key_transpose;
   std::vector<size_t> casts;  // identity Casts to float between the Softmax and the output MatMul
   std::string query, key_t, value, mask;
+  std::optional<std::string> grouped_key, grouped_value;  // Kkv, Vkv of a repeat_kv (see the header)
   float scale = 1.0f;
 };
 
@@ -194,6 +247,19 @@ std::optional<AttentionMatch> match_at(const Graph& graph, const GraphIndex& ind
     if (perm != nullptr && perm->type == AttrType::kInts && perm->ints.size() >= 2) m.key_transpose = *t;
   }
   if (!m.key_transpose && known_rank(graph, m.key_t) != std::optional<size_t>(4)) return std::nullopt;
+
+  // K's Transpose becomes the identity when its perm is [0, 1, 3, 2]: K is then the repeated heads as they are.
+  if (m.key_transpose) {
+    const Attribute* perm = graph.nodes[*m.key_transpose].find_attribute("perm");
+    if (perm->ints == std::vector<int64_t>{0, 1, 3, 2}) {
+      auto key = repeated_heads_source(graph, index, graph.nodes[*m.key_transpose].inputs[0]);
+      auto value = repeated_heads_source(graph, index, m.value);
+      if (key && value) {
+        m.grouped_key = key;
+        m.grouped_value = value;
+      }
+    }
+  }
   return m;
 }
 
@@ -232,7 +298,11 @@ std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<boo
   fused.name = graph.nodes[m.softmax].name.empty() ? graph.nodes[m.output].outputs[0] + "/attention"
                                                    : graph.nodes[m.softmax].name + "/fused_attention";
   fused.inputs = {m.query, key, m.value};
-  if (m.mask_add) fused.inputs.push_back(m.mask);
+  if (m.mask_add || m.grouped_key) fused.inputs.push_back(m.mask_add ? m.mask : "");
+  if (m.grouped_key) {
+    fused.inputs.push_back(*m.grouped_key);
+    fused.inputs.push_back(*m.grouped_value);
+  }
   fused.outputs = graph.nodes[m.output].outputs;
   Attribute scale;
   scale.name = "scale";

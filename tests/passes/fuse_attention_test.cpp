@@ -153,5 +153,68 @@ TEST(FuseAttention, AddsAKeyTransposeWhenKtIsAnInput) {
   EXPECT_LT(mx::max(mx::abs(mx::subtract(got, want))).item<float>(), 1e-5f);
 }
 
+
+// transformers' repeat_kv before the attention of a grouped-query decoder: Kkv, Vkv [B, Hkv, S, D] ->
+// Unsqueeze(axes [2]) -> Expand to [B, Hkv, r, S, D] -> Reshape to [B, Hkv * r, S, D]; K transposed by
+// [0, 1, 3, 2]. The fused node also reads Kkv and Vkv (inputs 4, 5), so the repeats need not be computed,
+// and gives the unfused graph's values, eagerly and compiled. An Unsqueeze on another axis is a different
+// head order: the node then gets no grouped inputs.
+GraphBuilder grouped_graph(int64_t unsqueeze_axis, bool with_mask) {
+  constexpr int kKvHeads = 2, kRepeat = 3;
+  GraphBuilder b(17);
+  b.input("q", OnnxType::kFloat, {1, kKvHeads * kRepeat, 4, kDim})
+      .input("k_kv", OnnxType::kFloat, {1, kKvHeads, kSeq, kDim})
+      .input("v_kv", OnnxType::kFloat, {1, kKvHeads, kSeq, kDim})
+      .input("mask", OnnxType::kFloat, {1, 1, 1, kSeq})
+      .node("Constant", {}, {"axes"}, {testing::tensor_attr("value", Value(mx::array({unsqueeze_axis})))})
+      .node("Constant", {}, {"expanded"},
+            {testing::tensor_attr("value", Value(unsqueeze_axis == 2
+                                                     ? mx::array({1, kKvHeads, kRepeat, kSeq, kDim})
+                                                     : mx::array({1, kRepeat, kKvHeads, kSeq, kDim})))})
+      .node("Constant", {}, {"merged"},
+            {testing::tensor_attr("value", Value(mx::array({1, kKvHeads * kRepeat, kSeq, kDim})))});
+  for (const std::string name : {"k", "v"}) {
+    b.node("Unsqueeze", {name + "_kv", "axes"}, {name + "_5d"})
+        .node("Expand", {name + "_5d", "expanded"}, {name + "_wide"})
+        .node("Reshape", {name + "_wide", "merged"}, {name + "_rep"});
+  }
+  b.node("Transpose", {"k_rep"}, {"kt"}, {testing::ints_attr("perm", {0, 1, 3, 2})})
+      .node("MatMul", {"q", "kt"}, {"scores"});
+  std::string scores = "scores";
+  if (with_mask) {
+    b.node("Add", {"scores", "mask"}, {"masked"});
+    scores = "masked";
+  }
+  b.node("Softmax", {scores}, {"probs"}).node("MatMul", {"probs", "v_rep"}, {"y"}).output("y");
+  return b;
+}
+
+TEST(FuseAttention, ReadsTheKeyValueHeadsOfARepeatKv) {
+  Inputs in = {{"q", Value(normal({1, 6, 4, kDim}, 7))},
+               {"k_kv", Value(normal({1, 2, kSeq, kDim}, 8))},
+               {"v_kv", Value(normal({1, 2, kSeq, kDim}, 9))},
+               {"mask", Value(mx::concatenate({mx::zeros({1, 1, 1, 7}), mx::full({1, 1, 1, 3}, -1e9f)}, 3))}};
+  for (bool with_mask : {true, false}) {
+    for (int64_t axis : {2, 1}) {
+      Model fused = grouped_graph(axis, with_mask).build();
+      Model plain = grouped_graph(axis, with_mask).build({.run_passes = false});
+      ASSERT_EQ(fused.op_histogram().at(kFused), 1u);
+      std::shared_ptr<Graph> graph = grouped_graph(axis, with_mask).graph();
+      ASSERT_EQ(fuse_attention(*graph), 1u);
+      size_t fused_inputs = 0;
+      for (const Node& node : graph->nodes)
+        if (node.op_type == "ScaledDotProductAttention") fused_inputs = node.inputs.size();
+      EXPECT_EQ(fused_inputs, axis == 2 ? 6u : (with_mask ? 4u : 3u)) << "axis " << axis << " mask " << with_mask;
+      mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("y");
+      mx::array got = run(fused, fused.params(), in, {mx::Device::cpu}).tensor("y");
+      EXPECT_LT(mx::max(mx::abs(mx::subtract(got, want))).item<float>(), 1e-5f) << "axis " << axis;
+      CompiledModel compiled = compile(fused, in, {.device = mx::Device::cpu});
+      mx::array compiled_y = compiled(in).tensor("y");
+      EXPECT_LT(mx::max(mx::abs(mx::subtract(compiled_y, want))).item<float>(), 1e-5f) << "axis " << axis;
+      EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace transmuter

@@ -9,6 +9,12 @@
 //   of the leading axes; mask (optional) broadcast against the scores
 //   [..., Sq, Sk]; attribute scale (float, default 1). A row whose scores are
 //   all -inf gives NaN, as Softmax does.
+//
+//   Inputs 4 and 5 (optional, both or neither): Kkv [B, Hkv, Sk, D] and Vkv,
+//   the key/value heads that K and V repeat (transformers' repeat_kv, matched
+//   by fuse_attention). When K is [B, Hkv * r, Sk, D] and V likewise, the CPU
+//   kernel reads Kkv and Vkv with query head h on key/value head h / r, and
+//   K and V are never computed.
 #include <optional>
 #include <string_view>
 
@@ -35,6 +41,23 @@ bool kernel_fits(const NodeContext& ctx, const mx::array& q, const mx::array& k,
          v.shape(1) == q.shape(1);
 }
 
+// Kkv, Vkv hold the heads that K, V repeat: same batch and trailing axes, K's
+// heads a multiple of theirs (the pass matched the repeat; the shapes confirm it).
+bool repeats_heads_of(const mx::array& repeated, const mx::array& grouped) {
+  return repeated.ndim() == 4 && grouped.ndim() == 4 && repeated.shape(0) == grouped.shape(0) &&
+         repeated.shape(2) == grouped.shape(2) && repeated.shape(3) == grouped.shape(3) && grouped.shape(1) > 0 &&
+         repeated.shape(1) % grouped.shape(1) == 0 && repeated.dtype() == grouped.dtype();
+}
+
+// The kernel on Kkv and Vkv: the query heads are K's, which are a multiple of Kkv's.
+bool grouped_kernel_fits(const NodeContext& ctx, const mx::array& q, const mx::array& k, const mx::array& v,
+                         const mx::array& k_kv, const mx::array& v_kv) {
+  if (!kernels::is_cpu_stream(ctx.stream()) || q.ndim() != 4 || q.dtype() != mx::float32) return false;
+  return k.ndim() == 4 && v.ndim() == 4 && k.shape(1) == q.shape(1) && v.shape(1) == q.shape(1) &&
+         k.shape(0) == q.shape(0) && v.shape(0) == q.shape(0) && repeats_heads_of(k, k_kv) &&
+         repeats_heads_of(v, v_kv) && k_kv.shape(1) == v_kv.shape(1);
+}
+
 OpOutputs scaled_dot_product_attention(NodeContext& ctx) {
   auto s = ctx.stream();
   const mx::array &q = ctx.input(0), &k = ctx.input(1), &v = ctx.input(2);
@@ -48,6 +71,10 @@ OpOutputs scaled_dot_product_attention(NodeContext& ctx) {
   }
   std::optional<mx::array> mask = ctx.optional_input(3);
   const float scale = ctx.attr_float("scale", 1.0f);
+  std::optional<mx::array> k_kv = ctx.optional_input(4), v_kv = ctx.optional_input(5);
+  if (k_kv && v_kv && grouped_kernel_fits(ctx, q, k, v, *k_kv, *v_kv)) {
+    return {kernels::scaled_dot_product_attention(q, *k_kv, *v_kv, mask, {.scale = scale}, s)};
+  }
   if (kernel_fits(ctx, q, k, v)) {
     return {kernels::scaled_dot_product_attention(q, k, v, mask, {.scale = scale}, s)};
   }
