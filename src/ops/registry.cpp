@@ -79,6 +79,7 @@ OpRegistry make_builtin_registry() {
   register_resize(registry);
   register_grid(registry);
   register_transmuter_attention(registry);
+  register_transmuter_rotary(registry);
   register_transmuter_matmul(registry);
   register_transmuter_activation(registry);
   register_transmuter_conv(registry);

@@ -128,6 +128,7 @@ void register_loss(OpRegistry& registry);
 void register_resize(OpRegistry& registry);
 void register_grid(OpRegistry& registry);
 void register_transmuter_attention(OpRegistry& registry);
+void register_transmuter_rotary(OpRegistry& registry);
 void register_transmuter_matmul(OpRegistry& registry);
 void register_transmuter_activation(OpRegistry& registry);
 void register_transmuter_conv(OpRegistry& registry);

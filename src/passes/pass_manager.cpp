@@ -29,6 +29,7 @@ const std::vector<Pass>& default_passes() {
       {"fold_batch_norm_into_conv", fold_batch_norm_into_conv},
       {"fuse_conv_activation", fuse_conv_activation},  // after BatchNorm folding: Conv -> BN -> Relu
       {"fuse_attention", fuse_attention},
+      {"fuse_rotary_embedding", fuse_rotary_embedding},
       {"fuse_gelu", fuse_gelu},
       {"fuse_skip_layer_norm", fuse_skip_layer_norm},
       {"keep_float32_islands", keep_float32_islands},  // after the norm fusions: wraps what stays decomposed
