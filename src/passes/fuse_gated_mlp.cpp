@@ -1,9 +1,10 @@
-// Fuses the gated feed-forward block of Llama-style decoders over packed quantized weights (what
-// pack_matmul_nbits makes of onnxruntime-genai's MatMulNBits):
+// Fuses the gated feed-forward block of Llama-style decoders: over packed quantized weights (what
+// pack_matmul_nbits makes of onnxruntime-genai's MatMulNBits) or over constant float weights (plain
+// MatMuls of PyTorch exports, before pack_matmul_weights packs them):
 //
 //          x ---------------------+
 //          |                      |
-//   QuantizedMatMul(Wg)    QuantizedMatMul(Wu)
+//      P(x, Wg)               P(x, Wu)          P: QuantizedMatMul, or MatMul with a constant [K, N]
 //          |       |              |
 //          |    Sigmoid           |
 //          |       |              |
@@ -13,15 +14,16 @@
 //                         |
 //                         Y
 //                                   =>
-//   QuantizedMatMul(x, [Wg; Wu]) -> ai.transmuter SwiGlu -> Y
+//   P(x, [Wg | Wu]) -> ai.transmuter SwiGlu -> Y
 //
 // One product of 2N columns instead of two of N (a decode step's products are GEMVs over small
 // weights, where each call's set-up and thread hand-off weigh: bench/quantized_matmul_bench
 // 1x576x3072 against 2 x 1x576x1536) and one kernel instead of three elementwise ops. The
-// weights' rows are stacked once at load; each output column is computed as before (the GEMV's
-// columns are independent), SwiGlu's sigmoid is the activation kernel's (1 ulp of exp).
+// weights are stacked once at load (QuantizedMatMul's [N, ...] rows, MatMul's [K, N] columns); each
+// output column is computed as before (the products' columns are independent), SwiGlu's sigmoid is
+// the activation kernel's (1 ulp of exp).
 //
-// Matches when both products read the same x with the same K, bits and group size, have constant
+// Matches when both products read the same x with the same K (and bits and group size), have constant
 // weights, both or neither with stored biases and no bias input, and every intermediate value is
 // read by the pattern alone (and is no graph output). Either operand order of each Mul.
 #include <optional>
@@ -52,9 +54,23 @@ bool is_constant(const Graph& graph, const std::string& name) {
   return it != graph.initializers.end() && it->second.is_tensor() && !it->second.is_widened();
 }
 
+/** A MatMul by a constant float32 [K, N] weight. */
+bool is_float_weight_matmul(const Graph& graph, const Node& node) {
+  if (!is_onnx_op(node, "MatMul") || node.inputs.size() != 2 || !is_constant(graph, node.inputs[1])) return false;
+  const mx::array& w = graph.initializers.at(node.inputs[1]).tensor();
+  return w.ndim() == 2 && w.dtype() == mx::float32;
+}
+
+bool is_stackable_product(const Graph& graph, const Node& node) {
+  return is_quantized_matmul(node) || is_float_weight_matmul(graph, node);
+}
+
 // The two products agree on everything but their weights.
 bool same_product_shape(const Graph& graph, const Node& g, const Node& u) {
-  if (g.inputs[0] != u.inputs[0] || has_input(g, 4) || has_input(u, 4)) return false;
+  if (g.op_type != u.op_type || g.inputs[0] != u.inputs[0]) return false;
+  if (is_onnx_op(g, "MatMul"))
+    return graph.initializers.at(g.inputs[1]).tensor().shape(0) == graph.initializers.at(u.inputs[1]).tensor().shape(0);
+  if (has_input(g, 4) || has_input(u, 4)) return false;
   if (has_input(g, 3) != has_input(u, 3)) return false;
   for (const char* name : {"K", "bits", "group_size", "accuracy_level"}) {
     if (int_attribute_or(g, name, -1) != int_attribute_or(u, name, -2)) return false;
@@ -75,7 +91,7 @@ std::optional<GatedMlp> match(const Graph& graph, const GraphIndex& index, size_
     const std::string& silu_value = mul.inputs[order];
     const std::string& up_value = mul.inputs[1 - order];
     std::optional<size_t> silu = index.producer(silu_value), up = index.producer(up_value);
-    if (!silu || !up || !is_onnx_op(graph.nodes[*silu], "Mul") || !is_quantized_matmul(graph.nodes[*up]))
+    if (!silu || !up || !is_onnx_op(graph.nodes[*silu], "Mul") || !is_stackable_product(graph, graph.nodes[*up]))
       continue;
     if (!index.read_only_by(silu_value, product) || !index.read_only_by(up_value, product)) continue;
     const Node& silu_mul = graph.nodes[*silu];
@@ -84,7 +100,7 @@ std::optional<GatedMlp> match(const Graph& graph, const GraphIndex& index, size_
       const std::string& gate_value = silu_mul.inputs[side];
       const std::string& sigmoid_value = silu_mul.inputs[1 - side];
       std::optional<size_t> gate = index.producer(gate_value), sigmoid = index.producer(sigmoid_value);
-      if (!gate || !sigmoid || !is_quantized_matmul(graph.nodes[*gate])) continue;
+      if (!gate || !sigmoid || !is_stackable_product(graph, graph.nodes[*gate])) continue;
       const Node& sig = graph.nodes[*sigmoid];
       if (!is_onnx_op(sig, "Sigmoid") || sig.inputs.size() != 1 || sig.inputs[0] != gate_value) continue;
       if (!index.read_only_by(sigmoid_value, *silu)) continue;
@@ -98,10 +114,11 @@ std::optional<GatedMlp> match(const Graph& graph, const GraphIndex& index, size_
   return std::nullopt;
 }
 
-// The rows of two constants [N, *] stacked into a new initializer [2N, *].
-std::string stacked(Graph& graph, const std::string& first, const std::string& second) {
+// Two constants stacked into a new initializer along `axis`: rows [N, *] -> [2N, *] (QuantizedMatMul's
+// weights, scales, biases), or columns [K, N] -> [K, 2N] (a MatMul's weight).
+std::string stacked(Graph& graph, const std::string& first, const std::string& second, int axis) {
   mx::array rows =
-      mx::concatenate({graph.initializers.at(first).tensor(), graph.initializers.at(second).tensor()}, 0);
+      mx::concatenate({graph.initializers.at(first).tensor(), graph.initializers.at(second).tensor()}, axis);
   mx::eval(rows);
   const std::string name = fresh_initializer_name(graph, first + "/gate_up");
   graph.initializers[name] = Value(rows);
@@ -126,9 +143,10 @@ size_t fuse_gated_mlp(Graph& graph) {
     Node product = gate;
     product.name = gate.name + "/gate_up";
     product.outputs = {fresh_initializer_name(graph, graph.nodes[m->product].outputs[0] + "/gate_up")};
-    for (size_t k = 1; k < 4; ++k) {
+    const bool float_weights = is_onnx_op(gate, "MatMul");
+    for (size_t k = 1; k < (float_weights ? 2 : 4); ++k) {
       if (!has_input(gate, k)) continue;
-      product.inputs[k] = stacked(graph, gate.inputs[k], up.inputs[k]);
+      product.inputs[k] = stacked(graph, gate.inputs[k], up.inputs[k], float_weights ? 1 : 0);
       replaced_weights.push_back(gate.inputs[k]);
       replaced_weights.push_back(up.inputs[k]);
     }
