@@ -338,7 +338,8 @@ class Text2TextGeneration {
   KvCache cache() const;
   /** The files in use: the encoder, then the decoder(s). */
   std::vector<std::filesystem::path> model_files() const;
-  /** The compiled decoder plans' counters, summed over the decoder files (ExecutionMode::kCompiled). */
+  /** The compiled decoder plans' counters, summed over the decoder files (ExecutionMode::kCompiled: the
+   * encoder and a cached run's first decoder step compile; the later steps, whose shapes grow, run eagerly). */
   CompileStats compile_stats() const;
 
   struct Impl;

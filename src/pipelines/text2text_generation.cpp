@@ -199,7 +199,11 @@ struct Text2TextGeneration::Impl {
         inputs.emplace(slot.input, mx::zeros({rows, slot.heads, 0, slot.head_dim}, mx::float32));
       }
     }
-    return (*file.runner)(inputs);
+    // Compiled plans are keyed by shape, and every decoder step has a new one (the past grows, or the whole
+    // sequence does without a cache): a plan per step would be traced once and never reused. So only the
+    // first step of a cached run (its shape repeats for inputs of the same length) may compile.
+    const bool shape_repeats = !with_past && cache == KvCache::kDynamic;
+    return (*file.runner)(inputs, shape_repeats);
   }
 
   /** The pasts of the next step: every present the call returned for a past input of `next`. */
