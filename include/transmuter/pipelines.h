@@ -301,7 +301,7 @@ class TextGeneration {
 
 // --- text2text_generation ------------------------------------------------------------------
 
-/** An encoder-decoder model (T5, BART, mBART, Marian, Pegasus, ...) in optimum's seq2seq layout:
+/** An encoder-decoder model (T5, BART, mBART, Marian, Pegasus, Whisper, ...) in optimum's seq2seq layout:
  * encoder_model.onnx with decoder_model_merged.onnx (one If on use_cache_branch), or with
  * decoder_model.onnx + decoder_with_past_model.onnx, or with decoder_model.onnx alone (no cache); each
  * picked by the options' dtype as transformers.js names them (onnx/encoder_model_quantized.onnx, ...).
@@ -328,6 +328,15 @@ class Text2TextGeneration {
                                         GenerationSummary* summary = nullptr) const;
   /** The same from the encoder's token ids (each at least one token); GeneratedText::prompt holds them. */
   std::vector<GeneratedText> generate(const std::vector<std::vector<int64_t>>& encoder_ids,
+                                      const generation::GenerationConfig& config,
+                                      const TextStreamer& streamer = {},
+                                      GenerationSummary* summary = nullptr) const;
+  /** From the encoder's own inputs by name (Whisper's input_features [batch, mel bins, frames]; an
+   * attention_mask among them also masks the decoder's cross-attention), every row's decoder starting
+   * with `decoder_prompt` (Whisper's <|startoftranscript|><|lang|><|task|>...; empty:
+   * decoder_start_token_id). GeneratedText::prompt holds the decoder prompt. Whisper's own generate
+   * (language detection, timestamps, long-form audio) is not reproduced, nor its feature extraction. */
+  std::vector<GeneratedText> generate(const Inputs& encoder_inputs, const std::vector<int64_t>& decoder_prompt,
                                       const generation::GenerationConfig& config,
                                       const TextStreamer& streamer = {},
                                       GenerationSummary* summary = nullptr) const;

@@ -128,6 +128,7 @@ struct Text2TextGeneration::Impl {
   std::unique_ptr<ModelRunner> encoder_runner;
   std::string encoder_output;
   bool encoder_takes_mask = false;
+  bool encoder_takes_ids = false;  // a text encoder; else the caller feeds its inputs (Whisper's features)
   // The first step's decoder (decoder_model.onnx, or the merged file) and the later steps' (with past;
   // the merged file again, or null: no cache possible).
   std::unique_ptr<DecoderFile> first;
@@ -149,12 +150,14 @@ struct Text2TextGeneration::Impl {
         tokenizer(folder.tokenizer()),
         config(read_model_config(folder)) {}
 
-  /** The right-padded encoder inputs of a batch and its mask. */
+  /** What one call feeds the encoder, and the mask the decoder's cross-attention takes (nullopt: none,
+   * every encoder position counts). */
   struct EncoderBatch {
-    mx::array ids = mx::array(0);
-    mx::array mask = mx::array(0);
+    Inputs inputs;
+    std::optional<mx::array> mask;
   };
 
+  /** Token ids right padded, with their mask. */
   EncoderBatch encoder_batch(const std::vector<std::vector<int64_t>>& rows) const {
     size_t longest = 0;
     for (const auto& r : rows) longest = std::max(longest, r.size());
@@ -166,14 +169,15 @@ struct Text2TextGeneration::Impl {
       mask.insert(mask.end(), longest - r.size(), 0);
     }
     const int n = static_cast<int>(rows.size()), s = static_cast<int>(longest);
-    return {int_matrix(ids, n, s), int_matrix(mask, n, s)};
+    EncoderBatch batch;
+    batch.inputs.emplace("input_ids", int_matrix(ids, n, s));
+    batch.mask = int_matrix(mask, n, s);
+    if (encoder_takes_mask) batch.inputs.emplace("attention_mask", *batch.mask);
+    return batch;
   }
 
   mx::array encode(const EncoderBatch& batch) const {
-    Inputs inputs;
-    inputs.emplace("input_ids", batch.ids);
-    if (encoder_takes_mask) inputs.emplace("attention_mask", batch.mask);
-    Outputs outputs = (*encoder_runner)(inputs);
+    Outputs outputs = (*encoder_runner)(batch.inputs);
     return outputs.tensor(encoder_output);
   }
 
@@ -185,7 +189,10 @@ struct Text2TextGeneration::Impl {
     Inputs inputs;
     const int rows = ids.shape(0);
     inputs.emplace("input_ids", std::move(ids));
-    if (file.takes_encoder_mask) inputs.emplace("encoder_attention_mask", batch.mask);
+    if (file.takes_encoder_mask)
+      inputs.emplace("encoder_attention_mask",
+                     batch.mask ? *batch.mask
+                                : mx::ones({hidden_states.shape(0), hidden_states.shape(1)}, mx::int64));
     if (file.takes_hidden_states) inputs.emplace("encoder_hidden_states", hidden_states);
     if (file.has_cache_branch) inputs.emplace("use_cache_branch", mx::array({with_past}));
     for (const auto& slot : file.past) {
@@ -212,6 +219,12 @@ struct Text2TextGeneration::Impl {
     for (const auto& slot : next.past)
       if (produced.has_output(slot.present)) past.insert_or_assign(slot.input, outputs.tensor(slot.present));
   }
+
+  /** The decode loop: `reported` is what each result gives as its prompt; `prompt` the decoder's first
+   * tokens (empty: decoder_start_token_id, else bos_token_id). */
+  std::vector<GeneratedText> decode(const EncoderBatch& batch, const std::vector<std::vector<int64_t>>& reported,
+                                    std::vector<int64_t> prompt, const GenerationConfig& config,
+                                    const TextStreamer& streamer, GenerationSummary* summary) const;
 
   const generation::TokenTexts& texts() const {
     std::lock_guard lock(mutex);
@@ -256,12 +269,8 @@ Text2TextGeneration Text2TextGeneration::open(const std::string& source, const P
   auto impl = std::make_shared<Impl>(ModelFolder::open(source, options, "encoder_model"), options);
   Impl& m = *impl;
   for (const auto& input : m.encoder.inputs()) {
-    if (input.name == "attention_mask") {
-      m.encoder_takes_mask = true;
-    } else if (input.name != "input_ids") {
-      throw PipelineError(str(source, ": the encoder's input '", input.name,
-                              "' is not one text generation fills (input_ids, attention_mask)"));
-    }
+    m.encoder_takes_mask = m.encoder_takes_mask || input.name == "attention_mask";
+    m.encoder_takes_ids = m.encoder_takes_ids || input.name == "input_ids";
   }
   m.encoder_output = m.encoder.outputs().at(0).name;
   for (const auto& output : m.encoder.outputs())
@@ -363,42 +372,77 @@ std::vector<GeneratedText> Text2TextGeneration::generate(const std::vector<std::
                                                          GenerationSummary* summary) const {
   const Impl& impl = *impl_;
   if (encoder_ids.empty()) return {};
+  if (!impl.encoder_takes_ids)
+    throw PipelineError(str(impl.folder.source(), ": the encoder takes no input_ids (its inputs: ",
+                            impl.encoder.inputs().front().name, ", ...): give them with generate(Inputs, ...)"));
   for (size_t i = 0; i < encoder_ids.size(); ++i)
     if (encoder_ids[i].empty())
       throw PipelineError(str("input ", i, " is empty: the encoder needs at least one token"));
-  const std::optional<int64_t> start_token =
-      config.decoder_start_token_id ? config.decoder_start_token_id : config.bos_token_id;
-  if (!start_token)
-    throw PipelineError(str(impl.folder.source(), ": the generation config gives neither decoder_start_token_id "
-                            "nor bos_token_id, so the decoder has no first token"));
+  return impl.decode(impl.encoder_batch(encoder_ids), encoder_ids, {}, config, streamer, summary);
+}
 
-  std::optional<generation::TokenTexts> texts;
-  if (!config.stop_strings.empty()) texts = impl.texts();
-  const size_t rows = encoder_ids.size();
-  DecodeRows choices(config, impl.tokenizer, encoder_ids, 1, texts, impl.config.max_position_embeddings,
-                     config.pad_token_id_or_eos().value_or(impl.pad_id), streamer);
-  if (impl.config.max_position_embeddings && choices.max_length() > *impl.config.max_position_embeddings)
-    throw PipelineError(str("up to ", choices.max_length(), " decoder tokens do not fit the model's ",
-                            *impl.config.max_position_embeddings, " positions: lower max_new_tokens"));
+std::vector<GeneratedText> Text2TextGeneration::generate(const Inputs& encoder_inputs,
+                                                         const std::vector<int64_t>& decoder_prompt,
+                                                         const GenerationConfig& config,
+                                                         const TextStreamer& streamer,
+                                                         GenerationSummary* summary) const {
+  const Impl& impl = *impl_;
+  Impl::EncoderBatch batch;
+  batch.inputs = encoder_inputs;
+  if (auto mask = encoder_inputs.find("attention_mask"); mask != encoder_inputs.end() && mask->second.is_tensor())
+    batch.mask = mask->second.tensor();
+  if (encoder_inputs.empty() || !encoder_inputs.begin()->second.is_tensor() ||
+      encoder_inputs.begin()->second.tensor().ndim() == 0)
+    throw PipelineError("the encoder's inputs must be tensors with a batch axis first");
+  const size_t rows = static_cast<size_t>(encoder_inputs.begin()->second.tensor().shape(0));
+  return impl.decode(batch, std::vector<std::vector<int64_t>>(rows, decoder_prompt), decoder_prompt, config,
+                     streamer, summary);
+}
 
-  const Impl::EncoderBatch batch = impl.encoder_batch(encoder_ids);
-  const mx::array hidden_states = impl.encode(batch);
-  std::vector<std::vector<int64_t>> decoded(rows, std::vector<int64_t>{*start_token});
+std::vector<GeneratedText> Text2TextGeneration::Impl::decode(const EncoderBatch& batch,
+                                                             const std::vector<std::vector<int64_t>>& reported,
+                                                             std::vector<int64_t> prompt,
+                                                             const GenerationConfig& config,
+                                                             const TextStreamer& streamer,
+                                                             GenerationSummary* summary) const {
+  if (prompt.empty()) {
+    const std::optional<int64_t> start_token =
+        config.decoder_start_token_id ? config.decoder_start_token_id : config.bos_token_id;
+    if (!start_token)
+      throw PipelineError(str(folder.source(), ": the generation config gives neither decoder_start_token_id "
+                              "nor bos_token_id, so the decoder has no first token"));
+    prompt = {*start_token};
+  }
+  std::optional<generation::TokenTexts> stop_texts;
+  if (!config.stop_strings.empty()) stop_texts = texts();
+  const size_t rows = reported.size();
+  DecodeRows choices(config, tokenizer, reported, prompt.size(), stop_texts, this->config.max_position_embeddings,
+                     config.pad_token_id_or_eos().value_or(pad_id), streamer);
+  const std::optional<size_t> positions = this->config.max_position_embeddings;
+  if (positions && choices.max_length() > *positions)
+    throw PipelineError(str("up to ", choices.max_length(), " decoder tokens do not fit the model's ", *positions,
+                            " positions: lower max_new_tokens"));
+
+  const mx::array hidden_states = encode(batch);
+  if (hidden_states.ndim() != 3 || static_cast<size_t>(hidden_states.shape(0)) != rows)
+    throw PipelineError(str(folder.source(), ": the encoder's '", encoder_output, "' should be [", rows,
+                            ", sequence, hidden], got ", hidden_states.shape()));
+  std::vector<std::vector<int64_t>> decoded(rows, prompt);
   std::map<std::string, mx::array> past;
   size_t steps = 0;
   while (true) {
     // 1. Run the decoder on what its cache has not seen: the whole sequence without a cache (or on the
     // first step), the last token with one.
-    const bool first_step = impl.cache == KvCache::kNone || steps == 0;
+    const bool first_step = cache == KvCache::kNone || steps == 0;
     const size_t count = first_step ? decoded.front().size() : 1;
     std::vector<int64_t> flat;
     for (const auto& row : decoded) flat.insert(flat.end(), row.end() - static_cast<std::ptrdiff_t>(count), row.end());
     mx::array ids = int_matrix(flat, static_cast<int>(rows), static_cast<int>(count));
-    const DecoderFile& file = first_step ? *impl.first : *impl.with_past;
-    Outputs outputs = impl.run_decoder(file, std::move(ids), batch, hidden_states, past, !first_step);
+    const DecoderFile& file = first_step ? *first : *with_past;
+    Outputs outputs = run_decoder(file, std::move(ids), batch, hidden_states, past, !first_step);
     ++steps;
-    if (impl.cache == KvCache::kDynamic) Impl::keep_presents(outputs, file, *impl.with_past, past);
-    mx::array logits = last_logits(outputs, past, impl.folder.source());
+    if (cache == KvCache::kDynamic) keep_presents(outputs, file, *with_past, past);
+    mx::array logits = last_logits(outputs, past, folder.source());
 
     // 2. Choose each row's next token.
     if (choices.step(logits, decoded, [&](size_t row, int64_t token) { decoded[row].push_back(token); })) break;

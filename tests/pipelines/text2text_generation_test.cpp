@@ -138,6 +138,41 @@ TEST(Text2TextGeneration, BatchRowsEqualSingleRuns) {
     EXPECT_EQ(batch[r].tokens, pipe.generate({inputs[r]}, config)[0].tokens) << "row " << r;
 }
 
+// A Whisper-style encoder (input_features, no input_ids) and decoder (no encoder attention mask), with the
+// generation config's suppress_tokens and begin_suppress_tokens (tests/pipelines/fixtures/whisper_seq2seq,
+// scripts/make_whisper_model.py): greedy tokens equal transformers' generic generate() from the same features
+// and decoder prompt, without cache, with it, and compiled.
+TEST(Text2TextGeneration, WhisperStyleEncoderInputs) {
+  std::ifstream in(fixture("whisper") / "expected.json");
+  const json expected = json::parse(in);
+  const auto prompt = expected["decoder_prompt"].get<std::vector<int64_t>>();
+  const int mel = expected["mel_bins"], frames = expected["frames"];
+  for (const GenerationMode& mode : kModes) {
+    PipelineOptions options;
+    options.mode = mode.execution;
+    auto pipe = Text2TextGeneration::open(fixture("whisper").string(), options, mode.cache);
+    EXPECT_FALSE(pipe.default_config().suppress_tokens.empty());
+    for (const json& c : expected["cases"]) {
+      std::vector<float> flat;
+      for (const json& row : c["input_features"])
+        for (const json& bin : row)
+          for (const json& v : bin) flat.push_back(v.get<float>());
+      const int rows = static_cast<int>(c["input_features"].size());
+      Inputs features{{"input_features", Value(mx::array(flat.begin(), {rows, mel, frames}, mx::float32))}};
+      auto outputs = pipe.generate(features, prompt, config_of(pipe, c["generate"]));
+      ASSERT_EQ(outputs.size(), static_cast<size_t>(rows));
+      for (int r = 0; r < rows; ++r) {
+        EXPECT_EQ(outputs[r].tokens, c["new_token_ids"][r].get<std::vector<int64_t>>())
+            << mode.name << " case " << c["name"] << " row " << r;
+        EXPECT_EQ(outputs[r].prompt, prompt);
+      }
+    }
+    EXPECT_NE(error_of<PipelineError>([&] { pipe.generate({{5, 6}}, pipe.default_config()); })
+                  .find("the encoder takes no input_ids"),
+              std::string::npos);
+  }
+}
+
 fs::path copy_of(const std::string& family, const std::string& tag) {
   fs::path dir = fs::temp_directory_path() / ("transmuter_t2t_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
