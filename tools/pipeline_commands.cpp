@@ -1,6 +1,7 @@
 // `transmuter embed|classify|ner|fill-mask MODEL [TEXT...]`: the encoder pipelines from the command
 // line, texts from the arguments or stdin (one per line), one JSON line out per text; `generate` and
 // `chat` stream generated text to stdout and a summary per reply to stderr.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -9,6 +10,7 @@
 
 #include "cli.h"
 #include "json_out.h"
+#include "npy.h"
 #include "transmuter/error.h"
 
 #if TRANSMUTER_WITH_TEXT
@@ -325,17 +327,59 @@ int generate_each(const Args& args, const Pipeline& pipe) {
   return 0;
 }
 
+/** --input NAME=FILE.npy for an encoder that takes no text (Whisper's input_features), with
+ * --decoder-prompt ID,ID,... (default: decoder_start_token_id): one JSON line or stream per call. */
+int generate_from_encoder_inputs(const Args& args, const Text2TextGeneration& pipe) {
+  Inputs inputs;
+  for (const std::string& pair : args.all("input")) {
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos || eq == 0) throw Error(str("--input expects NAME=FILE.npy, got '", pair, "'"));
+    inputs.emplace(pair.substr(0, eq), Value(read_npy(pair.substr(eq + 1))));
+  }
+  std::vector<int64_t> prompt;
+  const std::string ids = args.get("decoder-prompt", "");
+  for (size_t begin = 0; begin < ids.size();) {
+    const size_t comma = std::min(ids.find(',', begin), ids.size());
+    try {
+      size_t used = 0;
+      const std::string item = ids.substr(begin, comma - begin);
+      prompt.push_back(std::stoll(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw Error(str("--decoder-prompt expects token ids separated by commas, got '", ids, "'"));
+    }
+    begin = comma + 1;
+  }
+  const generation::GenerationConfig config = generation_config(args, pipe.default_config());
+  const bool json = args.has("jsonl");
+  GenerationSummary summary;
+  auto outputs = pipe.generate(inputs, prompt, config, json ? TextStreamer{} : stream_to_stdout, &summary);
+  for (const auto& out : outputs) {
+    if (json) write_generated(std::cout, out);
+    std::cout << '\n';
+  }
+  std::cout << std::flush;
+  print_summary(summary, pipe, args);
+  return 0;
+}
+
 int generate_main(const Args& args) {
   require_model(
       args,
       "usage: transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--min-new-tokens N] [--do-sample] "
       "[--temperature T] "
       "[--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--no-repeat-ngram N] [--stop TEXT]... "
-      "[--seed N] [--cache auto|none|dynamic|static] [--jsonl]");
+      "[--seed N] [--cache auto|none|dynamic|static] [--jsonl] "
+      "[--input NAME=FILE.npy... --decoder-prompt ID,ID,...]");
   const PipelineOptions options = pipeline_options(args);
   // An encoder-decoder export (encoder_model.onnx + decoders): the prompt is the encoder's input.
-  if (Text2TextGeneration::holds_encoder_decoder(args.positional[0], options))
-    return generate_each(args, Text2TextGeneration::open(args.positional[0], options, cache_option(args)));
+  if (Text2TextGeneration::holds_encoder_decoder(args.positional[0], options)) {
+    auto pipe = Text2TextGeneration::open(args.positional[0], options, cache_option(args));
+    if (args.has("input")) return generate_from_encoder_inputs(args, pipe);
+    return generate_each(args, pipe);
+  }
+  if (args.has("input") || args.has("decoder-prompt"))
+    throw Error("--input and --decoder-prompt are for encoder-decoder models (encoder_model.onnx beside the decoder)");
   return generate_each(args, TextGeneration::open(args.positional[0], options, cache_option(args)));
 }
 

@@ -180,6 +180,31 @@ def test_generate_runs_encoder_decoders():
     assert result.returncode == 1 and "cannot run with a static cache" in result.stderr
 
 
+def test_generate_feeds_an_encoder_that_takes_no_text(tmp_path):
+    """--input NAME=FILE.npy and --decoder-prompt for a Whisper-style encoder (input_features): one JSON line
+    per row, tokens equal transformers' generate() (tests/pipelines/fixtures/whisper_seq2seq)."""
+    import json
+    import numpy as np
+
+    want = expected("whisper_seq2seq")
+    case = next(c for c in want["cases"] if c["name"] == "batch")
+    features = tmp_path / "features.npy"
+    np.save(features, np.array(case["input_features"], np.float32))
+    prompt = ",".join(str(t) for t in want["decoder_prompt"])
+    args = ["generate", str(FIXTURES / "whisper_seq2seq"), "--input", f"input_features={features}",
+            "--decoder-prompt", prompt, "--max-new-tokens", "16", "--jsonl"]
+    result = cli(*args)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["tokens"] for r in rows] == case["new_token_ids"]
+    result = cli(*args[:-4], "--decoder-prompt", "805,x")
+    assert result.returncode == 1 and "--decoder-prompt expects token ids" in result.stderr
+    result = cli("generate", str(FIXTURES / "whisper_seq2seq"), "some text")
+    assert result.returncode == 1 and "the encoder takes no input_ids" in result.stderr
+    result = cli("generate", str(FIXTURES / "llama_decoder"), "--input", f"input_features={features}")
+    assert result.returncode == 1 and "are for encoder-decoder models" in result.stderr
+
+
 # Short, as the fixture's context is 64 byte-level tokens.
 CHAT_TEMPLATE = "{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
 
