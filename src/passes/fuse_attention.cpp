@@ -94,22 +94,36 @@ struct GraphIndex {
   }
 };
 
-// The value of a one-element float constant (initializer or Constant node).
+// The tensor an initializer or a Constant node's `value` holds, or null.
+const Value* constant_tensor(const Graph& graph, const GraphIndex& index, const std::string& name) {
+  if (auto it = graph.initializers.find(name); it != graph.initializers.end())
+    return it->second.is_tensor() ? &it->second : nullptr;
+  auto p = index.producer.find(name);
+  if (p == index.producer.end() || !is_onnx(graph.nodes[p->second], "Constant")) return nullptr;
+  const Attribute* a = graph.nodes[p->second].find_attribute("value");
+  return a != nullptr && a->type == AttrType::kTensor && a->t.is_tensor() ? &a->t : nullptr;
+}
+
+// The value of a one-element float constant (initializer or Constant node's value or value_float).
 std::optional<float> scalar_constant(const Graph& graph, const GraphIndex& index, const std::string& name) {
-  const Value* value = nullptr;
-  if (auto it = graph.initializers.find(name); it != graph.initializers.end()) value = &it->second;
-  if (value == nullptr) {
-    auto p = index.producer.find(name);
-    if (p == index.producer.end() || !is_onnx(graph.nodes[p->second], "Constant")) return std::nullopt;
-    const Attribute* a = graph.nodes[p->second].find_attribute("value");
-    if (a != nullptr && a->type == AttrType::kTensor) value = &a->t;
+  if (auto p = index.producer.find(name); p != index.producer.end() && is_onnx(graph.nodes[p->second], "Constant")) {
     const Attribute* f = graph.nodes[p->second].find_attribute("value_float");
     if (f != nullptr && f->type == AttrType::kFloat) return f->f;
   }
-  if (value == nullptr || !value->is_tensor()) return std::nullopt;
+  const Value* value = constant_tensor(graph, index, name);
+  if (value == nullptr) return std::nullopt;
   const mx::array& t = value->tensor();
   if (t.size() != 1 || !mx::issubdtype(t.dtype(), mx::floating)) return std::nullopt;
   return mx::astype(mx::reshape(t, {}, mx::Device::cpu), mx::float32, mx::Device::cpu).item<float>();
+}
+
+// The value of a one-element integer constant (initializer or Constant node).
+std::optional<int64_t> int_constant(const Graph& graph, const GraphIndex& index, const std::string& name) {
+  const Value* value = constant_tensor(graph, index, name);
+  if (value == nullptr) return std::nullopt;
+  const mx::array& t = value->tensor();
+  if (t.size() != 1 || !mx::issubdtype(t.dtype(), mx::integer)) return std::nullopt;
+  return mx::astype(mx::reshape(t, {}, mx::Device::cpu), mx::int64, mx::Device::cpu).item<int64_t>();
 }
 
 int64_t int_attribute(const Node& node, const std::string& name, int64_t fallback) {
@@ -125,22 +139,6 @@ std::optional<size_t> known_rank(const Graph& graph, const std::string& value) {
     }
   }
   return std::nullopt;
-}
-
-// The one-element integer constant `name` (initializer or Constant node).
-std::optional<int64_t> int_constant(const Graph& graph, const GraphIndex& index, const std::string& name) {
-  const Value* value = nullptr;
-  if (auto it = graph.initializers.find(name); it != graph.initializers.end()) value = &it->second;
-  if (value == nullptr) {
-    auto p = index.producer.find(name);
-    if (p == index.producer.end() || !is_onnx(graph.nodes[p->second], "Constant")) return std::nullopt;
-    const Attribute* a = graph.nodes[p->second].find_attribute("value");
-    if (a != nullptr && a->type == AttrType::kTensor) value = &a->t;
-  }
-  if (value == nullptr || !value->is_tensor()) return std::nullopt;
-  const mx::array& t = value->tensor();
-  if (t.size() != 1 || !mx::issubdtype(t.dtype(), mx::integer)) return std::nullopt;
-  return mx::astype(mx::reshape(t, {}, mx::Device::cpu), mx::int64, mx::Device::cpu).item<int64_t>();
 }
 
 // Kkv when `repeated` is Reshape(Expand(Unsqueeze(Kkv, axes = [2]))), transformers' repeat_kv.
