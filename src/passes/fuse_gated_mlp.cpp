@@ -1,10 +1,10 @@
 // Fuses the gated feed-forward block of Llama-style decoders: over packed quantized weights (what
-// pack_matmul_nbits makes of onnxruntime-genai's MatMulNBits) or over constant float weights (plain
-// MatMuls of PyTorch exports, before pack_matmul_weights packs them):
+// pack_matmul_nbits makes of onnxruntime-genai's MatMulNBits) or over packed float weights (what
+// pack_matmul_weights makes of a PyTorch export's MatMuls):
 //
 //          x ---------------------+
 //          |                      |
-//      P(x, Wg)               P(x, Wu)          P: QuantizedMatMul, or MatMul with a constant [K, N]
+//      P(x, Wg)               P(x, Wu)          P: QuantizedMatMul, or PackedMatMul without epilogue
 //          |       |              |
 //          |    Sigmoid           |
 //          |       |              |
@@ -19,9 +19,10 @@
 // One product of 2N columns instead of two of N (a decode step's products are GEMVs over small
 // weights, where each call's set-up and thread hand-off weigh: bench/quantized_matmul_bench
 // 1x576x3072 against 2 x 1x576x1536) and one kernel instead of three elementwise ops. The
-// weights are stacked once at load (QuantizedMatMul's [N, ...] rows, MatMul's [K, N] columns); each
-// output column is computed as before (the products' columns are independent), SwiGlu's sigmoid is
-// the activation kernel's (1 ulp of exp).
+// weights are stacked once at load (QuantizedMatMul's [N, ...] rows; PackedMatMul's [panels, K, P]
+// panels, one after the other, which is the packing of [Wg | Wu] when Wg's N is a multiple of the panel
+// width P); each output column is computed as before (the products' columns are independent), SwiGlu's
+// sigmoid is the activation kernel's (1 ulp of exp).
 //
 // Matches when both products read the same x with the same K (and bits and group size), have constant
 // weights, both or neither with stored biases and no bias input, and every intermediate value is
@@ -54,22 +55,27 @@ bool is_constant(const Graph& graph, const std::string& name) {
   return it != graph.initializers.end() && it->second.is_tensor() && !it->second.is_widened();
 }
 
-/** A MatMul by a constant float32 [K, N] weight. */
-bool is_float_weight_matmul(const Graph& graph, const Node& node) {
-  if (!is_onnx_op(node, "MatMul") || node.inputs.size() != 2 || !is_constant(graph, node.inputs[1])) return false;
-  const mx::array& w = graph.initializers.at(node.inputs[1]).tensor();
-  return w.ndim() == 2 && w.dtype() == mx::float32;
+/** A PackedMatMul by a constant packed weight [panels, K, P], without bias, residual or activation. */
+bool is_plain_packed_matmul(const Graph& graph, const Node& node) {
+  if (node.domain != kDomain || node.op_type != "PackedMatMul" || node.inputs.size() != 2) return false;
+  const Attribute* activation = node.find_attribute("activation");
+  if (!is_constant(graph, node.inputs[1]) || (activation != nullptr && !activation->s.empty())) return false;
+  return graph.initializers.at(node.inputs[1]).tensor().ndim() == 3;
 }
 
 bool is_stackable_product(const Graph& graph, const Node& node) {
-  return is_quantized_matmul(node) || is_float_weight_matmul(graph, node);
+  return is_quantized_matmul(node) || is_plain_packed_matmul(graph, node);
 }
 
 // The two products agree on everything but their weights.
 bool same_product_shape(const Graph& graph, const Node& g, const Node& u) {
   if (g.op_type != u.op_type || g.inputs[0] != u.inputs[0]) return false;
-  if (is_onnx_op(g, "MatMul"))
-    return graph.initializers.at(g.inputs[1]).tensor().shape(0) == graph.initializers.at(u.inputs[1]).tensor().shape(0);
+  if (g.op_type == "PackedMatMul") {
+    // Panels of one width over one K, and the gate's columns filling its last panel.
+    const mx::array &wg = graph.initializers.at(g.inputs[1]).tensor(), &wu = graph.initializers.at(u.inputs[1]).tensor();
+    return wg.shape(1) == wu.shape(1) && wg.shape(2) == wu.shape(2) &&
+           int_attribute_or(g, "n", -1) == int64_t{wg.shape(0)} * wg.shape(2);
+  }
   if (has_input(g, 4) || has_input(u, 4)) return false;
   if (has_input(g, 3) != has_input(u, 3)) return false;
   for (const char* name : {"K", "bits", "group_size", "accuracy_level"}) {
@@ -114,11 +120,11 @@ std::optional<GatedMlp> match(const Graph& graph, const GraphIndex& index, size_
   return std::nullopt;
 }
 
-// Two constants stacked into a new initializer along `axis`: rows [N, *] -> [2N, *] (QuantizedMatMul's
-// weights, scales, biases), or columns [K, N] -> [K, 2N] (a MatMul's weight).
-std::string stacked(Graph& graph, const std::string& first, const std::string& second, int axis) {
+// Two constants stacked along their first axis into a new initializer: QuantizedMatMul's rows [N, *] (weights,
+// scales, biases) or PackedMatMul's panels [panels, K, P].
+std::string stacked(Graph& graph, const std::string& first, const std::string& second) {
   mx::array rows =
-      mx::concatenate({graph.initializers.at(first).tensor(), graph.initializers.at(second).tensor()}, axis);
+      mx::concatenate({graph.initializers.at(first).tensor(), graph.initializers.at(second).tensor()}, 0);
   mx::eval(rows);
   const std::string name = fresh_initializer_name(graph, first + "/gate_up");
   graph.initializers[name] = Value(rows);
@@ -143,16 +149,15 @@ size_t fuse_gated_mlp(Graph& graph) {
     Node product = gate;
     product.name = gate.name + "/gate_up";
     product.outputs = {fresh_initializer_name(graph, graph.nodes[m->product].outputs[0] + "/gate_up")};
-    const bool float_weights = is_onnx_op(gate, "MatMul");
-    for (size_t k = 1; k < (float_weights ? 2 : 4); ++k) {
+    for (size_t k = 1; k < 4; ++k) {
       if (!has_input(gate, k)) continue;
-      product.inputs[k] = stacked(graph, gate.inputs[k], up.inputs[k], float_weights ? 1 : 0);
+      product.inputs[k] = stacked(graph, gate.inputs[k], up.inputs[k]);
       replaced_weights.push_back(gate.inputs[k]);
       replaced_weights.push_back(up.inputs[k]);
     }
     for (Attribute& a : product.attributes) {
-      if (a.name == "N")
-        a = int_attribute("N", int_attribute_or(gate, "N", 0) + int_attribute_or(up, "N", 0));
+      if (a.name == "N" || a.name == "n")  // QuantizedMatMul's N, PackedMatMul's n
+        a = int_attribute(a.name, int_attribute_or(gate, a.name, 0) + int_attribute_or(up, a.name, 0));
     }
     Node swiglu;
     swiglu.op_type = "SwiGlu";

@@ -36,8 +36,8 @@ const std::vector<Pass>& default_passes() {
       {"channels_last_convs", channels_last_convs},    // after the BatchNorm and activation fusions
       {"fuse_depthwise_blocks", fuse_depthwise_blocks},  // on channels_last_convs' ConvNhwc nodes
       {"pack_matmul_nbits", pack_matmul_nbits},
-      {"fuse_gated_mlp", fuse_gated_mlp},  // after pack_matmul_nbits: stacks the packed gate and up weights
-      {"pack_matmul_weights", pack_matmul_weights},  // last: takes the bias Adds and GELUs the others left
+      {"pack_matmul_weights", pack_matmul_weights},  // takes the bias Adds and GELUs the others left
+      {"fuse_gated_mlp", fuse_gated_mlp},  // last: stacks the packed (quantized or float) gate and up weights
   };
   return passes;
 }

@@ -116,46 +116,52 @@ TEST(FuseGatedMlp, GateReadElsewhereIsLeftAlone) {
   EXPECT_EQ(model.op_histogram().at("ai.transmuter.QuantizedMatMul"), 2u);
 }
 
-// A PyTorch export's MLP: MatMul by constant float32 [K, N] weights. The weights are stacked as columns
-// [K, 2N] (then packed by pack_matmul_weights), and the outputs are the unfused graph's.
-GraphBuilder float_mlp_graph(int64_t up_k) {
+// A PyTorch export's MLP: MatMul by constant float32 [K, N] weights. pack_matmul_weights packs each into
+// panels; the two packed weights are stacked panel after panel (the packing of [Wg | Wu] when Wg's N is a
+// multiple of the panel width: 64 is, for 16- and 32-wide panels), and the outputs are the unfused graph's.
+constexpr int kFloatN = 64;
+
+GraphBuilder float_mlp_graph(int64_t gate_n) {
   GraphBuilder b;
   b.input("x", OnnxType::kFloat, {2, 3, kK})
-      .initializer("gate_w", random_array({kK, kN}, 21, 0.1f))
-      .initializer("up_w", random_array({up_k, kN}, 22, 0.1f))
-      .node("MatMul", {"x", "gate_w"}, {"gate"});
-  if (up_k == kK) {
-    b.node("MatMul", {"x", "up_w"}, {"up"});
-  } else {  // up reads another input: not the same product shape
-    b.input("x2", OnnxType::kFloat, {2, 3, up_k}).node("MatMul", {"x2", "up_w"}, {"up"});
-  }
-  b.node("Sigmoid", {"gate"}, {"sig"}).node("Mul", {"gate", "sig"}, {"silu"}).node("Mul", {"silu", "up"}, {"y"});
-  b.output("y");
+      .initializer("gate_w", random_array({kK, gate_n}, 21, 0.1f))
+      .initializer("up_w", random_array({kK, gate_n}, 22, 0.1f))
+      .node("MatMul", {"x", "gate_w"}, {"gate"})
+      .node("MatMul", {"x", "up_w"}, {"up"})
+      .node("Sigmoid", {"gate"}, {"sig"})
+      .node("Mul", {"gate", "sig"}, {"silu"})
+      .node("Mul", {"silu", "up"}, {"y"})
+      .output("y");
   return b;
 }
 
-TEST(FuseGatedMlp, StacksFloatWeightColumns) {
-  GraphBuilder b = float_mlp_graph(kK);
+TEST(FuseGatedMlp, StacksPackedFloatWeights) {
+  GraphBuilder b = float_mlp_graph(kFloatN);
   Model fused = b.build();
   EXPECT_EQ(fused.op_histogram(), (std::map<std::string, size_t>{{"ai.transmuter.PackedMatMul", 1},
                                                                   {"ai.transmuter.SwiGlu", 1}}));
-  Model only_stacked = b.build({.only_passes = {"fuse_gated_mlp"}});
-  EXPECT_EQ(only_stacked.op_histogram().at("MatMul"), 1u);
-  bool stacked = false;
-  for (const auto& [name, value] : only_stacked.params()) stacked = stacked || value.shape() == mx::Shape{kK, 2 * kN};
-  EXPECT_TRUE(stacked);
+  EXPECT_EQ(fused.passes_applied(), (std::vector<std::string>{"pack_matmul_weights", "fuse_gated_mlp"}));
+  size_t packed = 0;
+  for (const auto& [name, value] : fused.params()) {
+    ++packed;
+    EXPECT_EQ(value.ndim(), 3) << name;  // [panels, K, P]
+    EXPECT_EQ(value.shape(0) * value.shape(2), 2 * kFloatN) << name;
+  }
+  EXPECT_EQ(packed, 1u);  // the two packed weights it was made of are gone
   Model plain = b.build({.run_passes = false});
   mx::array x = random_array({2, 3, kK}, 23);
   mx::array want = run(plain, plain.params(), {{"x", x}}, {mx::Device::cpu}).tensor("y");
   const float magnitude = mx::max(mx::abs(want)).item<float>();
   EXPECT_GT(magnitude, 0.1f);
-  for (const Model* model : {&fused, &only_stacked}) {
-    mx::array got = run(*model, model->params(), {{"x", x}}, {mx::Device::cpu}).tensor("y");
-    // The products' sums in another order (packed GEMM vs MLX's matmul) and SwiGlu's exp (1 ulp).
-    EXPECT_LT(max_abs_diff(got, want), 1e-5f * std::max(1.0f, magnitude));
-  }
-  Model other_input = float_mlp_graph(kK / 2).build({.only_passes = {"fuse_gated_mlp"}});
-  EXPECT_EQ(other_input.op_histogram().count("ai.transmuter.SwiGlu"), 0u);
+  mx::array got = run(fused, fused.params(), {{"x", x}}, {mx::Device::cpu}).tensor("y");
+  // The products' sums in another order (packed GEMM vs MLX's matmul) and SwiGlu's exp (1 ulp).
+  EXPECT_LT(max_abs_diff(got, want), 1e-5f * std::max(1.0f, magnitude));
+  CompiledModel compiled = compile(fused, {{"x", x}});
+  EXPECT_LT(max_abs_diff(compiled({{"x", x}}).tensor("y"), want), 1e-5f * std::max(1.0f, magnitude));
+  // A gate whose columns end inside a panel (N = 40): its panels' padding would sit between gate and up.
+  Model ragged = float_mlp_graph(40).build();
+  EXPECT_EQ(ragged.op_histogram().count("ai.transmuter.SwiGlu"), 0u);
+  EXPECT_EQ(ragged.op_histogram().at("ai.transmuter.PackedMatMul"), 2u);
 }
 
 TEST(FuseGatedMlp, SwiGluRejectsAnOddWidth) {
