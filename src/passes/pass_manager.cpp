@@ -37,8 +37,7 @@ const std::vector<Pass>& default_passes() {
       {"fuse_depthwise_blocks", fuse_depthwise_blocks},  // on channels_last_convs' ConvNhwc nodes
       {"pack_matmul_nbits", pack_matmul_nbits},
       {"pack_matmul_weights", pack_matmul_weights},  // takes the bias Adds and GELUs the others left
-      {"fuse_gated_mlp", fuse_gated_mlp},  // stacks the packed (quantized or float) gate and up weights
-      {"stack_shared_products", stack_shared_products},  // last: after fuse_gated_mlp took the gate/up pairs
+      {"fuse_gated_mlp", fuse_gated_mlp},  // last: stacks the packed (quantized or float) gate and up weights
   };
   return passes;
 }

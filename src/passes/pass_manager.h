@@ -42,7 +42,6 @@ size_t fold_batch_norm_into_conv(Graph& graph);
 size_t fuse_conv_activation(Graph& graph);
 size_t fuse_attention(Graph& graph);
 size_t fuse_rotary_embedding(Graph& graph);
-size_t stack_shared_products(Graph& graph);
 size_t fuse_gelu(Graph& graph);
 size_t fuse_skip_layer_norm(Graph& graph);
 size_t channels_last_convs(Graph& graph);
