@@ -28,6 +28,34 @@ DecodeRows::DecodeRows(const generation::GenerationConfig& config, const text::T
   if (!stops_.empty()) max_length_ = stops_.front().max_length();
 }
 
+bool plain_greedy(const generation::GenerationConfig& c) {
+  return !c.do_sample && c.repetition_penalty == 1.0 && c.no_repeat_ngram_size == 0 && c.min_length == 0 &&
+         (!c.min_new_tokens || *c.min_new_tokens == 0) && !c.forced_bos_token_id && c.forced_eos_token_ids.empty() &&
+         c.suppress_tokens.empty() && c.begin_suppress_tokens.empty();
+}
+
+void DecodeRows::take(size_t r, int64_t next, const std::vector<std::vector<int64_t>>& histories,
+                      const std::function<void(size_t row, int64_t token)>& append) {
+  append(r, done_[r] ? finished_token_ : next);
+  if (done_[r]) return;
+  results_[r].tokens.push_back(next);
+  if (streamer_) {
+    std::string piece = streams_[r].step(next);
+    if (!piece.empty()) {
+      streamer_(r, piece);
+      streamed_[r] += piece;
+    }
+  }
+  results_[r].reason = stops_[r].check(histories[r]);
+  done_[r] = results_[r].reason != generation::StopReason::kNone;
+}
+
+bool DecodeRows::end_step() {
+  if (generated_ == 0) first_token_s_ = seconds_since(start_);
+  ++generated_;
+  return std::all_of(done_.begin(), done_.end(), [](bool d) { return d; });
+}
+
 bool DecodeRows::step(const mx::array& logits, const std::vector<std::vector<int64_t>>& histories,
                       const std::function<void(size_t row, int64_t token)>& append) {
   const size_t vocab = static_cast<size_t>(logits.shape(1));
@@ -38,22 +66,15 @@ bool DecodeRows::step(const mx::array& logits, const std::vector<std::vector<int
       std::copy_n(logits.data<float>() + r * vocab, vocab, row_logits.begin());
       next = samplers_[r].next(row_logits, histories[r], generated_, max_length_);
     }
-    append(r, next);
-    if (done_[r]) continue;
-    results_[r].tokens.push_back(next);
-    if (streamer_) {
-      std::string piece = streams_[r].step(next);
-      if (!piece.empty()) {
-        streamer_(r, piece);
-        streamed_[r] += piece;
-      }
-    }
-    results_[r].reason = stops_[r].check(histories[r]);
-    done_[r] = results_[r].reason != generation::StopReason::kNone;
+    take(r, next, histories, append);
   }
-  if (generated_ == 0) first_token_s_ = seconds_since(start_);
-  ++generated_;
-  return std::all_of(done_.begin(), done_.end(), [](bool d) { return d; });
+  return end_step();
+}
+
+bool DecodeRows::step_chosen(std::span<const int64_t> tokens, const std::vector<std::vector<int64_t>>& histories,
+                             const std::function<void(size_t row, int64_t token)>& append) {
+  for (size_t r = 0; r < rows(); ++r) take(r, tokens[r], histories, append);
+  return end_step();
 }
 
 std::vector<GeneratedText> DecodeRows::finish(GenerationSummary* summary, size_t steps) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include <mlx/array.h>
@@ -17,6 +18,10 @@
 #include "transmuter/text.h"
 
 namespace transmuter::pipelines {
+
+/** True when greedy choice is the argmax of the raw logits at every step: no sampling and no processor that
+ * changes the logits (penalties, minimum lengths, forced or suppressed tokens). */
+bool plain_greedy(const generation::GenerationConfig& config);
 
 class DecodeRows {
  public:
@@ -41,6 +46,11 @@ class DecodeRows {
   bool step(const mx::array& logits, const std::vector<std::vector<int64_t>>& histories,
             const std::function<void(size_t row, int64_t token)>& append);
 
+  /** The same with the tokens already chosen (greedy choices computed with the model, when no processor
+   * changes the logits: see plain_greedy): tokens[row] for the rows still going. */
+  bool step_chosen(std::span<const int64_t> tokens, const std::vector<std::vector<int64_t>>& histories,
+                   const std::function<void(size_t row, int64_t token)>& append);
+
   /** The results (text decoded with special tokens skipped) and, when `summary`, the call's counters.
    * A stream gets what its pieces held back at the end (a last token of an incomplete UTF-8 sequence,
    * decoded with replacement characters), so that the streamed text is the result's, as transformers'
@@ -48,6 +58,11 @@ class DecodeRows {
   std::vector<GeneratedText> finish(GenerationSummary* summary, size_t steps);
 
  private:
+  /** Hands row r's next token over and streams and stop-checks it (a finished row's token is ignored). */
+  void take(size_t r, int64_t next, const std::vector<std::vector<int64_t>>& histories,
+            const std::function<void(size_t row, int64_t token)>& append);
+  bool end_step();
+
   const text::Tokenizer& tokenizer_;
   const TextStreamer& streamer_;
   Clock::time_point start_ = Clock::now();

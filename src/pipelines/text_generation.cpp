@@ -250,18 +250,14 @@ struct TextGeneration::Impl {
     return inputs;
   }
 
-  /** The last position's logits of each row, float32 [rows, vocab], evaluated with `also`. */
-  mx::array last_logits(const Outputs& outputs, std::vector<mx::array>& also) const {
+  /** The last position's logits of each row, float32 [rows, vocab] (not evaluated). */
+  mx::array last_position_logits(const Outputs& outputs) const {
     const mx::array& logits = outputs.tensor(signature.logits);
     if (logits.ndim() != 3)
       throw PipelineError(str(folder.source(), ": logits should be [batch, sequence, vocabulary]"));
     const int rows = logits.shape(0), seq = logits.shape(1), vocab = logits.shape(2);
-    mx::array last = mx::contiguous(mx::astype(
+    return mx::contiguous(mx::astype(
         mx::reshape(mx::slice(logits, {0, seq - 1, 0}, {rows, seq, vocab}), {rows, vocab}), mx::float32));
-    std::vector<mx::array> to_eval = also;
-    to_eval.push_back(last);
-    mx::eval(to_eval);
-    return last;
   }
 
   std::vector<mx::array> presents(const Outputs& outputs) const {
@@ -418,35 +414,78 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
   std::vector<mx::array> past = impl.empty_past(static_cast<int>(rows));
   const int capacity = static_cast<int>(round_up(max_length, kStaticCapacityStep));
 
-  while (true) {
-    // 1. Run the model on what the cache has not seen.
+  // One decode step: the model on the last token of every row (`ids` [rows, 1], host-known or still being
+  // computed), the cache updated, the last position's float32 logits [rows, vocab]; nothing evaluated.
+  auto decode_step = [&](mx::array ids) {
     const size_t length = batch.rows.front().size();
-    Outputs outputs = [&] {
-      const bool prefill = generated == 0;
-      if (impl.cache == KvCache::kNone || prefill) {
-        auto inputs =
-            impl.step_inputs(impl.last_tokens(batch, length), impl.mask_of(batch),
-                             impl.positions(batch, length), impl.empty_past(static_cast<int>(rows)), false);
-        // A static cache prefills eagerly: its one compiled plan is the decode step's.
-        return (*impl.runner)(inputs, impl.cache != KvCache::kStatic);
-      }
-      mx::array mask = impl.cache != KvCache::kStatic       ? impl.mask_of(batch)
-                       : impl.signature.positions_from_mask ? mask_over_capacity(batch.tokens, capacity)
-                                                            : static_mask(batch.mask, capacity);
-      return (*impl.runner)(
-          impl.step_inputs(impl.last_tokens(batch, 1), mask, impl.positions(batch, 1), past, true));
-    }();
+    mx::array mask = impl.cache != KvCache::kStatic       ? impl.mask_of(batch)
+                     : impl.signature.positions_from_mask ? mask_over_capacity(batch.tokens, capacity)
+                                                          : static_mask(batch.mask, capacity);
+    Outputs outputs = (*impl.runner)(impl.step_inputs(std::move(ids), mask, impl.positions(batch, 1), past, true));
     ++steps;
-    if (impl.cache == KvCache::kDynamic ||
-        (impl.cache == KvCache::kStatic && impl.signature.positions_from_mask && generated > 0)) {
+    if (impl.cache == KvCache::kDynamic || impl.signature.positions_from_mask)
       past = impl.presents(outputs);
-    } else if (impl.cache == KvCache::kStatic) {
-      if (generated == 0)
-        past = fill_static_cache(impl.presents(outputs), capacity, impl.signature.window_rows);
-      else
-        update_static_cache(past, impl.presents(outputs), static_cast<int>(length - 1));
+    else
+      update_static_cache(past, impl.presents(outputs), static_cast<int>(length - 1));
+    return impl.last_position_logits(outputs);
+  };
+
+  // Plain greedy decoding with a cache overlaps the host with the model: each step's token is the argmax
+  // taken on the model's stream, fed to the next step before its value is known, so the next step's graph
+  // is built while this one computes; the host reads each token one step behind (stopping then leaves one
+  // step computed and unused; a finished row goes on with its argmax instead of the pad token, which only
+  // its own discarded positions see). Compiled runs only: an eager step's graph is interpreted node by node on
+  // the host, which then competes with the model's threads for the cores (measured slower on 2 cores).
+  const bool overlap =
+      impl.options.mode == ExecutionMode::kCompiled && impl.cache != KvCache::kNone && plain_greedy(config);
+  constexpr int64_t kNotYetKnown = -1;
+  std::optional<mx::array> in_flight;  // the tokens of the step the model is computing
+  auto greedy_tokens = [](const mx::array& logits) {
+    return mx::astype(mx::argmax(logits, 1, /*keepdims=*/true), mx::int64);
+  };
+  auto launch = [&](mx::array ids) {
+    mx::array tokens = greedy_tokens(decode_step(std::move(ids)));
+    std::vector<mx::array> pending{tokens};
+    pending.insert(pending.end(), past.begin(), past.end());
+    mx::async_eval(pending);
+    return tokens;
+  };
+
+  while (true) {
+    if (overlap && generated > 0) {
+      if (!in_flight) in_flight = launch(impl.last_tokens(batch, 1));
+      for (size_t r = 0; r < rows; ++r) batch.append(r, kNotYetKnown);
+      // No step after the one that reaches max_length (every row ends there).
+      std::optional<mx::array> next;
+      if (batch.rows.front().size() < max_length) next = launch(*in_flight);
+      in_flight->eval();
+      const int64_t* tokens = in_flight->data<int64_t>();
+      const bool all_done = choices.step_chosen(std::span(tokens, rows), batch.rows,
+                                                [&](size_t row, int64_t token) { batch.rows[row].back() = token; });
+      ++generated;
+      if (all_done || !next) break;
+      in_flight = next;
+      continue;
     }
-    mx::array logits = impl.last_logits(outputs, past);
+    // 1. Run the model on what the cache has not seen.
+    mx::array logits = [&] {
+      const size_t length = batch.rows.front().size();
+      const bool prefill = generated == 0;
+      if (impl.cache != KvCache::kNone && !prefill) return decode_step(impl.last_tokens(batch, 1));
+      auto inputs = impl.step_inputs(impl.last_tokens(batch, length), impl.mask_of(batch),
+                                     impl.positions(batch, length), impl.empty_past(static_cast<int>(rows)), false);
+      // A static cache prefills eagerly: its one compiled plan is the decode step's.
+      Outputs outputs = (*impl.runner)(inputs, impl.cache != KvCache::kStatic);
+      ++steps;
+      if (impl.cache == KvCache::kDynamic)
+        past = impl.presents(outputs);
+      else if (impl.cache == KvCache::kStatic)
+        past = fill_static_cache(impl.presents(outputs), capacity, impl.signature.window_rows);
+      return impl.last_position_logits(outputs);
+    }();
+    std::vector<mx::array> to_eval{logits};
+    to_eval.insert(to_eval.end(), past.begin(), past.end());
+    mx::eval(to_eval);
 
     // 2. Choose each row's next token; a finished row gets the pad token, as in transformers.
     const bool all_done =
