@@ -387,6 +387,17 @@ std::vector<GeneratedText> Text2TextGeneration::generate(const Inputs& encoder_i
                                                          const TextStreamer& streamer,
                                                          GenerationSummary* summary) const {
   const Impl& impl = *impl_;
+  std::string expected;
+  for (const auto& input : impl.encoder.inputs()) {
+    expected += (expected.empty() ? "" : ", ") + input.name;
+    if (!encoder_inputs.contains(input.name))
+      throw PipelineError(str(impl.folder.source(), ": the encoder's input '", input.name, "' is not given"));
+  }
+  for (const auto& [name, value] : encoder_inputs)
+    if (std::none_of(impl.encoder.inputs().begin(), impl.encoder.inputs().end(),
+                     [&](const ValueInfo& input) { return input.name == name; }))
+      throw PipelineError(str(impl.folder.source(), ": the encoder has no input '", name, "' (its inputs: ", expected,
+                              ")"));
   Impl::EncoderBatch batch;
   batch.inputs = encoder_inputs;
   if (auto mask = encoder_inputs.find("attention_mask"); mask != encoder_inputs.end() && mask->second.is_tensor())

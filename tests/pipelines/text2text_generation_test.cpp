@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <mlx/ops.h>
 #include <nlohmann/json.hpp>
 
 #include "pipelines/generation_cases.h"
@@ -171,6 +172,24 @@ TEST(Text2TextGeneration, WhisperStyleEncoderInputs) {
                   .find("the encoder takes no input_ids"),
               std::string::npos);
   }
+  // Bad encoder inputs: none, a missing name, the wrong shape; each a clear error, never a crash.
+  auto pipe = Text2TextGeneration::open(fixture("whisper").string());
+  const generation::GenerationConfig config = pipe.default_config();
+  EXPECT_NE(error_of<PipelineError>([&] { pipe.generate(Inputs{}, prompt, config); }).find("is not given"),
+            std::string::npos);
+  const mx::array features = mx::zeros({1, mel, frames});
+  EXPECT_NE(error_of<PipelineError>([&] {
+              pipe.generate(Inputs{{"input_features", Value(features)}, {"features", Value(features)}}, prompt, config);
+            }).find("the encoder has no input 'features' (its inputs: input_features)"),
+            std::string::npos);
+  EXPECT_NE(error_of<PipelineError>([&] {
+              pipe.generate(Inputs{{"features", Value(features)}}, prompt, config);
+            }).find("the encoder's input 'input_features' is not given"),
+            std::string::npos);
+  const std::string wrong_shape = error_of<Error>([&] {
+    pipe.generate(Inputs{{"input_features", Value(mx::zeros({1, mel + 1, frames}))}}, prompt, config);
+  });
+  EXPECT_FALSE(wrong_shape.empty());
 }
 
 fs::path copy_of(const std::string& family, const std::string& tag) {
