@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <mlx/ops.h>
+
 namespace transmuter::pipelines {
 namespace {
 
@@ -26,6 +28,17 @@ DecodeRows::DecodeRows(const generation::GenerationConfig& config, const text::T
   }
   done_.assign(prompts.size(), false);
   if (!stops_.empty()) max_length_ = stops_.front().max_length();
+}
+
+mx::array int_matrix(const std::vector<int64_t>& flat, int rows, int cols) {
+  return mx::array(flat.begin(), {rows, cols}, mx::int64);
+}
+
+mx::array last_position_logits(const mx::array& logits, const std::string& source) {
+  if (logits.ndim() != 3) throw PipelineError(str(source, ": logits should be [batch, sequence, vocabulary]"));
+  const int rows = logits.shape(0), seq = logits.shape(1), vocab = logits.shape(2);
+  return mx::contiguous(
+      mx::astype(mx::reshape(mx::slice(logits, {0, seq - 1, 0}, {rows, seq, vocab}), {rows, vocab}), mx::float32));
 }
 
 bool plain_greedy(const generation::GenerationConfig& c) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <mlx/array.h>
@@ -18,6 +19,13 @@
 #include "transmuter/text.h"
 
 namespace transmuter::pipelines {
+
+/** Row-major int64 [rows, cols] from host values (token ids, masks, positions). */
+mx::array int_matrix(const std::vector<int64_t>& flat, int rows, int cols);
+
+/** The last position's logits of each row as float32 [rows, vocab] (not evaluated); `logits` must be
+ * [batch, sequence, vocab], else a PipelineError naming `source`. */
+mx::array last_position_logits(const mx::array& logits, const std::string& source);
 
 /** True when greedy choice is the argmax of the raw logits at every step: no sampling and no processor that
  * changes the logits (penalties, minimum lengths, forced or suppressed tokens). */

@@ -14,19 +14,6 @@ namespace fs = std::filesystem;
 /** Compiled plans are keyed by shape: batches padded to a multiple of this share plans. */
 constexpr size_t kCompiledPadMultiple = 16;
 
-size_t resolve_max_length(const PipelineOptions& options, const text::Tokenizer& tokenizer,
-                          const ModelConfig& config, std::optional<size_t> extra_limit) {
-  if (options.max_length > 0) return options.max_length;
-  size_t limit = 0;
-  auto tighten = [&](std::optional<size_t> bound) {
-    if (bound && *bound > 0) limit = limit == 0 ? *bound : std::min(limit, *bound);
-  };
-  tighten(extra_limit);
-  tighten(tokenizer.config().model_max_length);
-  tighten(config.max_position_embeddings);
-  return limit;
-}
-
 mx::array id_matrix(const std::vector<text::Encoding>& encodings,
                     const std::function<const std::vector<int64_t>&(const text::Encoding&)>& field,
                     OnnxType type) {
@@ -40,6 +27,19 @@ mx::array id_matrix(const std::vector<text::Encoding>& encodings,
 }
 
 }  // namespace
+
+size_t resolve_max_length(const PipelineOptions& options, const text::Tokenizer& tokenizer, const ModelConfig& config,
+                          std::optional<size_t> extra_limit) {
+  if (options.max_length > 0) return options.max_length;
+  size_t limit = 0;
+  auto tighten = [&](std::optional<size_t> bound) {
+    if (bound && *bound > 0) limit = limit == 0 ? *bound : std::min(limit, *bound);
+  };
+  tighten(extra_limit);
+  tighten(tokenizer.config().model_max_length);
+  tighten(config.max_position_embeddings);
+  return limit;
+}
 
 EncoderSession::EncoderSession(ModelFolder folder, const PipelineOptions& options,
                                std::optional<size_t> extra_limit)

@@ -68,6 +68,11 @@ class EncoderSession {
   ModelRunner runner_;  // after model_, which it refers to
 };
 
+/** Tokens per text: options.max_length, else the tightest of extra_limit, tokenizer_config.json's
+ * model_max_length and config.json's max_position_embeddings (0: no limit). */
+size_t resolve_max_length(const PipelineOptions& options, const text::Tokenizer& tokenizer, const ModelConfig& config,
+                          std::optional<size_t> extra_limit = std::nullopt);
+
 /** A softmax over the last axis of `logits` (rows of `width`), as transformers' pipelines compute
  * it in float32 (shifted by the row's maximum). */
 void softmax_rows(std::span<float> values, size_t width);

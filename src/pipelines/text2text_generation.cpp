@@ -25,6 +25,7 @@
 #include <mlx/transforms.h>
 
 #include "pipelines/decode_rows.h"
+#include "pipelines/encoder_session.h"
 #include "pipelines/model_config.h"
 #include "pipelines/model_folder.h"
 #include "pipelines/model_runner.h"
@@ -113,10 +114,6 @@ std::unique_ptr<DecoderFile> open_decoder(const fs::path& path, const PipelineOp
   if (file->has_cache_branch) static_inputs.push_back("use_cache_branch");  // picks the If branch
   file->runner = std::make_unique<ModelRunner>(file->model, options, static_inputs);
   return file;
-}
-
-mx::array int_matrix(const std::vector<int64_t>& flat, int rows, int cols) {
-  return mx::array(flat.begin(), {rows, cols}, mx::int64);
 }
 
 }  // namespace
@@ -236,27 +233,13 @@ struct Text2TextGeneration::Impl {
 namespace {
 
 /** The last position's logits of each row, float32 [rows, vocab], evaluated with the pasts. */
-mx::array last_logits(const Outputs& outputs, std::map<std::string, mx::array>& past, const std::string& source) {
-  const mx::array& logits = outputs.tensor("logits");
-  if (logits.ndim() != 3)
-    throw PipelineError(str(source, ": logits should be [batch, sequence, vocabulary]"));
-  const int rows = logits.shape(0), seq = logits.shape(1), vocab = logits.shape(2);
-  mx::array last = mx::contiguous(mx::astype(
-      mx::reshape(mx::slice(logits, {0, seq - 1, 0}, {rows, seq, vocab}), {rows, vocab}), mx::float32));
+mx::array evaluated_last_logits(const Outputs& outputs, const std::map<std::string, mx::array>& past,
+                                const std::string& source) {
+  mx::array last = last_position_logits(outputs.tensor("logits"), source);
   std::vector<mx::array> to_eval{last};
-  for (auto& [name, value] : past) to_eval.push_back(value);
+  for (const auto& [name, value] : past) to_eval.push_back(value);
   mx::eval(to_eval);
   return last;
-}
-
-/** The encoder's token limit: options.max_length, else the tightest of tokenizer_config.json's
- * model_max_length and config.json's max_position_embeddings (0: none). */
-size_t input_limit(const PipelineOptions& options, const text::Tokenizer& tokenizer, const ModelConfig& config) {
-  if (options.max_length > 0) return options.max_length;
-  size_t limit = 0;
-  for (std::optional<size_t> bound : {tokenizer.config().model_max_length, config.max_position_embeddings})
-    if (bound && *bound > 0) limit = limit == 0 ? *bound : std::min(limit, *bound);
-  return limit;
 }
 
 }  // namespace
@@ -314,7 +297,7 @@ Text2TextGeneration Text2TextGeneration::open(const std::string& source, const P
   std::optional<int64_t> pad;
   if (auto p = special.find("pad_token"); p != special.end()) pad = m.tokenizer.token_to_id(p->second);
   m.pad_id = pad.value_or(m.defaults.pad_token_id_or_eos().value_or(0));
-  m.max_input_length = input_limit(options, m.tokenizer, m.config);
+  m.max_input_length = resolve_max_length(options, m.tokenizer, m.config);
   return Text2TextGeneration(impl);
 }
 
@@ -453,7 +436,7 @@ std::vector<GeneratedText> Text2TextGeneration::Impl::decode(const EncoderBatch&
     Outputs outputs = run_decoder(file, std::move(ids), batch, hidden_states, past, !first_step);
     ++steps;
     if (cache == KvCache::kDynamic) keep_presents(outputs, file, *with_past, past);
-    mx::array logits = last_logits(outputs, past, folder.source());
+    mx::array logits = evaluated_last_logits(outputs, past, folder.source());
 
     // 2. Choose each row's next token.
     if (choices.step(logits, decoded, [&](size_t row, int64_t token) { decoded[row].push_back(token); })) break;

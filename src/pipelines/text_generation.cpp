@@ -138,10 +138,6 @@ LoadOptions with_last_position_logits(LoadOptions load) {
   return load;
 }
 
-mx::array int_matrix(const std::vector<int64_t>& flat, int rows, int cols) {
-  return mx::array(flat.begin(), {rows, cols}, mx::int64);
-}
-
 }  // namespace
 
 struct TextGeneration::Impl {
@@ -252,12 +248,7 @@ struct TextGeneration::Impl {
 
   /** The last position's logits of each row, float32 [rows, vocab] (not evaluated). */
   mx::array last_position_logits(const Outputs& outputs) const {
-    const mx::array& logits = outputs.tensor(signature.logits);
-    if (logits.ndim() != 3)
-      throw PipelineError(str(folder.source(), ": logits should be [batch, sequence, vocabulary]"));
-    const int rows = logits.shape(0), seq = logits.shape(1), vocab = logits.shape(2);
-    return mx::contiguous(mx::astype(
-        mx::reshape(mx::slice(logits, {0, seq - 1, 0}, {rows, seq, vocab}), {rows, vocab}), mx::float32));
+    return pipelines::last_position_logits(outputs.tensor(signature.logits), folder.source());
   }
 
   std::vector<mx::array> presents(const Outputs& outputs) const {
