@@ -65,6 +65,16 @@ struct LoadOptions {
    * its time and memory on a prompt. load() throws Error for a name that is no
    * output, or an output the graph's own nodes also read. */
   std::vector<std::string> last_position_outputs = {};
+  /** Outputs that are a Concat of a graph input and new rows (a decoder's
+   * presents: past_key_values.N.* with this step's keys or values appended
+   * along the sequence axis), to compute as the new rows alone. A caller that
+   * keeps its own cache needs no more (TextGeneration's static cache writes the
+   * rows into its buffer), and the copy of the whole past into every present,
+   * per layer and step, is not made. A name ending in '*' names every output
+   * it is a prefix of ("present.*"). All or nothing: when any named output is
+   * not such a Concat, or a name names no output, no output changes; passes_applied() then does not list
+   * "new_rows_outputs". Runs with or without run_passes. */
+  std::vector<std::string> new_rows_outputs = {};
   /** For an `hf://org/repo` source that names no file: which ONNX file of the
    * repo to load, as transformers.js picks it (hub::onnx_file_candidates:
    * fp32, fp16, q8, int8, uint8, q4, q4f16, bnb4). */

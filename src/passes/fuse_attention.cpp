@@ -38,6 +38,18 @@
 // past in a decode step, are never computed; the repeat nodes stay for the
 // other cases.
 //
+// A decoder's cache: when the key/value heads (Kkv and Vkv, or K and V
+// themselves when nothing repeats them) are each a Concat of two values along
+// axis 2 (-2), past and new rows,
+//
+//   past_key, new_key -> Concat(axis = 2) -> present_key -> [repeat_kv] -> (K's Transpose)
+//   past_value, new_value -> Concat(axis = 2) -> present_value -> [repeat_kv] -> V
+//
+// the fused node gets the two runs instead: inputs 4 and 5 the pasts, 6 and 7
+// the new rows. The kernel attends over both in place, so the Concat is
+// computed only when something else reads it (the present as a graph output,
+// unless LoadOptions::new_rows_outputs cut it to the new rows).
+//
 // Matches only when each intermediate (scores, scaled, masked, probabilities)
 // is read by the next node alone and is not a graph output, the constant is
 // a one-element float initializer or Constant, and Kt is rank 4 when the
@@ -49,6 +61,7 @@
 #include <mlx/mlx.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <unordered_map>
 
@@ -164,6 +177,21 @@ std::optional<std::string> repeated_heads_source(const Graph& graph, const Graph
   return unsqueeze->inputs[0];
 }
 
+// The two inputs of a two-input Concat along axis 2 (or -2) that makes `value`. The op checks at run
+// time that they are 4-D key/value heads (where -2 is 2).
+std::optional<std::pair<std::string, std::string>> concatenated_runs(const Graph& graph, const GraphIndex& index,
+                                                                     const std::string& value) {
+  auto it = index.producer.find(value);
+  if (it == index.producer.end()) return std::nullopt;
+  const Node& concat = graph.nodes[it->second];
+  if (!is_onnx(concat, "Concat") || concat.inputs.size() != 2 || concat.inputs[0].empty() ||
+      concat.inputs[1].empty())
+    return std::nullopt;
+  const int64_t axis = int_attribute(concat, "axis", 0);
+  if (axis != 2 && axis != -2) return std::nullopt;
+  return std::pair{concat.inputs[0], concat.inputs[1]};
+}
+
 // A matched subgraph, as node indices.
 struct AttentionMatch {
   size_t scores = 0, softmax = 0, output = 0;
@@ -171,6 +199,8 @@ struct AttentionMatch {
   std::vector<size_t> casts;  // identity Casts to float between the Softmax and the output MatMul
   std::string query, key_t, value, mask;
   std::optional<std::string> grouped_key, grouped_value;  // Kkv, Vkv of a repeat_kv (see the header)
+  // The Concat inputs that make Kkv and Vkv (or K and V): past key, past value, new key, new value.
+  std::optional<std::array<std::string, 4>> cache_runs;
   float scale = 1.0f;
 };
 
@@ -256,6 +286,13 @@ std::optional<AttentionMatch> match_at(const Graph& graph, const GraphIndex& ind
         m.grouped_key = key;
         m.grouped_value = value;
       }
+      // The heads as the cache holds them: repeated by repeat_kv, or K and V as they are.
+      const std::string heads_key = key && value ? *key : graph.nodes[*m.key_transpose].inputs[0];
+      const std::string heads_value = key && value ? *value : m.value;
+      auto key_runs = concatenated_runs(graph, index, heads_key);
+      auto value_runs = concatenated_runs(graph, index, heads_value);
+      if (key_runs && value_runs)
+        m.cache_runs = {key_runs->first, value_runs->first, key_runs->second, value_runs->second};
     }
   }
   return m;
@@ -296,8 +333,10 @@ std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<boo
   fused.name = graph.nodes[m.softmax].name.empty() ? graph.nodes[m.output].outputs[0] + "/attention"
                                                    : graph.nodes[m.softmax].name + "/fused_attention";
   fused.inputs = {m.query, key, m.value};
-  if (m.mask_add || m.grouped_key) fused.inputs.push_back(m.mask_add ? m.mask : "");
-  if (m.grouped_key) {
+  if (m.mask_add || m.grouped_key || m.cache_runs) fused.inputs.push_back(m.mask_add ? m.mask : "");
+  if (m.cache_runs) {
+    fused.inputs.insert(fused.inputs.end(), m.cache_runs->begin(), m.cache_runs->end());
+  } else if (m.grouped_key) {
     fused.inputs.push_back(*m.grouped_key);
     fused.inputs.push_back(*m.grouped_value);
   }

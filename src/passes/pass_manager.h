@@ -56,6 +56,11 @@ size_t pack_matmul_weights(Graph& graph);
  * that nodes of the graph also read. Returns the number of outputs cut. */
 size_t last_position_outputs(Graph& graph, const std::vector<std::string>& outputs);
 
+/** Not a default pass: LoadOptions::new_rows_outputs asks for it. Makes each named output, a Concat
+ * of a graph input (a past) and new rows, the new rows alone; all or nothing (returns 0 and changes
+ * nothing when any name is no such output). Returns the number of outputs changed. */
+size_t new_rows_outputs(Graph& graph, const std::vector<std::string>& outputs);
+
 /** Element types of the values of `graph` known without running it: declared
  * (inputs, outputs, value_info), of initializers and Constants, set by Cast
  * and other type attributes, kept by type-preserving ops (elementwise,

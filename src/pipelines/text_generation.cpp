@@ -128,13 +128,19 @@ KvCache resolve_cache(KvCache asked, const DecoderSignature& s, const std::strin
   return asked;
 }
 
+/** optimum's presents, present.N.key/value: the names new_rows_outputs is asked for. */
+constexpr const char* kPresents = "present.*";
+
 // Generation reads the last position's logits alone: load() computes no others (the lm_head over a
-// whole prompt is its largest product and its largest value).
-LoadOptions with_last_position_logits(LoadOptions load) {
+// whole prompt is its largest product and its largest value). A cache that may be static takes the
+// presents as the new rows alone (new_rows_outputs): it writes them into its own buffer, so the
+// graph's Concat of the whole past and the new rows is not made.
+LoadOptions decoder_load_options(LoadOptions load, KvCache cache) {
   const std::string logits = DecoderSignature{}.logits;
   if (std::find(load.last_position_outputs.begin(), load.last_position_outputs.end(), logits) ==
       load.last_position_outputs.end())
     load.last_position_outputs.push_back(logits);
+  if (cache == KvCache::kAuto || cache == KvCache::kStatic) load.new_rows_outputs.push_back(kPresents);
   return load;
 }
 
@@ -154,10 +160,13 @@ struct TextGeneration::Impl {
   mutable std::optional<generation::TokenTexts> token_texts;  // for stop strings, loaded on first use
   mutable std::mutex mutex;                                   // guards token_texts
 
-  Impl(ModelFolder f, const PipelineOptions& o)
+  // The presents are the step's new rows alone (LoadOptions::new_rows_outputs applied).
+  bool presents_are_new_rows = false;
+
+  Impl(ModelFolder f, const PipelineOptions& o, KvCache asked)
       : folder(std::move(f)),
         options(o),
-        model(load(folder.model_path().string(), with_last_position_logits(o.load))),
+        model(load(folder.model_path().string(), decoder_load_options(o.load, asked))),
         tokenizer(folder.tokenizer()),
         config(read_model_config(folder)) {}
 
@@ -251,9 +260,27 @@ struct TextGeneration::Impl {
     return pipelines::last_position_logits(outputs.tensor(signature.logits), folder.source());
   }
 
-  std::vector<mx::array> presents(const Outputs& outputs) const {
+  /** Each layer's present, the past with the step's rows appended, as the graph defines it. */
+  std::vector<mx::array> presents(const Outputs& outputs, const std::vector<mx::array>& past) const {
     std::vector<mx::array> out;
-    for (const auto& name : signature.present_names) out.push_back(outputs.tensor(name));
+    for (size_t i = 0; i < signature.present_names.size(); ++i) {
+      mx::array present = outputs.tensor(signature.present_names[i]);
+      if (presents_are_new_rows && past[i].shape(2) > 0) present = mx::concatenate({past[i], present}, 2);
+      out.push_back(std::move(present));
+    }
+    return out;
+  }
+
+  /** Each layer's keys or values of the step's `count` new tokens (the presents' last rows). */
+  std::vector<mx::array> new_rows(const Outputs& outputs, int count) const {
+    std::vector<mx::array> out;
+    for (const auto& name : signature.present_names) {
+      mx::array present = outputs.tensor(name);
+      const mx::Shape& shape = present.shape();
+      if (!presents_are_new_rows)
+        present = mx::slice(present, {0, 0, shape[2] - count, 0}, {shape[0], shape[1], shape[2], shape[3]});
+      out.push_back(std::move(present));
+    }
     return out;
   }
 
@@ -285,15 +312,13 @@ std::vector<mx::array> fill_static_cache(const std::vector<mx::array>& presents,
   return cache;
 }
 
-/** Writes the new token's key/value (slot `capacity` of each present) into slot `filled`. */
-void update_static_cache(std::vector<mx::array>& cache, const std::vector<mx::array>& presents, int filled) {
+/** Writes the new token's key/value (`rows` [batch, kv_heads, 1, head_dim] of each layer) into slot
+ * `filled` (MLX donates the cache's buffer to the update: nothing else holds it). */
+void update_static_cache(std::vector<mx::array>& cache, const std::vector<mx::array>& rows, int filled) {
   for (size_t i = 0; i < cache.size(); ++i) {
-    const mx::array& present = presents[i];
-    const int capacity = cache[i].shape(2);
-    mx::array slot = mx::slice(present, {0, 0, capacity, 0},
-                               {present.shape(0), present.shape(1), capacity + 1, present.shape(3)});
+    const mx::array& slot = rows[i];
     const mx::Shape begin = {0, 0, filled, 0};
-    const mx::Shape end = {present.shape(0), present.shape(1), filled + 1, present.shape(3)};
+    const mx::Shape end = {slot.shape(0), slot.shape(1), filled + 1, slot.shape(3)};
     cache[i] = mx::slice_update(cache[i], slot, begin, end);
   }
 }
@@ -327,7 +352,9 @@ size_t round_up(size_t n, size_t step) { return (n + step - 1) / step * step; }
 
 TextGeneration TextGeneration::open(const std::string& source, const PipelineOptions& options,
                                     KvCache cache) {
-  auto impl = std::make_shared<Impl>(ModelFolder::open(source, options), options);
+  auto impl = std::make_shared<Impl>(ModelFolder::open(source, options), options, cache);
+  const auto& applied = impl->model.passes_applied();
+  impl->presents_are_new_rows = std::find(applied.begin(), applied.end(), "new_rows_outputs") != applied.end();
   impl->signature = read_signature(impl->model, impl->config, source);
   impl->cache = resolve_cache(cache, impl->signature, source);
   std::vector<std::string> static_inputs;
@@ -415,9 +442,9 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
     Outputs outputs = (*impl.runner)(impl.step_inputs(std::move(ids), mask, impl.positions(batch, 1), past, true));
     ++steps;
     if (impl.cache == KvCache::kDynamic || impl.signature.positions_from_mask)
-      past = impl.presents(outputs);
+      past = impl.presents(outputs, past);
     else
-      update_static_cache(past, impl.presents(outputs), static_cast<int>(length - 1));
+      update_static_cache(past, impl.new_rows(outputs, 1), static_cast<int>(length - 1));
     return impl.last_position_logits(outputs);
   };
 
@@ -463,15 +490,16 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
       const size_t length = batch.rows.front().size();
       const bool prefill = generated == 0;
       if (impl.cache != KvCache::kNone && !prefill) return decode_step(impl.last_tokens(batch, 1));
+      const std::vector<mx::array> inputs_past = impl.empty_past(static_cast<int>(rows));
       auto inputs = impl.step_inputs(impl.last_tokens(batch, length), impl.mask_of(batch),
-                                     impl.positions(batch, length), impl.empty_past(static_cast<int>(rows)), false);
+                                     impl.positions(batch, length), inputs_past, false);
       // A static cache prefills eagerly: its one compiled plan is the decode step's.
       Outputs outputs = (*impl.runner)(inputs, impl.cache != KvCache::kStatic);
       ++steps;
       if (impl.cache == KvCache::kDynamic)
-        past = impl.presents(outputs);
+        past = impl.presents(outputs, inputs_past);
       else if (impl.cache == KvCache::kStatic)
-        past = fill_static_cache(impl.presents(outputs), capacity, impl.signature.window_rows);
+        past = fill_static_cache(impl.presents(outputs, inputs_past), capacity, impl.signature.window_rows);
       return impl.last_position_logits(outputs);
     }();
     std::vector<mx::array> to_eval{logits};

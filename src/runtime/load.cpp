@@ -74,7 +74,11 @@ Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const 
                  int64_t ir_version, std::string producer) {
   auto state = std::make_shared<Model::State>();
   last_position_outputs(*graph, options.last_position_outputs);  // asked for: not one of run_passes'
-  if (options.run_passes) state->passes_applied = run_passes(*graph, passes_for(options));
+  if (new_rows_outputs(*graph, options.new_rows_outputs) > 0) state->passes_applied.push_back("new_rows_outputs");
+  if (options.run_passes) {
+    std::vector<std::string> applied = run_passes(*graph, passes_for(options));
+    state->passes_applied.insert(state->passes_applied.end(), applied.begin(), applied.end());
+  }
   materialize_deferred(*graph);
   state->bound = bind_graph(*graph, builtin_registry(), source);
   state->host_reads = std::make_unique<SignatureMemoCache>(*state->bound);

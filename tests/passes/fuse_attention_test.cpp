@@ -216,5 +216,81 @@ TEST(FuseAttention, ReadsTheKeyValueHeadsOfARepeatKv) {
   }
 }
 
+// A decode step over a cache: present = Concat(past, new, axis -2) per key and value (also graph
+// outputs), then repeat_kv (`repeat`) or the heads as they are, then the attention over all rows.
+GraphBuilder cache_graph(bool repeat) {
+  constexpr int kKvHeads = 2, kPast = 9;
+  const int heads = repeat ? 3 * kKvHeads : kKvHeads;
+  GraphBuilder b(17);
+  b.input("q", OnnxType::kFloat, {1, heads, 1, kDim}).input("mask", OnnxType::kFloat, {1, 1, 1, kPast + 1});
+  for (const std::string name : {"k", "v"}) {
+    b.input("past_" + name, OnnxType::kFloat, {1, kKvHeads, kPast, kDim})
+        .input("new_" + name, OnnxType::kFloat, {1, kKvHeads, 1, kDim})
+        .node("Concat", {"past_" + name, "new_" + name}, {"present_" + name}, {testing::int_attr("axis", -2)})
+        .output("present_" + name);
+  }
+  if (repeat) {
+    b.node("Constant", {}, {"axes"}, {testing::tensor_attr("value", Value(mx::array({int64_t{2}})))})
+        .node("Constant", {}, {"expanded"},
+              {testing::tensor_attr("value", Value(mx::array({1, kKvHeads, 3, kPast + 1, kDim})))})
+        .node("Constant", {}, {"merged"},
+              {testing::tensor_attr("value", Value(mx::array({1, heads, kPast + 1, kDim})))});
+    for (const std::string name : {"k", "v"}) {
+      b.node("Unsqueeze", {"present_" + name, "axes"}, {name + "_5d"})
+          .node("Expand", {name + "_5d", "expanded"}, {name + "_wide"})
+          .node("Reshape", {name + "_wide", "merged"}, {name + "_heads"});
+    }
+  }
+  const std::string k_heads = repeat ? "k_heads" : "present_k", v_heads = repeat ? "v_heads" : "present_v";
+  b.node("Transpose", {k_heads}, {"kt"}, {testing::ints_attr("perm", {0, 1, 3, 2})})
+      .node("MatMul", {"q", "kt"}, {"scores"})
+      .node("Add", {"scores", "mask"}, {"masked"})
+      .node("Softmax", {"masked"}, {"probs"})
+      .node("MatMul", {"probs", v_heads}, {"y"})
+      .output("y");
+  return b;
+}
+
+// The fused node reads the past and the new rows where they lie (inputs 4-7), so nothing computes
+// the Concat unless something else reads it; with new_rows_outputs the presents are the new rows.
+TEST(FuseAttention, ReadsACacheConcatAsTwoRuns) {
+  for (bool repeat : {true, false}) {
+    const int heads = repeat ? 6 : 2;
+    Inputs in = {{"q", Value(normal({1, heads, 1, kDim}, 31))},
+                 {"past_k", Value(normal({1, 2, 9, kDim}, 32))},
+                 {"past_v", Value(normal({1, 2, 9, kDim}, 33))},
+                 {"new_k", Value(normal({1, 2, 1, kDim}, 34))},
+                 {"new_v", Value(normal({1, 2, 1, kDim}, 35))},
+                 {"mask", Value(mx::concatenate({mx::zeros({1, 1, 1, 6}), mx::full({1, 1, 1, 3}, -1e9f),
+                                                 mx::zeros({1, 1, 1, 1})}, 3))}};
+    std::shared_ptr<Graph> graph = cache_graph(repeat).graph();
+    ASSERT_EQ(fuse_attention(*graph), 1u) << "repeat " << repeat;
+    for (const Node& node : graph->nodes) {
+      if (node.op_type != "ScaledDotProductAttention") continue;
+      ASSERT_EQ(node.inputs.size(), 8u);
+      EXPECT_EQ(std::vector<std::string>(node.inputs.begin() + 4, node.inputs.end()),
+                (std::vector<std::string>{"past_k", "past_v", "new_k", "new_v"}));
+    }
+    Model plain = cache_graph(repeat).build({.run_passes = false});
+    Outputs want = run(plain, plain.params(), in, {mx::Device::cpu});
+    for (bool new_rows : {false, true}) {
+      LoadOptions options;
+      if (new_rows) options.new_rows_outputs = {"present_*"};
+      Model fused = cache_graph(repeat).build(options);
+      ASSERT_EQ(fused.op_histogram().at(kFused), 1u);
+      Outputs eager = run(fused, fused.params(), in, {mx::Device::cpu});
+      Outputs compiled = compile(fused, in, {.device = mx::Device::cpu})(in);
+      for (const Outputs* got : {&eager, &compiled}) {
+        EXPECT_LT(mx::max(mx::abs(mx::subtract(got->tensor("y"), want.tensor("y")))).item<float>(), 1e-5f)
+            << "repeat " << repeat << " new rows " << new_rows;
+        for (const std::string name : {"k", "v"}) {
+          const mx::array& expected = new_rows ? in.at("new_" + name).tensor() : want.tensor("present_" + name);
+          EXPECT_TRUE(mx::array_equal(got->tensor("present_" + name), expected).item<bool>()) << name;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace transmuter

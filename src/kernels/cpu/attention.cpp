@@ -23,6 +23,11 @@ struct AttentionArgs {
   const float* q;
   const float* k;
   const float* v;
+  // Keys and values appended after k's and v's rows (null: none): the attention runs over
+  // keys - more_keys rows of k, then more_keys rows of k_more (likewise v).
+  const float* k_more;
+  const float* v_more;
+  int64_t more_keys;
   const float* mask;  // null: no mask
   MaskRows mask_rows;
   float* out;
@@ -46,11 +51,14 @@ HWY_BEFORE_NAMESPACE();
 namespace transmuter::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// kt[d * ld + j] = k[j * dim + d], padded with zeros up to ld.
-void TransposeKeys(const float* k, int64_t keys, int64_t dim, int64_t ld, float* kt) {
+// kt[d * ld + j] = k[j * dim + d] for the first `first` keys, then k_more's rows up to `keys`, padded with
+// zeros up to ld.
+void TransposeKeys(const float* k, int64_t first, const float* k_more, int64_t keys, int64_t dim, int64_t ld,
+                   float* kt) {
   for (int64_t d = 0; d < dim; ++d) {
     float* row = kt + d * ld;
-    for (int64_t j = 0; j < keys; ++j) row[j] = k[j * dim + d];
+    for (int64_t j = 0; j < first; ++j) row[j] = k[j * dim + d];
+    for (int64_t j = first; j < keys; ++j) row[j] = k_more[(j - first) * dim + d];
     for (int64_t j = keys; j < ld; ++j) row[j] = 0.0f;
   }
 }
@@ -94,9 +102,13 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   const int64_t ld = (a.keys + lanes - 1) / lanes * lanes;
   const int64_t kv_head = h / (a.q_heads / a.kv_heads);
+  const int64_t head = b * a.kv_heads + kv_head;
+  const int64_t own_keys = a.keys - a.more_keys;  // rows of k and v; then a.more_keys of k_more, v_more
   const float* q = a.q + ((b * a.q_heads + h) * a.queries + first) * a.head_dim;
-  const float* k = a.k + (b * a.kv_heads + kv_head) * a.keys * a.head_dim;
-  const float* v = a.v + (b * a.kv_heads + kv_head) * a.keys * a.value_dim;
+  const float* k = a.k + head * own_keys * a.head_dim;
+  const float* v = a.v + head * own_keys * a.value_dim;
+  const float* k_more = a.more_keys > 0 ? a.k_more + head * a.more_keys * a.head_dim : nullptr;
+  const float* v_more = a.more_keys > 0 ? a.v_more + head * a.more_keys * a.value_dim : nullptr;
   float* out = a.out + ((b * a.q_heads + h) * a.queries + first) * a.value_dim;
 
   if (rows >= 4) scratch.key_t.resize(static_cast<size_t>(a.head_dim * ld) + lanes);
@@ -110,10 +122,13 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
   float* scores = align(scratch.scores);
   int64_t r = 0;
   if (rows < 4) {
-    for (; r < rows; ++r) ScoreRowInPlace(q + r * a.head_dim, k, a.keys, a.head_dim, scores + r * ld);
+    for (; r < rows; ++r) {
+      ScoreRowInPlace(q + r * a.head_dim, k, own_keys, a.head_dim, scores + r * ld);
+      if (k_more) ScoreRowInPlace(q + r * a.head_dim, k_more, a.more_keys, a.head_dim, scores + r * ld + own_keys);
+    }
   } else {
     float* kt = align(scratch.key_t);
-    TransposeKeys(k, a.keys, a.head_dim, ld, kt);
+    TransposeKeys(k, own_keys, k_more, a.keys, a.head_dim, ld, kt);
     for (; r + 4 <= rows; r += 4) ScoreRows<4>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
     for (; r < rows; ++r) ScoreRows<1>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
   }
@@ -131,10 +146,18 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
     SoftmaxRow(row, mask, a.scale, a.keys, allowed, empty, row);
   }
 
+  // The values of k's rows, then (added to them) those of k_more's.
+  const int64_t own_used = std::min(used_keys, own_keys), more_used = used_keys - own_used;
   for (r = 0; r + 4 <= rows; r += 4) {
-    ValueRows<4>(scores + r * ld, ld, used_keys, v, a.value_dim, out + r * a.value_dim);
+    ValueRows<4>(scores + r * ld, ld, own_used, v, a.value_dim, out + r * a.value_dim);
+    if (more_used > 0)
+      ValueRows<4, true>(scores + r * ld + own_keys, ld, more_used, v_more, a.value_dim, out + r * a.value_dim);
   }
-  for (; r < rows; ++r) ValueRows<1>(scores + r * ld, ld, used_keys, v, a.value_dim, out + r * a.value_dim);
+  for (; r < rows; ++r) {
+    ValueRows<1>(scores + r * ld, ld, own_used, v, a.value_dim, out + r * a.value_dim);
+    if (more_used > 0)
+      ValueRows<1, true>(scores + r * ld + own_keys, ld, more_used, v_more, a.value_dim, out + r * a.value_dim);
+  }
 }
 
 void AttendItems(const AttentionArgs& a, int64_t begin, int64_t end) {
@@ -174,8 +197,8 @@ int64_t query_block_size(int64_t heads, int64_t queries) {
 
 class AttentionKernel : public CpuKernel {
  public:
-  AttentionKernel(mx::Stream stream, Reference reference, SoftmaxOptions options, bool has_mask)
-      : CpuKernel(stream, std::move(reference)), options_(options), has_mask_(has_mask) {}
+  AttentionKernel(mx::Stream stream, Reference reference, SoftmaxOptions options, bool has_mask, bool has_more)
+      : CpuKernel(stream, std::move(reference)), options_(options), has_mask_(has_mask), has_more_(has_more) {}
   const char* name() const override { return "transmuter::ScaledDotProductAttention"; }
 
  protected:
@@ -191,12 +214,19 @@ class AttentionKernel : public CpuKernel {
     a.kv_heads = k.shape(1);
     a.queries = q.shape(2);
     a.keys = k.shape(2);
+    if (has_more_) {  // after the mask, when there is one
+      const mx::array &k_more = in[has_mask_ ? 4 : 3], &v_more = in[has_mask_ ? 5 : 4];
+      a.k_more = k_more.data<float>();
+      a.v_more = v_more.data<float>();
+      a.more_keys = k_more.shape(2);
+      a.keys += a.more_keys;
+    }
     a.head_dim = q.shape(3);
     a.value_dim = v.shape(3);
     a.query_block = query_block_size(a.batch * a.q_heads, a.queries);
     if (has_mask_) {
       a.mask = in[3].data<float>();
-      a.mask_rows = *MaskRows::of({q.shape(0), q.shape(1), q.shape(2), k.shape(2)}, in[3].shape());
+      a.mask_rows = *MaskRows::of({q.shape(0), q.shape(1), q.shape(2), a.keys}, in[3].shape());
     }
     a.scale = options_.scale;
     a.causal = options_.causal;
@@ -219,9 +249,10 @@ class AttentionKernel : public CpuKernel {
  private:
   SoftmaxOptions options_;
   bool has_mask_;
+  bool has_more_;
 };
 
-bool fits_kernel(const mx::array& q, const mx::array& k, const mx::array& v,
+bool fits_kernel(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<KeyValueRows>& more,
                  const std::optional<mx::array>& mask) {
   for (const mx::array* t : {&q, &k, &v}) {
     if (t->dtype() != mx::float32 || t->ndim() != 4) return false;
@@ -231,9 +262,47 @@ bool fits_kernel(const mx::array& q, const mx::array& k, const mx::array& v,
       q.shape(1) % k.shape(1) != 0) {
     return false;
   }
+  int keys = k.shape(2);
+  if (more) {
+    const mx::array &k_more = more->keys, &v_more = more->values;
+    for (const mx::array* t : {&k_more, &v_more}) {
+      if (t->dtype() != mx::float32 || t->ndim() != 4 || t->shape(0) != k.shape(0) || t->shape(1) != k.shape(1))
+        return false;
+    }
+    if (k_more.shape(3) != k.shape(3) || v_more.shape(3) != v.shape(3) || k_more.shape(2) != v_more.shape(2))
+      return false;
+    keys += k_more.shape(2);
+  }
   if (!mask) return true;
   return mask->dtype() == mx::float32 &&
-         MaskRows::of({q.shape(0), q.shape(1), q.shape(2), k.shape(2)}, mask->shape()).has_value();
+         MaskRows::of({q.shape(0), q.shape(1), q.shape(2), keys}, mask->shape()).has_value();
+}
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, const std::optional<KeyValueRows>& more,
+                    const std::optional<mx::array>& mask, const SoftmaxOptions& options, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  const bool has_mask = mask.has_value(), has_more = more.has_value();
+  // Inputs: q, k, v, [mask], [k_more, v_more].
+  Reference reference = [options, has_mask, has_more, stream](const std::vector<mx::array>& in) {
+    std::optional<mx::array> m = has_mask ? std::optional<mx::array>(in[3]) : std::nullopt;
+    mx::array keys = in[1], values = in[2];
+    if (has_more) {
+      const size_t at = has_mask ? 4 : 3;
+      keys = mx::concatenate({keys, in[at]}, 2, stream);
+      values = mx::concatenate({values, in[at + 1]}, 2, stream);
+    }
+    return std::vector<mx::array>{scaled_dot_product_attention_reference(in[0], keys, values, m, options, stream)};
+  };
+  std::vector<mx::array> inputs = {q, k, v};
+  if (mask) inputs.push_back(*mask);
+  if (more) inputs.insert(inputs.end(), {more->keys, more->values});
+  if (!fits_kernel(q, k, v, more, mask)) return reference(inputs)[0];
+  const mx::Shape shape = {q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<AttentionKernel>(kernel_stream, reference, options, has_mask, has_more);
+      },
+      reference, inputs, {shape}, {mx::float32}, stream)[0];
 }
 
 }  // namespace
@@ -257,22 +326,13 @@ mx::array scaled_dot_product_attention_reference(const mx::array& q, const mx::a
 mx::array scaled_dot_product_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                                        const std::optional<mx::array>& mask, const SoftmaxOptions& options,
                                        mx::StreamOrDevice s) {
-  const mx::Stream stream = mx::to_stream(s);
-  const bool has_mask = mask.has_value();
-  Reference reference = [options, has_mask, stream](const std::vector<mx::array>& in) {
-    std::optional<mx::array> m = has_mask ? std::optional<mx::array>(in[3]) : std::nullopt;
-    return std::vector<mx::array>{
-        scaled_dot_product_attention_reference(in[0], in[1], in[2], m, options, stream)};
-  };
-  std::vector<mx::array> inputs = {q, k, v};
-  if (mask) inputs.push_back(*mask);
-  if (!fits_kernel(q, k, v, mask)) return reference(inputs)[0];
-  const mx::Shape shape = {q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
-  return make_cpu_kernel_outputs(
-      [&](mx::Stream kernel_stream) {
-        return std::make_shared<AttentionKernel>(kernel_stream, reference, options, has_mask);
-      },
-      reference, inputs, {shape}, {mx::float32}, stream)[0];
+  return attention(q, k, v, std::nullopt, mask, options, s);
+}
+
+mx::array scaled_dot_product_attention(const mx::array& q, const KeyValueRows& first, const KeyValueRows& appended,
+                                       const std::optional<mx::array>& mask, const SoftmaxOptions& options,
+                                       mx::StreamOrDevice s) {
+  return attention(q, first.keys, first.values, appended, mask, options, s);
 }
 
 }  // namespace transmuter::kernels

@@ -31,6 +31,20 @@ mx::array scaled_dot_product_attention(const mx::array& q, const mx::array& k, c
                                        const std::optional<mx::array>& mask, const SoftmaxOptions& options,
                                        mx::StreamOrDevice s = {});
 
+/** Keys [B, Hkv, S, D] and their values [B, Hkv, S, Dv]. */
+struct KeyValueRows {
+  mx::array keys;
+  mx::array values;
+};
+
+/** The attention above over keys and values that come in two runs along the
+ * sequence axis, `first` then `appended` (a decode step's new rows after the
+ * cache): the same as over their concatenation, which is never made. The mask's
+ * last axis spans both runs. */
+mx::array scaled_dot_product_attention(const mx::array& q, const KeyValueRows& first, const KeyValueRows& appended,
+                                       const std::optional<mx::array>& mask, const SoftmaxOptions& options,
+                                       mx::StreamOrDevice s = {});
+
 /** The kernel's reference: the same attention composed of MLX ops. */
 mx::array scaled_dot_product_attention_reference(const mx::array& q, const mx::array& k, const mx::array& v,
                                                  const std::optional<mx::array>& mask, const SoftmaxOptions& options,

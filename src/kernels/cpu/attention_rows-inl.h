@@ -54,8 +54,9 @@ inline void ScoreRowInPlace(const float* q, const float* k, int64_t keys, int64_
   }
 }
 
-// out[r, c..c + V * lanes) = sum_j p[r, j] * v[j, c..]: R x V accumulators.
-template <int R, int V>
+// out[r, c..c + V * lanes) = sum_j p[r, j] * v[j, c..]: R x V accumulators. Accumulate adds the sum to
+// what `out` holds (the values of a second run of keys).
+template <int R, int V, bool Accumulate = false>
 HWY_INLINE void ValueTile(const float* p, int64_t ld, int64_t keys, const float* v, int64_t dim, int64_t c0,
                           float* out) {
   const hn::ScalableTag<float> df;
@@ -63,7 +64,8 @@ HWY_INLINE void ValueTile(const float* p, int64_t ld, int64_t keys, const float*
   using Vec = hn::Vec<decltype(df)>;
   Vec acc[R][V];
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < V; ++c) acc[r][c] = hn::Zero(df);
+    for (int c = 0; c < V; ++c)
+      acc[r][c] = Accumulate ? hn::LoadU(df, out + r * dim + c0 + c * lanes) : hn::Zero(df);
   }
   for (int64_t j = 0; j < keys; ++j) {
     Vec value[V];
@@ -78,15 +80,15 @@ HWY_INLINE void ValueTile(const float* p, int64_t ld, int64_t keys, const float*
   }
 }
 
-template <int R>
+template <int R, bool Accumulate = false>
 HWY_INLINE void ValueRows(const float* p, int64_t ld, int64_t keys, const float* v, int64_t dim, float* out) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   int64_t c = 0;
-  for (; c + 2 * lanes <= dim; c += 2 * lanes) ValueTile<R, 2>(p, ld, keys, v, dim, c, out);
-  for (; c + lanes <= dim; c += lanes) ValueTile<R, 1>(p, ld, keys, v, dim, c, out);
+  for (; c + 2 * lanes <= dim; c += 2 * lanes) ValueTile<R, 2, Accumulate>(p, ld, keys, v, dim, c, out);
+  for (; c + lanes <= dim; c += lanes) ValueTile<R, 1, Accumulate>(p, ld, keys, v, dim, c, out);
   for (; c < dim; ++c) {  // a head size that is not a whole number of vectors
     for (int r = 0; r < R; ++r) {
-      float total = 0.0f;
+      float total = Accumulate ? out[r * dim + c] : 0.0f;
       for (int64_t j = 0; j < keys; ++j) total += p[r * ld + j] * v[j * dim + c];
       out[r * dim + c] = total;
     }

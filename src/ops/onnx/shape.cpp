@@ -171,6 +171,8 @@ mx::array concat_inputs(const NodeContext& ctx, int64_t axis) {
   for (size_t i = 0; i < ctx.num_inputs(); ++i) parts.push_back(ctx.input(i));
   if (parts.empty()) throw ctx.error("needs at least one input");
   const int a = ctx.normalize_axis(axis, rank_of(parts[0]));
+  // One input is the identity (exports write one before a decoder's cache Concat): no copy.
+  if (parts.size() == 1) return parts[0];
   // MLX adds the sizes along the axis in int32.
   int64_t total = 0;
   for (const mx::array& p : parts) total += p.ndim() > static_cast<size_t>(a) ? p.shape(a) : 0;

@@ -80,6 +80,48 @@ TEST(AttentionKernel, MatchesTheComposition) {
   }
 }
 
+// Keys and values in two runs (a cache, then a step's new rows): the same as
+// over their concatenation. Decode rows (fewer than 4 queries) score the runs
+// in place, longer blocks transpose both; causal limits that end in either run;
+// an empty first run (a prefill with no past); a value size off the vectors.
+TEST(AttentionKernel, TwoRunsOfKeysEqualTheirConcatenation) {
+  struct Split {
+    Case c;
+    int appended;  // keys of the second run (c.keys counts both)
+  };
+  const std::vector<Split> cases = {
+      {{1, 8, 4, 1, 321, 64, 64, mx::Shape{1, 1, 1, 321}, false, 0}, 1},  // a static cache's decode step
+      {{2, 4, 2, 3, 40, 16, 16, mx::Shape{2, 1, 3, 40}, true, 37}, 3},     // rows < 4, causal into run 2
+      {{1, 4, 4, 9, 20, 32, 24, std::nullopt, true, 11}, 9},               // blocks of 4: transposed keys
+      {{1, 2, 1, 6, 6, 8, 5, std::nullopt, true, 0}, 6},                   // no first run (prefill)
+      {{1, 2, 2, 8, 30, 8, 8, std::nullopt, true, 0}, 5},                  // causal ends in run 1
+  };
+  uint64_t seed = 101;
+  for (const Split& split : cases) {
+    const Case& c = split.c;
+    const int own = c.keys - split.appended;
+    mx::array q = random_array({c.batch, c.q_heads, c.queries, c.head_dim}, seed++);
+    mx::array k = random_array({c.batch, c.kv_heads, own, c.head_dim}, seed++);
+    mx::array v = random_array({c.batch, c.kv_heads, own, c.value_dim}, seed++);
+    mx::array k_new = random_array({c.batch, c.kv_heads, split.appended, c.head_dim}, seed++);
+    mx::array v_new = random_array({c.batch, c.kv_heads, split.appended, c.value_dim}, seed++);
+    std::optional<mx::array> mask;
+    if (c.mask) mask = random_array(*c.mask, seed++, 2.0f);
+    const SoftmaxOptions o{.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                           .causal = c.causal,
+                           .causal_offset = c.offset,
+                           .zero_fully_masked_rows = true};
+    mx::array got = scaled_dot_product_attention(q, {k, v}, {k_new, v_new}, mask, o, mx::Device::cpu);
+    mx::array want = expected(q, mx::concatenate({k, k_new}, 2), mx::concatenate({v, v_new}, 2), mask, o);
+    EXPECT_EQ(got.shape(), (mx::Shape{c.batch, c.q_heads, c.queries, c.value_dim})) << describe(c);
+    EXPECT_LT(max_abs_diff(got, want), kTolerance) << describe(c) << " appended " << split.appended;
+  }
+  // A second run that does not fit (other heads) runs the composition, which refuses it like concatenate.
+  mx::array q = random_array({1, 2, 1, 8}, 150), k = random_array({1, 2, 5, 8}, 151);
+  EXPECT_ANY_THROW(mx::eval(scaled_dot_product_attention(q, {k, k}, {random_array({1, 1, 1, 8}, 152), k}, std::nullopt,
+                                                         {}, mx::Device::cpu)));
+}
+
 // Gradients come from the reference composition: equal to those of the
 // independent composition above, for Q, K, V and the mask.
 TEST(AttentionKernel, GradientsEqualThoseOfTheComposition) {
