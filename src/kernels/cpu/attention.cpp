@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/attention_rows-inl.h"
@@ -96,6 +97,24 @@ HWY_INLINE void ScoreRows(const float* q, int64_t dim, const float* kt, int64_t 
   for (; j < ld; j += lanes) ScoreTile<R, 1>(q, dim, kt, ld, j, scores);
 }
 
+// An additive mask value at or below this rules its key out: exp(v - max) is exactly 0 beside any key
+// the mask lets through (transformers masks with the float's lowest value, others with -inf).
+constexpr float kRuledOut = -1e30f;
+
+// How many keys at the start of the first run a decode row needs: the run less the keys at its end that
+// its mask rules out (a static cache's empty slots, between the filled ones and the new rows). All of
+// them when no key of the row is let through, so that such a row stays what the composition gives.
+int64_t OwnKeysInUse(const float* mask, int64_t own_keys, int64_t more_keys) {
+  if (mask == nullptr) return own_keys;
+  int64_t in_use = own_keys;
+  while (in_use > 0 && mask[in_use - 1] <= kRuledOut) --in_use;
+  if (in_use > 0) return in_use;
+  for (int64_t j = own_keys; j < own_keys + more_keys; ++j) {
+    if (mask[j] > kRuledOut) return 0;
+  }
+  return own_keys;
+}
+
 // One work item: query rows [first, first + rows) of head (b, h).
 void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, int64_t rows,
                  AttentionScratch& scratch) {
@@ -120,11 +139,21 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
     return reinterpret_cast<float*>((at + bytes - 1) / bytes * bytes);
   };
   float* scores = align(scratch.scores);
+  auto mask_row = [&](int64_t r) -> const float* {
+    return a.mask != nullptr ? a.mask + a.mask_rows.offset((b * a.q_heads + h) * a.queries + first + r) : nullptr;
+  };
   int64_t r = 0;
+  int64_t own_scored = own_keys;  // keys of the first run that some row of the block scores
   if (rows < 4) {
+    // Decode rows: the first run's ruled-out keys at its end get -inf scores, not products.
+    own_scored = 0;
     for (; r < rows; ++r) {
-      ScoreRowInPlace(q + r * a.head_dim, k, own_keys, a.head_dim, scores + r * ld);
-      if (k_more) ScoreRowInPlace(q + r * a.head_dim, k_more, a.more_keys, a.head_dim, scores + r * ld + own_keys);
+      float* row = scores + r * ld;
+      const int64_t in_use = OwnKeysInUse(mask_row(r), own_keys, a.more_keys);
+      own_scored = std::max(own_scored, in_use);
+      ScoreRowInPlace(q + r * a.head_dim, k, in_use, a.head_dim, row);
+      std::fill(row + in_use, row + own_keys, -std::numeric_limits<float>::infinity());
+      if (k_more) ScoreRowInPlace(q + r * a.head_dim, k_more, a.more_keys, a.head_dim, row + own_keys);
     }
   } else {
     float* kt = align(scratch.key_t);
@@ -140,14 +169,13 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
     int64_t allowed = a.keys;
     if (a.causal) allowed = std::clamp<int64_t>(i + a.causal_offset + 1, 0, a.keys);
     used_keys = std::max(used_keys, allowed);
-    const float* mask =
-        a.mask != nullptr ? a.mask + a.mask_rows.offset((b * a.q_heads + h) * a.queries + i) : nullptr;
     float* row = scores + r * ld;
-    SoftmaxRow(row, mask, a.scale, a.keys, allowed, empty, row);
+    SoftmaxRow(row, mask_row(r), a.scale, a.keys, allowed, empty, row);
   }
 
   // The values of k's rows, then (added to them) those of k_more's.
-  const int64_t own_used = std::min(used_keys, own_keys), more_used = used_keys - own_used;
+  const int64_t own_used = std::min(used_keys, own_scored);
+  const int64_t more_used = std::max<int64_t>(used_keys - own_keys, 0);
   for (r = 0; r + 4 <= rows; r += 4) {
     ValueRows<4>(scores + r * ld, ld, own_used, v, a.value_dim, out + r * a.value_dim);
     if (more_used > 0)

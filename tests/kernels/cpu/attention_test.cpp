@@ -116,6 +116,25 @@ TEST(AttentionKernel, TwoRunsOfKeysEqualTheirConcatenation) {
     EXPECT_EQ(got.shape(), (mx::Shape{c.batch, c.q_heads, c.queries, c.value_dim})) << describe(c);
     EXPECT_LT(max_abs_diff(got, want), kTolerance) << describe(c) << " appended " << split.appended;
   }
+  // A static cache's step: filled slots, empty slots ruled out by the lowest float (transformers' mask) or
+  // -inf, the new row let through; per-row masks for rows < 4 (one row ruling out everything: the
+  // composition's uniform weights, the kernel must not skip its keys).
+  const float lowest = std::numeric_limits<float>::lowest();
+  for (float ruled_out : {lowest, -kInf}) {
+    const int own = 12, queries = 3;
+    std::vector<float> m(queries * (own + 1), 0.0f);
+    for (int j = 5; j < own; ++j) m[j] = ruled_out;                         // row 0: 5 filled slots
+    for (int j = 9; j < own; ++j) m[(own + 1) + j] = ruled_out;             // row 1: 9 filled
+    for (int j = 0; j <= own; ++j) m[2 * (own + 1) + j] = lowest;           // row 2: nothing let through
+    mx::array mask(m.data(), {1, 1, queries, own + 1}, mx::float32);
+    mx::array q = random_array({1, 4, queries, 16}, seed++);
+    mx::array k = random_array({1, 2, own, 16}, seed++), v = random_array({1, 2, own, 16}, seed++);
+    mx::array k_new = random_array({1, 2, 1, 16}, seed++), v_new = random_array({1, 2, 1, 16}, seed++);
+    const SoftmaxOptions o{.scale = 0.25f, .zero_fully_masked_rows = true};
+    mx::array got = scaled_dot_product_attention(q, {k, v}, {k_new, v_new}, mask, o, mx::Device::cpu);
+    mx::array want = expected(q, mx::concatenate({k, k_new}, 2), mx::concatenate({v, v_new}, 2), mask, o);
+    EXPECT_LT(max_abs_diff(got, want), kTolerance) << "ruled out by " << ruled_out;
+  }
   // A second run that does not fit (other heads) runs the composition, which refuses it like concatenate.
   mx::array q = random_array({1, 2, 1, 8}, 150), k = random_array({1, 2, 5, 8}, 151);
   EXPECT_ANY_THROW(mx::eval(scaled_dot_product_attention(q, {k, k}, {random_array({1, 1, 1, 8}, 152), k}, std::nullopt,
