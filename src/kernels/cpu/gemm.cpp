@@ -109,9 +109,13 @@ struct Clamp {
 // kLowOnly: the segment's columns fit the first vector (a last panel of at
 // most `lanes` columns; 16-column pointwise convs, N = 16, have nothing else),
 // so the second vector's multiply-adds, all on zero padding, are skipped.
-template <int R, bool kMaskedB, bool kLowOnly>
+// kPrefetch: asks for the packed panel slice at `next_b` (same layout as b)
+// row by row, in step with b's rows, so that the next slice is on its way
+// into the caches while this one is multiplied (see Block).
+template <int R, bool kMaskedB, bool kLowOnly, bool kPrefetch>
 HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
-                     int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp) {
+                     int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp,
+                     const float* next_b) {
   const D d;
   const size_t lanes = hn::Lanes(d);
   V lo[R], hi[R];
@@ -141,6 +145,11 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
     }
   }
   auto load_b = [&](int64_t k, V& b_lo, V& b_hi) {
+    if constexpr (kPrefetch) {
+      // Into L2 (locality 2): a whole panel slice ahead does not fit L1 beside this one.
+      __builtin_prefetch(next_b + k * ldb, 0, 2);
+      __builtin_prefetch(next_b + k * ldb + lanes, 0, 2);
+    }
     if constexpr (kMaskedB) {
       segment.load(b + k * ldb, b_lo, b_hi);
     } else {
@@ -190,29 +199,42 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
   for (int r = 0; r < R; ++r) segment.store(lo[r], hi[r], y + r * ldy);
 }
 
-template <bool kMaskedB, bool kLowOnly = false>
+template <bool kMaskedB, bool kLowOnly = false, bool kPrefetch = false>
 void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t depth, float* y,
-              int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp) {
+              int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp,
+              const float* next_b = nullptr) {
   switch (rows) {
     case 6:
-      return Tile<6, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<6, kMaskedB, kLowOnly, kPrefetch>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp, next_b);
     case 5:
-      return Tile<5, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<5, kMaskedB, kLowOnly, kPrefetch>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp, next_b);
     case 4:
-      return Tile<4, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<4, kMaskedB, kLowOnly, kPrefetch>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp, next_b);
     case 3:
-      return Tile<3, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<3, kMaskedB, kLowOnly, kPrefetch>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp, next_b);
     case 2:
-      return Tile<2, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<2, kMaskedB, kLowOnly, kPrefetch>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp, next_b);
     default:
-      return Tile<1, kMaskedB, kLowOnly>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp);
+      return Tile<1, kMaskedB, kLowOnly, kPrefetch>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp, next_b);
   }
+}
+
+// The packed slice that the first row tile of a K slice multiplies after panel p's: the next panel's at
+// this depth, else the block's first panel's at the next depth, else none.
+const float* NextPackedSlice(const GemmArgs& g, int64_t p, int64_t k0, int64_t panel0, int64_t panels) {
+  const int64_t width = PanelWidth();
+  if (p + 1 < panel0 + panels) return g.packed + ((p + 1) * g.k + k0) * width;
+  if (k0 + kDepthBlock < g.k) return g.packed + (panel0 * g.k + k0 + kDepthBlock) * width;
+  return nullptr;
 }
 
 // Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels) (a
 // panel: two vectors of columns): the work of one task. K in slices of
 // kDepthBlock; each row tile's slice of A (6 x 256 floats) stays in L1 while
-// it passes over the block's panels.
+// it passes over the block's panels. The first row tile of a slice reads the
+// packed weights from memory (a model's weights do not stay in the caches
+// between its products): it prefetches the slice it will read next, which the
+// hardware prefetcher, meeting a new 16-32 KiB run per panel, does not.
 void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
   const int64_t width = PanelWidth();
   const Clamp clamp{g.conv_activation, g.clip_min, g.clip_max};
@@ -229,9 +251,13 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
         const RowSegment segment(std::min(width, g.n - col0));
         const TileStart start{g.col_bias != nullptr ? g.col_bias + col0 : nullptr, row_bias,
                               g.residual != nullptr ? g.residual + r * g.ldy + col0 : nullptr, k0 > 0};
+        const float* next = g.packed != nullptr && r == row0 ? NextPackedSlice(g, p, k0, panel0, panels) : nullptr;
         if (g.packed != nullptr && segment.high == 0) {  // zero-padded panels: full loads
           TileRows<false, true>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth,
                                 y + col0, g.ldy, segment, start, last);
+        } else if (next != nullptr) {
+          TileRows<false, false, true>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth,
+                                       y + col0, g.ldy, segment, start, last, next);
         } else if (g.packed != nullptr) {
           TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0,
                           g.ldy, segment, start, last);
