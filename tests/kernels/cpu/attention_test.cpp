@@ -53,6 +53,14 @@ std::string describe(const Case& c) {
          std::to_string(c.causal) + " offset " + std::to_string(c.offset);
 }
 
+// A case's softmax: scaled by 1 / sqrt(D), its causal limit, empty rows as zeros.
+SoftmaxOptions options_of(const Case& c) {
+  return {.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+          .causal = c.causal,
+          .causal_offset = c.offset,
+          .zero_fully_masked_rows = true};
+}
+
 TEST(AttentionKernel, MatchesTheComposition) {
   const std::vector<Case> cases = {
       {2, 4, 4, 16, 16, 32, 32, mx::Shape{2, 1, 1, 16}, false, 0},   // BERT-like padding mask
@@ -70,10 +78,7 @@ TEST(AttentionKernel, MatchesTheComposition) {
     mx::array v = random_array({c.batch, c.kv_heads, c.keys, c.value_dim}, seed++);
     std::optional<mx::array> mask;
     if (c.mask) mask = random_array(*c.mask, seed++, 2.0f);
-    const SoftmaxOptions o{.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-                           .causal = c.causal,
-                           .causal_offset = c.offset,
-                           .zero_fully_masked_rows = true};
+    const SoftmaxOptions o = options_of(c);
     mx::array got = scaled_dot_product_attention(q, k, v, mask, o, mx::Device::cpu);
     EXPECT_EQ(got.shape(), (mx::Shape{c.batch, c.q_heads, c.queries, c.value_dim})) << describe(c);
     EXPECT_LT(max_abs_diff(got, expected(q, k, v, mask, o)), kTolerance) << describe(c);
@@ -107,10 +112,7 @@ TEST(AttentionKernel, TwoRunsOfKeysEqualTheirConcatenation) {
     mx::array v_new = random_array({c.batch, c.kv_heads, split.appended, c.value_dim}, seed++);
     std::optional<mx::array> mask;
     if (c.mask) mask = random_array(*c.mask, seed++, 2.0f);
-    const SoftmaxOptions o{.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-                           .causal = c.causal,
-                           .causal_offset = c.offset,
-                           .zero_fully_masked_rows = true};
+    const SoftmaxOptions o = options_of(c);
     mx::array got = scaled_dot_product_attention(q, {k, v}, {k_new, v_new}, mask, o, mx::Device::cpu);
     mx::array want = expected(q, mx::concatenate({k, k_new}, 2), mx::concatenate({v, v_new}, 2), mask, o);
     EXPECT_EQ(got.shape(), (mx::Shape{c.batch, c.q_heads, c.queries, c.value_dim})) << describe(c);
