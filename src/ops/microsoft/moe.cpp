@@ -47,11 +47,15 @@
 // with fc3) multiply-adds, not E T (...) as a dense all-experts evaluation
 // would be, and no shape depends on the routing (the node compiles). The cost:
 // every pair is a matrix-vector product that reads its expert's weights again;
-// ORT instead groups the tokens of each expert into one GEMM. QMoE dequantizes
-// all experts' weights to float32 on each call (transient E (F1 H + H I
-// [+ I H]) floats). Everything is computed in float32; float16/bfloat16 inputs
-// are widened and the output rounded once (ORT's fp16 MoE rounds each
-// intermediate to fp16).
+// ORT instead groups the tokens of each expert into one GEMM. QMoE keeps the
+// weights packed and dequantizes to float32, per call, only what the call
+// uses: when it routes fewer (token, expert) pairs than there are experts (a
+// decode step: k of E), the routed experts' packed rows are gathered first and
+// each pair gets its own dequantized copy (transient k T (F1 H + H I [+ I H])
+// floats); otherwise every expert is dequantized once (E (...) floats). Both
+// shapes are known when the node is traced, so the choice needs no host read.
+// Everything is computed in float32; float16/bfloat16 inputs are widened and
+// the output rounded once (ORT's fp16 MoE rounds each intermediate to fp16).
 //
 // use_sparse_mixer=1 (k=2): PhiMoE's sparse mixer routing (see
 // sparse_mixer_routing), as ORT's CUDA kernel computes it; ORT's CPU kernels
@@ -308,10 +312,13 @@ mx::array expert_activation(const mx::array& h1, const std::optional<mx::array>&
 }
 
 // Float32 expert weights: fc1 [E, F1, H], fc2 [E, H, I], fc3 [E, I, H] and
-// their biases [E, F1], [E, H], [E, I].
+// their biases [E, F1], [E, H], [E, I]. per_pair: the weights are instead one
+// copy per routed (token, choice) pair, [T * k, ...] in the routing's order
+// (the biases stay per expert).
 struct ExpertWeights {
   mx::array fc1, fc2;
   std::optional<mx::array> fc3 = std::nullopt, b1 = std::nullopt, b2 = std::nullopt, b3 = std::nullopt;
+  bool per_pair = false;
 };
 
 // sum_j w_j y_top_j(x) for x [T, H] float32.
@@ -322,17 +329,22 @@ mx::array mix_experts(const mx::array& x, const Routing& r, const ExpertWeights&
     return mx::reshape(mx::take(bias, r.experts, 0, s), {t, k, 1, features}, s);
   };
   const mx::array rows = mx::reshape(x, {t, 1, 1, d.hidden}, s);
-  // [T, 1, 1, H] x [E, H, N] gathered by experts [T, k] -> [T, k, 1, N], plus bias.
+  // lhs [T, 1 or k, 1, K] times the routed experts' weights [.., N, K] transposed -> [T, k, 1, N]: gathered by
+  // expert index from [E, N, K], or per pair from [T * k, N, K].
+  auto routed_product = [&](const mx::array& lhs, const mx::array& weights) {
+    if (!w.per_pair)
+      return mx::gather_mm(lhs, mx::transpose(weights, {0, 2, 1}, s), std::nullopt, r.experts, false, s);
+    mx::array pairs = mx::reshape(weights, {t, k, weights.shape(1), weights.shape(2)}, s);
+    return mx::matmul(lhs, mx::transpose(pairs, {0, 1, 3, 2}, s), s);
+  };
   auto project = [&](const mx::array& weights, const std::optional<mx::array>& bias, int features) {
-    mx::array h =
-        mx::gather_mm(rows, mx::transpose(weights, {0, 2, 1}, s), std::nullopt, r.experts, false, s);
+    mx::array h = routed_product(rows, weights);
     return bias ? mx::add(h, gathered_bias(*bias, features), s) : h;
   };
   mx::array h1 = project(w.fc1, w.b1, d.fc1_features);
   std::optional<mx::array> h3;
   if (w.fc3) h3 = project(*w.fc3, w.b3, d.inter);
-  mx::array y = mx::gather_mm(expert_activation(h1, h3, a, d.inter, s), mx::transpose(w.fc2, {0, 2, 1}, s),
-                              std::nullopt, r.experts, false, s);  // [T, k, 1, H]
+  mx::array y = routed_product(expert_activation(h1, h3, a, d.inter, s), w.fc2);  // [T, k, 1, H]
   if (w.b2) y = mx::add(y, gathered_bias(*w.b2, d.hidden), s);
   y = mx::reshape(y, {t, k, d.hidden}, s);
   return mx::sum(mx::multiply(y, mx::expand_dims(r.weights, -1, s), s), 1, false, s);
@@ -410,10 +422,11 @@ int weight_bits(const NodeContext& ctx, const char* name) {
   return static_cast<int>(bits);
 }
 
-// The dequantized float32 weights [E, N, K] of one projection.
+// The dequantized float32 weights [E, N, K] of one projection, or with `selected` (expert indices [P])
+// those of the selected experts only, [P, N, K], gathered while still packed.
 mx::array dequantized_experts(const NodeContext& ctx, const char* prefix, size_t weights, size_t scales,
-                              size_t zero_points, int bits, int block_size, int e, int n, int k,
-                              mx::Dtype t) {
+                              size_t zero_points, int bits, int block_size, int e, int n, int k, mx::Dtype t,
+                              const std::optional<mx::array>& selected) {
   const auto s = ctx.stream();
   const std::string w_name = std::string(prefix) + "_experts_weights";
   const std::string s_name = std::string(prefix) + "_scales";
@@ -441,25 +454,31 @@ mx::array dequantized_experts(const NodeContext& ctx, const char* prefix, size_t
   } else {
     require_shape(ctx, s_name.c_str(), scale_in, {e, n}, "[num_experts, features] (no block_size)");
   }
-  mx::array scale = mx::reshape(mx::astype(scale_in, mx::float32, s), {e, n, blocks, 1}, s);
-  mx::array zp = mx::array(static_cast<float>(1 << (bits - 1)));
-  if (std::optional<mx::array> z = ctx.optional_input(zero_points)) {
+  std::optional<mx::array> z = ctx.optional_input(zero_points);
+  if (z) {
     if (z->dtype() != mx::uint8) throw ctx.error(zp_name, " must be uint8, got ", z->dtype());
     if (block_size > 0) {
-      const int zp_packed = (blocks * bits + 7) / 8;
-      require_shape(ctx, zp_name.c_str(), *z, {e, n, zp_packed},
+      require_shape(ctx, zp_name.c_str(), *z, {e, n, (blocks * bits + 7) / 8},
                     "[num_experts, features, ceil(blocks * bits / 8)]");
-      zp = mx::slice(unpack_bit_fields(*z, bits, s), {0, 0, 0}, {e, n, blocks}, s);
     } else {
-      const int zp_packed = (n * bits + 7) / 8;
-      require_shape(ctx, zp_name.c_str(), *z, {e, zp_packed}, "[num_experts, ceil(features * bits / 8)]");
-      zp = mx::slice(unpack_bit_fields(*z, bits, s), {0, 0}, {e, n}, s);
+      require_shape(ctx, zp_name.c_str(), *z, {e, (n * bits + 7) / 8}, "[num_experts, ceil(features * bits / 8)]");
     }
-    zp = mx::reshape(mx::astype(zp, mx::float32, s), {e, n, blocks, 1}, s);
   }
-  mx::array q = mx::astype(unpack_bit_fields(w, bits, s), mx::float32, s);
-  q = mx::reshape(q, {e, n, blocks, k / blocks}, s);
-  return mx::reshape(mx::multiply(mx::subtract(q, zp, s), scale, s), {e, n, k}, s);
+  // From here on, the experts are the selected ones (checked shapes above are the node's).
+  auto experts_of = [&](const mx::array& per_expert) {
+    return selected ? mx::take(per_expert, *selected, 0, s) : per_expert;
+  };
+  const int kept = selected ? selected->shape(0) : e;  // the experts (or pairs) dequantized
+  mx::array scale = mx::reshape(mx::astype(experts_of(scale_in), mx::float32, s), {kept, n, blocks, 1}, s);
+  mx::array zp = mx::array(static_cast<float>(1 << (bits - 1)));
+  if (z) {
+    mx::array fields = unpack_bit_fields(experts_of(*z), bits, s);
+    zp = block_size > 0 ? mx::slice(fields, {0, 0, 0}, {kept, n, blocks}, s) : mx::slice(fields, {0, 0}, {kept, n}, s);
+    zp = mx::reshape(mx::astype(zp, mx::float32, s), {kept, n, blocks, 1}, s);
+  }
+  mx::array q = mx::astype(unpack_bit_fields(experts_of(w), bits, s), mx::float32, s);
+  q = mx::reshape(q, {kept, n, blocks, k / blocks}, s);
+  return mx::reshape(mx::multiply(mx::subtract(q, zp, s), scale, s), {kept, n, k}, s);
 }
 
 OpOutputs qmoe(NodeContext& ctx) {
@@ -493,15 +512,27 @@ OpOutputs qmoe(NodeContext& ctx) {
     throw ctx.error("fc2_experts_weights must be 3-D [num_experts, ...], got shape ", fc2.shape());
   d.inter = to_int32(ctx, int64_t{fc2.shape(2)} * 8 / bits2, "inter_size");
   d.fc1_features = a.fused() ? 2 * d.inter : d.inter;
+  std::optional<mx::array> router_weights =
+      float_input(ctx, kRouterWeights, "router_weights", t, {d.tokens, d.experts}, "[tokens, num_experts]");
+  if (router_weights && a.sparse_mixer) {
+    throw ctx.error(
+        "router_weights with use_sparse_mixer=1 is not supported (the sparse mixer makes the weights)");
+  }
+  // Fewer routed pairs than experts (a decode step): dequantize the routed experts' weights alone.
+  const Routing r = qmoe_routing(mx::astype(ctx.input(1), mx::float32, s), router_weights, a, s);
+  const int64_t pairs = int64_t{d.tokens} * a.k;
+  std::optional<mx::array> selected;
+  if (pairs > 0 && pairs < d.experts) selected = mx::reshape(r.experts, {static_cast<int>(pairs)}, s);
   ExpertWeights w{.fc1 = mx::array(0.0f),
                   .fc2 = dequantized_experts(ctx, "fc2", kFc2Weights, kFc2Scales, kFc2ZeroPoints, bits2,
-                                             block_size, d.experts, d.hidden, d.inter, t)};
+                                             block_size, d.experts, d.hidden, d.inter, t, selected),
+                  .per_pair = selected.has_value()};
   w.fc1 = dequantized_experts(ctx, "fc1", kFc1Weights, kFc1Scales, kFc1ZeroPoints, bits1, block_size,
-                              d.experts, d.fc1_features, d.hidden, t);
+                              d.experts, d.fc1_features, d.hidden, t, selected);
   if (ctx.has_input(kFc3Weights)) {
     w.fc3 = dequantized_experts(ctx, "fc3", kFc3Weights, kFc3Scales, kFc3ZeroPoints,
                                 weight_bits(ctx, "fc3_expert_weight_bits"), block_size, d.experts, d.inter,
-                                d.hidden, t);
+                                d.hidden, t, selected);
   } else if (ctx.has_input(kFc3Scales) || ctx.has_input(kFc3ZeroPoints)) {
     throw ctx.error("fc3_scales or fc3_zero_points are given without fc3_experts_weights");
   }
@@ -511,16 +542,9 @@ OpOutputs qmoe(NodeContext& ctx) {
       float_input(ctx, kFc2Bias, "fc2_experts_bias", t, {d.experts, d.hidden}, "[num_experts, hidden_size]");
   w.b3 = float_input(ctx, kFc3Bias, "fc3_experts_bias", t, {d.experts, d.inter}, "[num_experts, inter_size]");
   if (w.b3 && !w.fc3) throw ctx.error("fc3_experts_bias is given without fc3_experts_weights");
-  std::optional<mx::array> router_weights =
-      float_input(ctx, kRouterWeights, "router_weights", t, {d.tokens, d.experts}, "[tokens, num_experts]");
-  if (router_weights && a.sparse_mixer) {
-    throw ctx.error(
-        "router_weights with use_sparse_mixer=1 is not supported (the sparse mixer makes the weights)");
-  }
   if (d.tokens == 0) return {mx::zeros(ctx.input(0).shape(), t, s)};
 
   mx::array x = mx::reshape(mx::astype(ctx.input(0), mx::float32, s), {d.tokens, d.hidden}, s);
-  const Routing r = qmoe_routing(mx::astype(ctx.input(1), mx::float32, s), router_weights, a, s);
   return finish(ctx, mix_experts(x, r, w, a, d, s));
 }
 

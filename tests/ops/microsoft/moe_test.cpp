@@ -262,6 +262,77 @@ TEST(MicrosoftMoe, QMoEDequantizesLikeTheSpec) {
   EXPECT_LT(max_abs_diff(out0(run_qmoe(q, attrs)), want), 1e-4f);
 }
 
+// Random packed QMoE weights of one projection [E, N, K]: bytes, scales and (optionally) zero points,
+// column-wise or in blocks.
+struct PackedProjection {
+  mx::array weights, scales;
+  std::optional<mx::array> zero_points;
+};
+
+PackedProjection random_projection(int n, int k, int bits, int block_size, bool zero_points, uint64_t seed) {
+  auto bytes = [&](mx::Shape shape, uint64_t salt) {
+    return mx::astype(mx::random::randint(0, 256, shape, mx::int32, mx::random::key(seed * 7 + salt)), mx::uint8);
+  };
+  const int blocks = block_size > 0 ? k / block_size : 1;
+  PackedProjection p{bytes({kExperts * 2, n, k * bits / 8}, 1),
+                     mx::random::uniform(0.01f, 0.05f, block_size > 0 ? mx::Shape{kExperts * 2, n, blocks}
+                                                                      : mx::Shape{kExperts * 2, n},
+                                         mx::float32, mx::random::key(seed * 7 + 2)),
+                     std::nullopt};
+  if (zero_points) {
+    p.zero_points = block_size > 0 ? bytes({kExperts * 2, n, (blocks * bits + 7) / 8}, 3)
+                                   : bytes({kExperts * 2, (n * bits + 7) / 8}, 3);
+  }
+  return p;
+}
+
+// A call that routes fewer (token, expert) pairs than there are experts dequantizes only the routed
+// experts' weights, per pair; a larger call dequantizes every expert. The two paths give the same rows:
+// 3 tokens (6 pairs of 8 experts) alone, and the same 3 tokens among 8 (16 pairs).
+TEST(MicrosoftMoe, QMoEOfFewTokensDequantizesTheRoutedExpertsAlike) {
+  constexpr int kExpertsHere = 2 * kExperts, kFew = 3, kMany = 8;
+  for (int bits : {2, 4, 8}) {
+    for (int block_size : {0, 16}) {
+      for (bool zero_points : {false, true}) {
+        for (bool fc3 : {false, true}) {
+          const uint64_t seed = 100 + bits * 8 + block_size + zero_points * 2 + fc3;
+          PackedProjection p1 = random_projection(kInter, kHidden * 2, bits, block_size, zero_points, seed);
+          PackedProjection p2 = random_projection(kHidden * 2, kInter, bits, block_size, zero_points, seed + 1);
+          PackedProjection p3 = random_projection(kInter, kHidden * 2, bits, block_size, zero_points, seed + 2);
+          mx::array x = random_array({kMany, kHidden * 2}, seed + 3);
+          mx::array router = random_array({kMany, kExpertsHere}, seed + 4, 2.0f);
+          auto inputs = [&](int tokens) {
+            auto rows = [&](const mx::array& a) { return mx::slice(a, {0, 0}, {tokens, a.shape(1)}); };
+            std::vector<Value> in = {rows(x), rows(router), p1.weights, p1.scales, Value(),
+                                     p2.weights, p2.scales, Value(), Value(), Value(), Value(), Value(), Value(),
+                                     Value()};
+            if (fc3) {
+              in[8] = p3.weights;
+              in[9] = p3.scales;
+            }
+            if (zero_points) {
+              in[11] = *p1.zero_points;
+              in[12] = *p2.zero_points;
+              if (fc3) in[13] = *p3.zero_points;
+            }
+            return in;
+          };
+          std::vector<Attribute> attrs = {int_attr("k", 2), string_attr("activation_type", fc3 ? "silu" : "relu"),
+                                          int_attr("expert_weight_bits", bits)};
+          if (block_size > 0) attrs.push_back(int_attr("block_size", block_size));
+          mx::array few = out0(run_qmoe(inputs(kFew), attrs));
+          mx::array many = out0(run_qmoe(inputs(kMany), attrs));
+          mx::array want = mx::slice(many, {0, 0}, {kFew, many.shape(1)});
+          const float scale = mx::max(mx::abs(want)).item<float>();
+          EXPECT_GT(scale, 0.0f);
+          EXPECT_LT(max_abs_diff(few, want), 1e-5f * std::max(scale, 1.0f))
+              << "bits " << bits << " block " << block_size << " zero points " << zero_points << " fc3 " << fc3;
+        }
+      }
+    }
+  }
+}
+
 TEST(MicrosoftMoe, QMoEErrorsNameTheInputAndShapes) {
   MoeInputs in;
   std::vector<Value> q = {in.x,
