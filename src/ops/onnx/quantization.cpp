@@ -19,8 +19,10 @@
 // integers, with the reduction cut into chunks short enough that every partial
 // sum stays below 2^24, where float32 holds every integer (see
 // exact_integer_matmul). The chunks' sums are added in int32. This keeps
-// BLAS/GPU matmul speed; an elementwise int32 product-and-sum would be exact
-// too but needs an [M, K, N] intermediate.
+// float GEMM speed (Transmuter's own GEMM on CPU streams, whose float32
+// multiply-adds are exact on such integers; MLX's matmul elsewhere); an
+// elementwise int32 product-and-sum would be exact too but needs an [M, K, N]
+// intermediate.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -32,6 +34,7 @@
 #include <mlx/mlx.h>
 
 #include "core/memory.h"
+#include "kernels/cpu/gemm.h"
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/onnx/narrow_types.h"
@@ -287,8 +290,13 @@ constexpr int kExactTerms = 258;
  * float32, and the chunks are summed in int32 (wrapping like a 32-bit
  * accumulator, which the spec allows). */
 mx::array exact_integer_matmul(mx::array a, mx::array b, mx::StreamOrDevice s) {
+  // The own GEMM on the CPU (MLX's matmul there is OpenBLAS, whose worker spins on the core the kernel
+  // pool needs: a dynamically quantized MiniLM-L6 ran 2-40x slower than its float32 export).
+  auto float_matmul = [&](const mx::array& x, const mx::array& y) {
+    return kernels::batched_matmul_fits(x, y, s) ? kernels::batched_matmul(x, y, s) : mx::matmul(x, y, s);
+  };
   const int k = a.shape(-1);
-  if (k <= kExactTerms) return mx::astype(mx::matmul(a, b, s), mx::int32, s);
+  if (k <= kExactTerms) return mx::astype(float_matmul(a, b), mx::int32, s);
   const int chunks = (k + kExactTerms - 1) / kExactTerms;
   const int chunk = (k + chunks - 1) / chunks;
   const int padded = chunk * chunks;
@@ -307,7 +315,7 @@ mx::array exact_integer_matmul(mx::array a, mx::array b, mx::StreamOrDevice s) {
   mx::Shape b_shape(b.shape().begin(), b.shape().end() - 2);
   b_shape.insert(b_shape.end(), {chunks, chunk, b.shape(-1)});
   b = mx::reshape(b, b_shape, s);
-  return mx::sum(mx::astype(mx::matmul(a, b, s), mx::int32, s), -3, false, s);
+  return mx::sum(mx::astype(float_matmul(a, b), mx::int32, s), -3, false, s);
 }
 
 /** numpy matmul of quantized operands minus zero points (float32), with 1-D
