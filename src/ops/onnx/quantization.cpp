@@ -18,7 +18,7 @@
 // floats only, so they run in float32 on operands that are exact small
 // integers, with the reduction cut into chunks short enough that every partial
 // sum stays below 2^24, where float32 holds every integer (see
-// exact_integer_matmul). The chunks' sums are added in int32. This keeps
+// kernels::exact_integer_matmul). The chunks' sums are added in int32. This keeps
 // float GEMM speed (Transmuter's own GEMM on CPU streams, whose float32
 // multiply-adds are exact on such integers; MLX's matmul elsewhere); an
 // elementwise int32 product-and-sum would be exact too but needs an [M, K, N]
@@ -34,7 +34,7 @@
 #include <mlx/mlx.h>
 
 #include "core/memory.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/integer_gemm.h"
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/onnx/narrow_types.h"
@@ -275,49 +275,6 @@ OpOutputs dynamic_quantize_linear(NodeContext& ctx) {
 
 // --- exact integer products -----------------------------------------------------------
 
-// Operands of the integer products are (q - zero_point) with 8-bit q and zero
-// point, so |term| <= 255 and every product is at most 255^2 = 65025. float32
-// represents every integer below 2^24 exactly, so a dot product of at most
-// 2^24 / 65025 = 258 such terms is exact in float32 whatever the summation
-// order (BLAS blocking, FMA, GPU split-K: every partial sum is an integer
-// below 2^24). TF32 matmul on GPUs rounds operands to 11 significant bits,
-// which still holds every |term| <= 255 exactly.
-constexpr int kExactTerms = 258;
-
-/** Exact a @ b for float32 a: [..., M, K], b: [..., K, N] (batch axes
- * broadcast) holding integers in [-255, 255]; int32 result [..., M, N]. K is
- * cut into chunks of at most kExactTerms, each chunk's product is exact in
- * float32, and the chunks are summed in int32 (wrapping like a 32-bit
- * accumulator, which the spec allows). */
-mx::array exact_integer_matmul(mx::array a, mx::array b, mx::StreamOrDevice s) {
-  // The own GEMM on the CPU (MLX's matmul there is OpenBLAS, whose worker spins on the core the kernel
-  // pool needs: a dynamically quantized MiniLM-L6 ran 2-40x slower than its float32 export).
-  auto float_matmul = [&](const mx::array& x, const mx::array& y) {
-    return kernels::batched_matmul_fits(x, y, s) ? kernels::batched_matmul(x, y, s) : mx::matmul(x, y, s);
-  };
-  const int k = a.shape(-1);
-  if (k <= kExactTerms) return mx::astype(float_matmul(a, b), mx::int32, s);
-  const int chunks = (k + kExactTerms - 1) / kExactTerms;
-  const int chunk = (k + chunks - 1) / chunks;
-  const int padded = chunk * chunks;
-  if (padded != k) {
-    std::vector<std::pair<int, int>> pad_a(a.ndim(), {0, 0}), pad_b(b.ndim(), {0, 0});
-    pad_a.back() = {0, padded - k};
-    pad_b[b.ndim() - 2] = {0, padded - k};
-    a = mx::pad(a, pad_a, mx::array(0.0f), "constant", s);
-    b = mx::pad(b, pad_b, mx::array(0.0f), "constant", s);
-  }
-  // a: [..., M, chunks, chunk] -> [..., chunks, M, chunk]; b: [..., chunks, chunk, N]
-  mx::Shape a_shape(a.shape().begin(), a.shape().end() - 1);
-  a_shape.push_back(chunks);
-  a_shape.push_back(chunk);
-  a = mx::swapaxes(mx::reshape(a, a_shape, s), -3, -2, s);
-  mx::Shape b_shape(b.shape().begin(), b.shape().end() - 2);
-  b_shape.insert(b_shape.end(), {chunks, chunk, b.shape(-1)});
-  b = mx::reshape(b, b_shape, s);
-  return mx::sum(mx::astype(float_matmul(a, b), mx::int32, s), -3, false, s);
-}
-
 /** numpy matmul of quantized operands minus zero points (float32), with 1-D
  * operands promoted to matrices and the added axis removed again. `exact`:
  * integer operands through exact_integer_matmul (int32 result); otherwise a
@@ -332,7 +289,7 @@ mx::array quantized_matmul(const NodeContext& ctx, mx::array a, mx::array b, boo
   if (a.shape(-1) != b.shape(-2)) {
     throw ctx.error("inner dimensions differ: ", a.shape(-1), " and ", b.shape(-2));
   }
-  mx::array out = exact ? exact_integer_matmul(a, b, s) : mx::matmul(a, b, s);
+  mx::array out = exact ? kernels::exact_integer_matmul(a, b, s) : mx::matmul(a, b, s);
   if (vector_b) out = mx::squeeze(out, -1, s);
   if (vector_a) out = mx::squeeze(out, vector_b ? -1 : -2, s);
   return out;
@@ -508,7 +465,7 @@ mx::array integer_convolution(const NodeContext& ctx, const mx::array& x, const 
   columns = mx::reshape(mx::transpose(columns, {1, 0, 3, 2, 4}, s), {g, batch * positions, depth}, s);
   // [M, C/G, k...] -> [G, M/G, C/G*window] -> [G, C/G*window, M/G]
   mx::array weights = mx::swapaxes(mx::reshape(w, {g, out_per_group, depth}, s), 1, 2, s);
-  mx::array y = exact_integer_matmul(columns, weights, s);  // [G, N*P, M/G]
+  mx::array y = kernels::exact_integer_matmul(columns, weights, s);  // [G, N*P, M/G]
   // -> [N, G, M/G, P] -> [N, M, O...]
   y = mx::transpose(mx::reshape(y, {g, batch, positions, out_per_group}, s), {1, 0, 3, 2}, s);
   mx::Shape out_shape{batch, w.shape(0)};

@@ -7,12 +7,22 @@
 //   float32 [n]; residual (optional, no activation only) float32, added last
 //   (in the epilogue when it has Y's shape); attributes n (int, required) and
 //   activation ("" none, "gelu" erf form, "gelu_tanh"). Y [..., n].
+//
+// IntegerMatMul (ai.transmuter, since 1), made by src/passes/pack_integer_matmul_weights.cpp:
+//
+//   Y = (A - a_zero_point) @ (B - b_zero_point)   (int32, exact: ONNX MatMulInteger)
+//
+//   A [..., k] uint8 or int8; packed, column_sums, column_zeros: B [k, n] (int8 or uint8, a constant)
+//   and its zero point as kernels::pack_integer_gemm_rhs prepared them (int8 [panels, k / 4, 128],
+//   int32 [panels * 32] twice); a_zero_point (optional): A's type, one element; attributes k, n
+//   (int, required). Y [..., n] int32.
 #include <optional>
 #include <string>
 
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/integer_gemm.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -51,11 +61,41 @@ OpOutputs packed_matmul(NodeContext& ctx) {
   return {kernels::packed_matmul(a, packed, bias, n, activation, ctx.stream(), residual)};
 }
 
+OpOutputs integer_matmul(NodeContext& ctx) {
+  const mx::array& a = ctx.input(0);
+  const int64_t k = ctx.attr_int("k", 0), n = ctx.attr_int("n", 0);
+  kernels::PackedIntegerRhs b{ctx.input(1), ctx.input(2), ctx.input(3)};
+  const int64_t panels = (n + 31) / 32, quads = (k + 3) / 4;
+  if (k <= 0 || n <= 0 || b.packed.dtype() != mx::int8 || b.packed.shape() != mx::Shape{static_cast<int>(panels),
+                                                                                         static_cast<int>(quads), 128}) {
+    throw ctx.error("packed weight must be int8 [", panels, ", ", quads, ", 128] for k = ", k, ", n = ", n,
+                    ", got ", b.packed.dtype(), " ", b.packed.shape());
+  }
+  for (const mx::array* column : {&b.column_sums, &b.column_zeros}) {
+    if (column->dtype() != mx::int32 || column->shape() != mx::Shape{static_cast<int>(panels * 32)})
+      throw ctx.error("column sums and zeros must be int32 [", panels * 32, "], got ", column->dtype(), " ",
+                      column->shape());
+  }
+  if ((a.dtype() != mx::uint8 && a.dtype() != mx::int8) || a.ndim() < 1 || a.shape(-1) != k)
+    throw ctx.error("A must be uint8 or int8 [..., ", k, "], got ", a.dtype(), " ", a.shape());
+  std::optional<mx::array> a_zero = ctx.optional_input(4);
+  if (a_zero && (a_zero->dtype() != a.dtype() || a_zero->size() != 1))
+    throw ctx.error("a_zero_point must be one element of A's type ", a.dtype(), ", got ", a_zero->dtype(), " ",
+                    a_zero->shape());
+  return {kernels::integer_matmul(a, b, k, n, a_zero, ctx.stream())};
+}
+
 }  // namespace
 
 void register_transmuter_matmul(OpRegistry& r) {
   r.add({
       {"PackedMatMul", kTransmuter, 1, kOpen, packed_matmul},
+      {.op_type = "IntegerMatMul",
+       .domain = kTransmuter,
+       .since = 1,
+       .until = kOpen,
+       .fn = integer_matmul,
+       .not_differentiable = "integer inputs and output"},
   });
 }
 

@@ -1,0 +1,312 @@
+// Compiled once per SIMD target (Highway's foreach_target re-includes this
+// file); the kernel runs where the target has AVX512-VNNI (AVX3_DL).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/integer_gemm.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#ifndef TRANSMUTER_KERNELS_CPU_INTEGER_GEMM_ARGS
+#define TRANSMUTER_KERNELS_CPU_INTEGER_GEMM_ARGS
+namespace transmuter::kernels {
+// Columns of one packed panel (two vectors of 16 int32 lanes) and bytes of one of its depth quads.
+inline constexpr int64_t kIntPanelColumns = 32;
+inline constexpr int64_t kIntQuadBytes = 4 * kIntPanelColumns;
+// Rows of one register tile: 6 rows x 2 vectors = 12 accumulators.
+inline constexpr int64_t kIntTileRows = 6;
+
+// One call's pointers and sizes (outside the per-target namespaces).
+struct IntegerGemmArgs {
+  const uint8_t* a;             // [m, k], rows k bytes apart, k a multiple of 4
+  const int8_t* packed;         // [panels, k / 4, kIntQuadBytes]
+  const int32_t* column_sums;   // [panels * kIntPanelColumns]
+  const int32_t* column_zeros;  // [panels * kIntPanelColumns]
+  int32_t a_zero;
+  int64_t m, k, n;
+  int32_t* y;  // [m, n]
+};
+}  // namespace transmuter::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace transmuter::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET == HWY_AVX3_DL
+using DI = hn::ScalableTag<int32_t>;
+using VI = hn::Vec<DI>;
+using DI8 = hn::Repartition<int8_t, DI>;
+using DU8 = hn::Repartition<uint8_t, DI>;
+
+bool HasIntegerGemm() { return true; }
+
+// acc + the sums of four u8 x s8 products per int32 lane. Inline assembly, as in quantized_matmul.cpp:
+// Highway 1.0.3 compiles AVX3_DL for the VEX "avxvnni" form, which Zen 4 lacks; the target's run-time
+// check covers AVX512-VNNI.
+HWY_INLINE VI DotBytes(VI acc, hn::Vec<DU8> u, hn::Vec<DI8> v) {
+  __m512i sum = acc.raw;
+  asm("vpdpbusd %[v], %[u], %[sum]" : [sum] "+v"(sum) : [u] "v"(u.raw), [v] "v"(v.raw));
+  return VI{sum};
+}
+
+// y[row .. row + R, panel p's columns]: the raw products over the packed quads, then the zero points
+// through the row sums of A and the column sums of B'.
+template <int R>
+HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const int32_t* row_sums) {
+  const DI di;
+  const DU8 du8;
+  const DI8 di8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));  // 16: two vectors make a panel
+  VI acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(di);
+  const int64_t quads = g.k / 4;
+  const int8_t* b = g.packed + p * quads * kIntQuadBytes;
+  const uint8_t* a = g.a + row * g.k;
+  for (int64_t q = 0; q < quads; ++q) {
+    const auto b0 = hn::LoadU(di8, b + q * kIntQuadBytes);
+    const auto b1 = hn::LoadU(di8, b + q * kIntQuadBytes + kIntQuadBytes / 2);
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, a + r * g.k + 4 * q, sizeof(four));
+      const auto a4 = hn::BitCast(du8, hn::Set(di, four));
+      acc[r][0] = DotBytes(acc[r][0], a4, b0);
+      acc[r][1] = DotBytes(acc[r][1], a4, b1);
+    }
+  }
+  const VI za = hn::Set(di, g.a_zero);
+  const VI k_za = hn::Set(di, static_cast<int32_t>(g.k) * g.a_zero);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t col0 = p * kIntPanelColumns + h * lanes;
+    if (col0 >= g.n) break;
+    const VI sums = hn::LoadU(di, g.column_sums + col0);
+    const VI zeros = hn::LoadU(di, g.column_zeros + col0);
+    // - za sum_k b' + K za zb', the same for every row
+    const VI column_term = hn::Sub(hn::Mul(k_za, zeros), hn::Mul(za, sums));
+    const int64_t valid = std::min(lanes, g.n - col0);
+    for (int r = 0; r < R; ++r) {
+      const VI v = hn::Add(hn::Sub(acc[r][h], hn::Mul(zeros, hn::Set(di, row_sums[r]))), column_term);
+      int32_t* out = g.y + (row + r) * g.n + col0;
+      if (valid == lanes) {
+        hn::StoreU(v, di, out);
+      } else {
+        HWY_ALIGN int32_t buffer[16];
+        hn::Store(v, di, buffer);
+        std::memcpy(out, buffer, static_cast<size_t>(valid) * sizeof(int32_t));
+      }
+    }
+  }
+}
+
+// Rows [row0, row0 + rows) x panels [panel0, panel0 + panels): one task.
+void IntegerGemmBlock(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
+  for (int64_t row = row0; row < row0 + rows; row += kIntTileRows) {
+    const int64_t tile = std::min(kIntTileRows, row0 + rows - row);
+    int32_t row_sums[kIntTileRows];
+    for (int64_t r = 0; r < tile; ++r) {
+      const uint8_t* a = g.a + (row + r) * g.k;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < g.k; ++i) sum += a[i];
+      row_sums[r] = sum;
+    }
+    for (int64_t p = panel0; p < panel0 + panels; ++p) {
+      switch (tile) {
+        case 6: IntTile<6>(g, row, p, row_sums); break;
+        case 5: IntTile<5>(g, row, p, row_sums); break;
+        case 4: IntTile<4>(g, row, p, row_sums); break;
+        case 3: IntTile<3>(g, row, p, row_sums); break;
+        case 2: IntTile<2>(g, row, p, row_sums); break;
+        default: IntTile<1>(g, row, p, row_sums); break;
+      }
+    }
+  }
+}
+#else
+bool HasIntegerGemm() { return false; }
+void IntegerGemmBlock(const IntegerGemmArgs&, int64_t, int64_t, int64_t, int64_t) {}
+#endif
+
+}  // namespace transmuter::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "kernels/cpu/integer_gemm.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace transmuter::kernels {
+
+HWY_EXPORT(HasIntegerGemm);
+HWY_EXPORT(IntegerGemmBlock);
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Rows and panels of one task: 16 row tiles over 4 panels (4 x K bytes of B each, in L2).
+constexpr int64_t kBlockRows = 16 * kIntTileRows;
+constexpr int64_t kBlockPanels = 4;
+
+// B' [K, N] float32 (the packed values as they are) from the packed layout.
+mx::array unpacked_rhs(const mx::array& packed, int64_t k, int64_t n, mx::StreamOrDevice s) {
+  const int panels = packed.shape(0), quads = packed.shape(1);
+  mx::array b = mx::reshape(packed, {panels, quads, static_cast<int>(kIntPanelColumns), 4}, s);
+  b = mx::transpose(b, {1, 3, 0, 2}, s);  // [quads, 4, panels, 32]
+  b = mx::reshape(b, {quads * 4, panels * static_cast<int>(kIntPanelColumns)}, s);
+  return mx::astype(mx::slice(b, {0, 0}, {static_cast<int>(k), static_cast<int>(n)}, s), mx::float32, s);
+}
+
+// The kernel's reference: the centered operands in float32, multiplied exactly.
+mx::array reference_matmul(const std::vector<mx::array>& in, int64_t k, int64_t n, bool has_zero,
+                           mx::StreamOrDevice s) {
+  mx::array a = mx::astype(in[0], mx::float32, s);
+  if (has_zero) a = mx::subtract(a, mx::astype(in[4], mx::float32, s), s);
+  mx::array zeros = mx::astype(mx::slice(in[3], {0}, {static_cast<int>(n)}, s), mx::float32, s);
+  return exact_integer_matmul(a, mx::subtract(unpacked_rhs(in[1], k, n, s), zeros, s), s);
+}
+
+class IntegerMatmulKernel : public CpuKernel {
+ public:
+  IntegerMatmulKernel(mx::Stream stream, Reference reference, int64_t k, int64_t n, bool has_zero)
+      : CpuKernel(stream, std::move(reference)), k_(k), n_(n), has_zero_(has_zero) {}
+  const char* name() const override { return "transmuter::IntegerMatmul"; }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    IntegerGemmArgs g{};
+    g.a = in[0].data<uint8_t>();
+    g.packed = in[1].data<int8_t>();
+    g.column_sums = in[2].data<int32_t>();
+    g.column_zeros = in[3].data<int32_t>();
+    // The zero point's value is read in the task: inputs are computed by then, not when it is made.
+    const uint8_t* a_zero = has_zero_ ? in[4].data<uint8_t>() : nullptr;
+    g.k = k_;
+    g.n = n_;
+    g.m = static_cast<int64_t>(in[0].size()) / std::max<int64_t>(k_, 1);
+    g.y = out[0].data<int32_t>();
+    return [g, a_zero]() mutable {
+      g.a_zero = a_zero != nullptr ? static_cast<int32_t>(*a_zero) : 0;
+      const int64_t panels = ceil_div(g.n, kIntPanelColumns);
+      const int64_t row_blocks = ceil_div(g.m, kBlockRows);
+      int64_t block_panels = kBlockPanels;
+      while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads())
+        block_panels /= 2;
+      const int64_t panel_blocks = ceil_div(panels, block_panels);
+      parallel_for(row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t row0 = (t / panel_blocks) * kBlockRows, panel0 = (t % panel_blocks) * block_panels;
+          HWY_DYNAMIC_DISPATCH(IntegerGemmBlock)
+          (g, row0, std::min(kBlockRows, g.m - row0), panel0, std::min(block_panels, panels - panel0));
+        }
+      });
+    };
+  }
+
+ private:
+  int64_t k_, n_;
+  bool has_zero_;
+};
+
+}  // namespace
+
+mx::array exact_integer_matmul(mx::array a, mx::array b, mx::StreamOrDevice s) {
+  // The own GEMM on the CPU (MLX's matmul there is OpenBLAS, whose worker spins on the core the kernel
+  // pool needs: a dynamically quantized MiniLM-L6 ran 2-40x slower than its float32 export).
+  auto float_matmul = [&](const mx::array& x, const mx::array& y) {
+    return batched_matmul_fits(x, y, s) ? batched_matmul(x, y, s) : mx::matmul(x, y, s);
+  };
+  const int k = a.shape(-1);
+  if (k <= kExactIntegerTerms) return mx::astype(float_matmul(a, b), mx::int32, s);
+  const int chunks = (k + kExactIntegerTerms - 1) / kExactIntegerTerms;
+  const int chunk = (k + chunks - 1) / chunks;
+  const int padded = chunk * chunks;
+  if (padded != k) {
+    std::vector<std::pair<int, int>> pad_a(a.ndim(), {0, 0}), pad_b(b.ndim(), {0, 0});
+    pad_a.back() = {0, padded - k};
+    pad_b[b.ndim() - 2] = {0, padded - k};
+    a = mx::pad(a, pad_a, mx::array(0.0f), "constant", s);
+    b = mx::pad(b, pad_b, mx::array(0.0f), "constant", s);
+  }
+  // a: [..., M, chunks, chunk] -> [..., chunks, M, chunk]; b: [..., chunks, chunk, N]
+  mx::Shape a_shape(a.shape().begin(), a.shape().end() - 1);
+  a_shape.push_back(chunks);
+  a_shape.push_back(chunk);
+  a = mx::swapaxes(mx::reshape(a, a_shape, s), -3, -2, s);
+  mx::Shape b_shape(b.shape().begin(), b.shape().end() - 2);
+  b_shape.insert(b_shape.end(), {chunks, chunk, b.shape(-1)});
+  b = mx::reshape(b, b_shape, s);
+  return mx::sum(mx::astype(float_matmul(a, b), mx::int32, s), -3, false, s);
+}
+
+bool integer_gemm_available() { return HWY_DYNAMIC_DISPATCH(HasIntegerGemm)(); }
+
+PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<mx::array>& b_zero_point) {
+  if (b.ndim() != 2 || (b.dtype() != mx::int8 && b.dtype() != mx::uint8))
+    throw std::invalid_argument("pack_integer_gemm_rhs: B must be int8 or uint8 [K, N]");
+  const int64_t k = b.shape(0), n = b.shape(1);
+  const int32_t shift = b.dtype() == mx::uint8 ? 128 : 0;
+  const int64_t panels = ceil_div(n, kIntPanelColumns), quads = ceil_div(k, 4);
+  const int64_t padded_n = panels * kIntPanelColumns;
+  mx::array values = mx::astype(b, mx::int32, mx::Device::cpu);
+  std::vector<int32_t> zero(static_cast<size_t>(n), 0);
+  if (b_zero_point) {
+    const mx::array& z = *b_zero_point;
+    if (z.dtype() != b.dtype() || (z.size() != 1 && !(z.ndim() == 1 && z.shape(0) == n)))
+      throw std::invalid_argument("pack_integer_gemm_rhs: the zero point must be B's type, a scalar or [N]");
+    mx::array zi = mx::astype(mx::reshape(z, {-1}, mx::Device::cpu), mx::int32, mx::Device::cpu);
+    zi.eval();
+    for (int64_t j = 0; j < n; ++j) zero[j] = zi.data<int32_t>()[z.size() == 1 ? 0 : j];
+  }
+  values.eval();
+  const int32_t* v = values.data<int32_t>();
+  std::vector<int8_t> packed(static_cast<size_t>(panels * quads * kIntQuadBytes), 0);
+  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0), zeros(static_cast<size_t>(padded_n), 0);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t shifted = v[kk * n + j] - shift;
+      const int64_t p = j / kIntPanelColumns, column = j % kIntPanelColumns;
+      packed[static_cast<size_t>(((p * quads + kk / 4) * kIntPanelColumns + column) * 4 + kk % 4)] =
+          static_cast<int8_t>(shifted);
+      sums[static_cast<size_t>(j)] += shifted;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) zeros[static_cast<size_t>(j)] = zero[static_cast<size_t>(j)] - shift;
+  return {mx::array(packed.data(), {static_cast<int>(panels), static_cast<int>(quads),
+                                    static_cast<int>(kIntQuadBytes)}, mx::int8),
+          mx::array(sums.data(), {static_cast<int>(padded_n)}, mx::int32),
+          mx::array(zeros.data(), {static_cast<int>(padded_n)}, mx::int32)};
+}
+
+mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t k, int64_t n,
+                         const std::optional<mx::array>& a_zero_point, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  const bool has_zero = a_zero_point.has_value();
+  Reference reference = [k, n, has_zero, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{reference_matmul(in, k, n, has_zero, stream)};
+  };
+  std::vector<mx::array> inputs = {a, b.packed, b.column_sums, b.column_zeros};
+  if (a_zero_point) inputs.push_back(*a_zero_point);
+  const bool fits = is_cpu_stream(stream) && integer_gemm_available() && a.dtype() == mx::uint8 &&
+                    a.ndim() >= 1 && a.shape(-1) == k && k % 4 == 0 && a.size() > 0 &&
+                    (!a_zero_point || (a_zero_point->dtype() == mx::uint8 && a_zero_point->size() == 1));
+  if (!fits) return reference(inputs)[0];
+  mx::Shape shape = a.shape();
+  shape.back() = static_cast<int>(n);
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<IntegerMatmulKernel>(kernel_stream, reference, k, n, has_zero);
+      },
+      reference, inputs, {shape}, {mx::int32}, stream)[0];
+}
+
+}  // namespace transmuter::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,116 @@
+// Packs the constant 8-bit weight of each ONNX MatMulInteger once, at load, for the int8 GEMM kernel
+// (src/kernels/cpu/integer_gemm.h: AVX512-VNNI dot products), as ONNX Runtime's quantize_dynamic
+// exports use it (DynamicQuantizeLinear of the activation, then MatMulInteger by the int8 weight).
+//
+//   A (uint8)   B (int8/uint8 constant [K, N])         A   packed  column_sums  column_zeros  [a_zero_point]
+//      \       /     [a_zero_point] [b_zero_point]        \     |       |          /          /
+//     MatMulInteger --------/--------------/      =>       ai.transmuter IntegerMatMul (k = K, n = N)
+//           |                                                       |
+//           Y (int32)                                               Y
+//
+// b_zero_point must be absent or a constant of B's type (one element or [N]); a_zero_point absent, a
+// one-element constant, or DynamicQuantizeLinear's zero point (one element by its definition), since
+// the kernel takes one zero point for all of A's rows. The file's weight is dropped when nothing else
+// reads it. Runs only when the default device at load is the CPU and the CPU has the kernel
+// (kernels::integer_gemm_available): elsewhere the node would unpack the weight on every call.
+#include <algorithm>
+#include <array>
+#include <map>
+#include <optional>
+
+#include "kernels/cpu/integer_gemm.h"
+#include "passes/node_pattern.h"
+#include "passes/pass_manager.h"
+
+namespace transmuter {
+
+namespace {
+
+constexpr const char* kDomain = "ai.transmuter";
+
+bool is_8bit(mx::Dtype t) { return t == mx::int8 || t == mx::uint8; }
+
+// The zero point of A is one element: a one-element constant or DynamicQuantizeLinear's output 2.
+bool one_zero_point(const Graph& graph, const GraphIndex& index, const std::string& name) {
+  if (std::optional<mx::array> c = index.constant(name)) return c->size() == 1;
+  std::optional<size_t> producer = index.producer(name);
+  if (!producer) return false;
+  const Node& node = graph.nodes[*producer];
+  return is_onnx_op(node, "DynamicQuantizeLinear") && node.outputs.size() == 3 && node.outputs[2] == name;
+}
+
+struct IntegerProduct {
+  size_t node = 0;
+  std::string weight;
+  std::optional<std::string> a_zero, b_zero;
+};
+
+std::optional<IntegerProduct> match(const Graph& graph, const GraphIndex& index, size_t i) {
+  const Node& node = graph.nodes[i];
+  if (!is_onnx_op(node, "MatMulInteger") || node.inputs.size() < 2 || node.outputs.size() != 1) return std::nullopt;
+  IntegerProduct m{.node = i, .weight = node.inputs[1]};
+  std::optional<mx::array> b = index.constant(m.weight);
+  if (!b || b->ndim() != 2 || !is_8bit(b->dtype()) || b->shape(0) == 0 || b->shape(1) == 0) return std::nullopt;
+  if (node.inputs.size() > 2 && !node.inputs[2].empty()) {
+    if (!one_zero_point(graph, index, node.inputs[2])) return std::nullopt;
+    m.a_zero = node.inputs[2];
+  }
+  if (node.inputs.size() > 3 && !node.inputs[3].empty()) {
+    std::optional<mx::array> z = index.constant(node.inputs[3]);
+    if (!z || z->dtype() != b->dtype() || (z->size() != 1 && !(z->ndim() == 1 && z->shape(0) == b->shape(1))))
+      return std::nullopt;
+    m.b_zero = node.inputs[3];
+  }
+  return m;
+}
+
+}  // namespace
+
+size_t pack_integer_matmul_weights(Graph& graph) {
+  if (mx::default_device() != mx::Device::cpu || !kernels::integer_gemm_available()) return 0;
+  const GraphIndex index(graph);
+  std::vector<IntegerProduct> matches;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (std::optional<IntegerProduct> m = match(graph, index, i)) matches.push_back(*m);
+  }
+  // (weight, zero point) -> the names of its packed initializers
+  std::map<std::pair<std::string, std::string>, std::array<std::string, 3>> packed_names;
+  std::map<std::string, size_t> pending;
+  for (const IntegerProduct& m : matches) pending[m.weight]++;
+  for (const IntegerProduct& m : matches) {
+    const mx::array b = *index.constant(m.weight);
+    std::array<std::string, 3>& names = packed_names[{m.weight, m.b_zero.value_or("")}];
+    if (names[0].empty()) {
+      std::optional<mx::array> zero;
+      if (m.b_zero) zero = index.constant(*m.b_zero);
+      kernels::PackedIntegerRhs packed = kernels::pack_integer_gemm_rhs(b, zero);
+      const char* suffixes[3] = {"/packed_int8", "/column_sums", "/column_zeros"};
+      const mx::array* parts[3] = {&packed.packed, &packed.column_sums, &packed.column_zeros};
+      for (int p = 0; p < 3; ++p) {
+        names[p] = fresh_initializer_name(graph, m.weight + suffixes[p]);
+        graph.initializers[names[p]] = Value(*parts[p]);
+      }
+    }
+    Node& node = graph.nodes[m.node];
+    Node fused;
+    fused.name = node.name;
+    fused.op_type = "IntegerMatMul";
+    fused.domain = kDomain;
+    fused.opset = 1;
+    fused.inputs = {node.inputs[0], names[0], names[1], names[2]};
+    if (m.a_zero) fused.inputs.push_back(*m.a_zero);
+    fused.outputs = node.outputs;
+    fused.attributes = {int_attribute("k", b.shape(0)), int_attribute("n", b.shape(1))};
+    node = std::move(fused);
+    // The stored weight goes with its last product, unless something else reads it too.
+    const auto products = static_cast<size_t>(
+        std::count_if(matches.begin(), matches.end(), [&](const IntegerProduct& o) { return o.weight == m.weight; }));
+    if (--pending[m.weight] == 0 && index.consumers(m.weight).size() == products &&
+        graph.initializers.contains(m.weight) && !index.is_graph_output(m.weight))
+      drop_weight(graph, m.weight);
+  }
+  if (!matches.empty()) import_domain(graph, kDomain, 1);
+  return matches.size();
+}
+
+}  // namespace transmuter

@@ -1,0 +1,84 @@
+// pack_integer_matmul_weights: MatMulInteger by a constant 8-bit weight becomes ai.transmuter
+// IntegerMatMul (on CPUs with the int8 kernel) with exactly the same int32 results, eager and compiled;
+// products it cannot take (a computed weight, per-row zero points of A) stay as they are.
+#include <gtest/gtest.h>
+
+#include <mlx/mlx.h>
+
+#include "kernels/cpu/integer_gemm.h"
+#include "passes/pass_manager.h"
+#include "support/graph_builder.h"
+#include "support/op_test_support.h"
+#include "support/random_arrays.h"
+#include "transmuter/runtime.h"
+
+namespace transmuter {
+namespace {
+
+using testing::GraphBuilder;
+
+constexpr int kRows = 10, kDepth = 64, kColumns = 40;
+
+mx::array random_bytes(mx::Shape shape, mx::Dtype dtype, uint64_t seed) {
+  const int lo = dtype == mx::int8 ? -128 : 0;
+  return mx::astype(mx::random::randint(lo, lo + 256, shape, mx::int32, mx::random::key(seed)), dtype);
+}
+
+// x (float) -> DynamicQuantizeLinear -> MatMulInteger(xq, W, x_zero, [W_zero]) -> y (int32).
+GraphBuilder dynamic_product(mx::Dtype weight_type, bool per_column_zero) {
+  GraphBuilder b(17);
+  b.input("x", OnnxType::kFloat, {kRows, kDepth})
+      .initializer("W", random_bytes({kDepth, kColumns}, weight_type, 1))
+      .node("DynamicQuantizeLinear", {"x"}, {"xq", "x_scale", "x_zero"});
+  if (per_column_zero) {
+    b.initializer("W_zero", random_bytes({kColumns}, weight_type, 2))
+        .node("MatMulInteger", {"xq", "W", "x_zero", "W_zero"}, {"y"});
+  } else {
+    b.node("MatMulInteger", {"xq", "W", "x_zero"}, {"y"});
+  }
+  b.output("y");
+  return b;
+}
+
+TEST(PackIntegerMatmulWeights, KeepsTheIntegerResults) {
+  const Inputs in = {{"x", Value(testing::random_array({kRows, kDepth}, 3))}};
+  for (mx::Dtype weight_type : {mx::int8, mx::uint8}) {
+    for (bool per_column_zero : {false, true}) {
+      Model packed = dynamic_product(weight_type, per_column_zero).build();
+      Model plain = dynamic_product(weight_type, per_column_zero).build({.run_passes = false});
+      if (kernels::integer_gemm_available()) {
+        EXPECT_EQ(packed.op_histogram().count("ai.transmuter.IntegerMatMul"), 1u);
+        EXPECT_EQ(packed.op_histogram().count("MatMulInteger"), 0u);
+      }
+      mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("y");
+      mx::array eager = run(packed, packed.params(), in, {mx::Device::cpu}).tensor("y");
+      mx::array compiled = compile(packed, in, {.device = mx::Device::cpu})(in).tensor("y");
+      EXPECT_EQ(eager.dtype(), mx::int32);
+      EXPECT_TRUE(mx::array_equal(eager, want).item<bool>()) << weight_type << " " << per_column_zero;
+      EXPECT_TRUE(mx::array_equal(compiled, want).item<bool>()) << weight_type << " " << per_column_zero;
+      EXPECT_GT(mx::max(mx::abs(want)).item<int32_t>(), 1000);
+    }
+  }
+}
+
+TEST(PackIntegerMatmulWeights, LeavesWhatTheKernelCannotTake) {
+  // A weight computed in the graph.
+  GraphBuilder computed(17);
+  computed.input("a", OnnxType::kUint8, {kRows, kDepth})
+      .input("w", OnnxType::kInt8, {kDepth, kColumns})
+      .node("Identity", {"w"}, {"w_copy"})
+      .node("MatMulInteger", {"a", "w_copy"}, {"y"})
+      .output("y");
+  EXPECT_EQ(pack_integer_matmul_weights(*computed.graph()), 0u);
+  // A's zero point per row (a constant [M]).
+  GraphBuilder per_row(17);
+  per_row.input("a", OnnxType::kUint8, {kRows, kDepth})
+      .initializer("W", random_bytes({kDepth, kColumns}, mx::int8, 4))
+      .initializer("a_zero", random_bytes({kRows}, mx::uint8, 5))
+      .node("MatMulInteger", {"a", "W", "a_zero"}, {"y"})
+      .output("y");
+  EXPECT_EQ(pack_integer_matmul_weights(*per_row.graph()), 0u);
+}
+
+}  // namespace
+}  // namespace transmuter
