@@ -254,7 +254,7 @@ class AttentionKernel : public CpuKernel {
     a.query_block = query_block_size(a.batch * a.q_heads, a.queries);
     if (has_mask_) {
       a.mask = in[3].data<float>();
-      a.mask_rows = *MaskRows::of({q.shape(0), q.shape(1), q.shape(2), a.keys}, in[3].shape());
+      a.mask_rows = *MaskRows::of({q.shape(0), q.shape(1), q.shape(2), static_cast<int>(a.keys)}, in[3].shape());
     }
     a.scale = options_.scale;
     a.causal = options_.causal;
