@@ -34,6 +34,7 @@
 #include <mlx/mlx.h>
 
 #include "core/memory.h"
+#include "kernels/cpu/dynamic_quantize.h"
 #include "kernels/cpu/integer_gemm.h"
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
@@ -260,17 +261,8 @@ OpOutputs dynamic_quantize_linear(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   if (x.dtype() != mx::float32) throw ctx.error("x must be float32, got ", onnx_type_name(input_type(ctx, 0)));
   if (x.size() == 0) throw ctx.error("x is empty: its range, and so the scale, is undefined");
-  const mx::array zero(0.0f);
-  mx::array high = mx::maximum(mx::max(x, s), zero, s);
-  mx::array low = mx::minimum(mx::min(x, s), zero, s);
-  mx::array range = mx::subtract(high, low, s);
-  range = mx::where(mx::equal(range, zero, s), mx::array(1.0f), range, s);
-  mx::array scale = mx::divide(range, mx::array(255.0f), s);
-  mx::array zero_point =
-      mx::round(mx::clip(mx::negative(mx::divide(low, scale, s), s), zero, mx::array(255.0f), s), 0, s);
-  mx::array y = mx::add(mx::round(mx::divide(x, scale, s), 0, s), zero_point, s);
-  y = mx::clip(y, zero, mx::array(255.0f), s);
-  return {mx::astype(y, mx::uint8, s), scale, mx::astype(zero_point, mx::uint8, s)};
+  std::vector<mx::array> out = kernels::dynamic_quantize_linear(x, s);
+  return {out[0], out[1], out[2]};
 }
 
 // --- exact integer products -----------------------------------------------------------
