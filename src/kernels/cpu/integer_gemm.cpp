@@ -22,6 +22,7 @@ inline constexpr int64_t kIntTileRows = 6;
 // One call's pointers and sizes (outside the per-target namespaces).
 struct IntegerGemmArgs {
   const uint8_t* a;             // [m, k], rows k bytes apart, k a multiple of 4
+  const int32_t* row_sums;      // [m]: sum_k of each row of a
   const int8_t* packed;         // [panels, k / 4, kIntQuadBytes]
   const int32_t* column_sums;   // [panels * kIntPanelColumns]
   const int32_t* column_zeros;  // [panels * kIntPanelColumns]
@@ -105,13 +106,7 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
 void IntegerGemmBlock(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
   for (int64_t row = row0; row < row0 + rows; row += kIntTileRows) {
     const int64_t tile = std::min(kIntTileRows, row0 + rows - row);
-    int32_t row_sums[kIntTileRows];
-    for (int64_t r = 0; r < tile; ++r) {
-      const uint8_t* a = g.a + (row + r) * g.k;
-      int32_t sum = 0;
-      for (int64_t i = 0; i < g.k; ++i) sum += a[i];
-      row_sums[r] = sum;
-    }
+    const int32_t* row_sums = g.row_sums + row;
     for (int64_t p = panel0; p < panel0 + panels; ++p) {
       switch (tile) {
         case 6: IntTile<6>(g, row, p, row_sums); break;
@@ -124,9 +119,25 @@ void IntegerGemmBlock(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int6
     }
   }
 }
+// sums[i] = sum_k a[i, k] for rows [row0, row0 + rows) (bytes summed eight at a time).
+void RowSums(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int32_t* sums) {
+  const hn::ScalableTag<uint8_t> d8;
+  const hn::Repartition<uint64_t, decltype(d8)> d64;
+  const int64_t bytes = static_cast<int64_t>(hn::Lanes(d8));
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    const uint8_t* a = g.a + r * g.k;
+    auto acc = hn::Zero(d64);
+    int64_t i = 0;
+    for (; i + bytes <= g.k; i += bytes) acc = hn::Add(acc, hn::SumsOf8(hn::LoadU(d8, a + i)));
+    int64_t sum = static_cast<int64_t>(hn::GetLane(hn::SumOfLanes(d64, acc)));
+    for (; i < g.k; ++i) sum += a[i];
+    sums[r] = static_cast<int32_t>(sum);
+  }
+}
 #else
 bool HasIntegerGemm() { return false; }
 void IntegerGemmBlock(const IntegerGemmArgs&, int64_t, int64_t, int64_t, int64_t) {}
+void RowSums(const IntegerGemmArgs&, int64_t, int64_t, int32_t*) {}
 #endif
 
 }  // namespace transmuter::kernels::HWY_NAMESPACE
@@ -147,6 +158,7 @@ namespace transmuter::kernels {
 
 HWY_EXPORT(HasIntegerGemm);
 HWY_EXPORT(IntegerGemmBlock);
+HWY_EXPORT(RowSums);
 
 namespace {
 
@@ -195,6 +207,12 @@ class IntegerMatmulKernel : public CpuKernel {
     g.y = out[0].data<int32_t>();
     return [g, a_zero]() mutable {
       g.a_zero = a_zero != nullptr ? static_cast<int32_t>(*a_zero) : 0;
+      // A's row sums once per call (every panel block's tiles use them).
+      std::vector<int32_t> row_sums(static_cast<size_t>(g.m));
+      parallel_for(g.m, kBlockRows, [&](int64_t begin, int64_t end) {
+        HWY_DYNAMIC_DISPATCH(RowSums)(g, begin, end - begin, row_sums.data());
+      });
+      g.row_sums = row_sums.data();
       const int64_t panels = ceil_div(g.n, kIntPanelColumns);
       const int64_t row_blocks = ceil_div(g.m, kBlockRows);
       int64_t block_panels = kBlockPanels;
