@@ -24,6 +24,8 @@ what a PyTorch (opset 17) export produces, so the same patterns reach Transmuter
            orientation, 2 classes) and `rec` (strides (2,1) keep the width, CTC-style head).
   convnext ConvNeXt-atto-sized: depthwise 7x7, channels-last LayerNormalization, MLP with
            Erf GELU, layer scale, residual; used for the first-compile latency.
+  minilm_l6_int8  minilm_l6 through ONNX Runtime's quantize_dynamic (int8 weights), as the Hub's
+           `model_quantized.onnx` exports are made.
 
     .venv/bin/python bench/make_bench_models.py [NAME ...] [--out-dir .cache/bench-models]
 Writes <out-dir>/<NAME>.onnx (skips existing files unless --force); prints the paths.
@@ -328,9 +330,23 @@ def convnext(depths=(2, 2, 6, 2), dims=(40, 80, 160, 320), image: int = 224, cla
 
 # --- the catalogue ----------------------------------------------------------------
 
+def dynamic_int8(float_model: str):
+    """ONNX Runtime's quantize_dynamic of another bench model (int8 weights, the defaults the Hub's
+    `model_quantized.onnx` files are made with): DynamicQuantizeLinear + MatMulInteger per product."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import tempfile
+
+    source = ensure_model(float_model)
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "quantized.onnx"
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+        return onnx.load(str(target))
+
+
 MODELS = {
     "tiny_encoder": lambda: bert_encoder(layers=2, hidden=64, heads=4, ffn_dim=256, vocab=1000, max_positions=128),
     "minilm_l6": lambda: bert_encoder(layers=6, hidden=384, heads=12, ffn_dim=1536),
+    "minilm_l6_int8": lambda: dynamic_int8("minilm_l6"),
     "bert_base": lambda: bert_encoder(layers=12, hidden=768, heads=12, ffn_dim=3072),
     "vit_base": vit,
     "resnet50": resnet50,

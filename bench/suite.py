@@ -80,6 +80,7 @@ CASES = [
     *encoder_cases("tiny_encoder", [(1, 16)], vocab=1000),  # the CTest smoke case; not in the default list
     *encoder_cases("minilm_l3", ENCODER_SHAPES, quick_shapes=[(1, 16)], first_compile=True),
     *encoder_cases("minilm_l6", ENCODER_SHAPES, first_compile=True),
+    *encoder_cases("minilm_l6_int8", [(1, 16), (1, 128)]),  # quantize_dynamic's int8 export
     *encoder_cases("bert_base", [(1, 128)]),
     Case("bert_base_b8_s128", "bert_base", "encoder", {"batch": 8, "sequence": 128}, optional=True),
     *image_cases("resnet50", "cnn", [1, 8]),
