@@ -3,13 +3,17 @@
 // exports use it (DynamicQuantizeLinear of the activation, then MatMulInteger by the int8 weight).
 //
 //   A (uint8)   B (int8/uint8 constant [K, N])         A   packed  column_sums  column_zeros  [a_zero_point]
-//      \       /     [a_zero_point] [b_zero_point]        \     |       |          /          /
+//      \       /     [a_zero_point] [b_zero_point]        \     |       |          /          /  [scale] [bias]
 //     MatMulInteger --------/--------------/      =>       ai.transmuter IntegerMatMul (k = K, n = N)
 //           |                                                       |
-//           Y (int32)                                               Y
+//     [Cast(to float) -> Mul(scale) [-> Add(bias)]]                 Y
+//           |
+//           Y
 //
-// b_zero_point must be absent or a constant of B's type (one element or [N]); a_zero_point absent, a
-// one-element constant, or DynamicQuantizeLinear's zero point (one element by its definition), since
+// The float epilogue quantize_dynamic writes after each product (Cast to float, Mul by A's scale
+// times B's, Add of a constant bias [N]) joins the fused node when each value is read by the next node
+// alone; the kernel rounds each step as the separate ops do. b_zero_point must be absent or a constant
+// of B's type (one element or [N]); a_zero_point absent, a one-element constant, or DynamicQuantizeLinear's zero point (one element by its definition), since
 // the kernel takes one zero point for all of A's rows. The file's weight is dropped when nothing else
 // reads it. Runs only when the default device at load is the CPU and the CPU has the kernel
 // (kernels::integer_gemm_available): elsewhere the node would unpack the weight on every call.
@@ -43,7 +47,32 @@ struct IntegerProduct {
   size_t node = 0;
   std::string weight;
   std::optional<std::string> a_zero, b_zero;
+  // quantize_dynamic's float epilogue, when it follows: Cast(to float) -> Mul(scale) [-> Add(bias)].
+  std::vector<size_t> epilogue;  // its nodes, in order; the last one's output is the fused node's
+  std::optional<std::string> scale, bias;
 };
+
+// Cast(to float) -> Mul by a value -> optional Add of a constant float [N], each read by the next
+// alone: the fused node computes them in its epilogue.
+void take_float_epilogue(const Graph& graph, const GraphIndex& index, int64_t columns, IntegerProduct& m) {
+  std::optional<size_t> cast = sole_consumer(index, graph.nodes[m.node].outputs[0]);
+  if (!cast || !is_onnx_op(graph.nodes[*cast], "Cast") || int_attribute_or(graph.nodes[*cast], "to", 0) != 1) return;
+  const std::string& as_float = graph.nodes[*cast].outputs[0];
+  std::optional<size_t> mul = sole_consumer(index, as_float);
+  if (!mul || !is_onnx_op(graph.nodes[*mul], "Mul")) return;
+  std::optional<std::string> scale = other_input(graph.nodes[*mul], as_float);
+  if (!scale) return;
+  m.epilogue = {*cast, *mul};
+  m.scale = scale;
+  std::optional<size_t> add = sole_consumer(index, graph.nodes[*mul].outputs[0]);
+  if (!add || !is_onnx_op(graph.nodes[*add], "Add")) return;
+  std::optional<std::string> bias = other_input(graph.nodes[*add], graph.nodes[*mul].outputs[0]);
+  if (!bias) return;
+  std::optional<mx::array> b = index.constant(*bias);
+  if (!b || b->dtype() != mx::float32 || b->ndim() != 1 || b->shape(0) != columns) return;
+  m.epilogue.push_back(*add);
+  m.bias = bias;
+}
 
 std::optional<IntegerProduct> match(const Graph& graph, const GraphIndex& index, size_t i) {
   const Node& node = graph.nodes[i];
@@ -61,6 +90,7 @@ std::optional<IntegerProduct> match(const Graph& graph, const GraphIndex& index,
       return std::nullopt;
     m.b_zero = node.inputs[3];
   }
+  take_float_epilogue(graph, index, b->shape(1), m);
   return m;
 }
 
@@ -77,6 +107,7 @@ size_t pack_integer_matmul_weights(Graph& graph) {
   std::map<std::pair<std::string, std::string>, std::array<std::string, 3>> packed_names;
   std::map<std::string, size_t> pending;
   for (const IntegerProduct& m : matches) pending[m.weight]++;
+  std::vector<bool> removed(graph.nodes.size(), false);
   for (const IntegerProduct& m : matches) {
     const mx::array b = *index.constant(m.weight);
     std::array<std::string, 3>& names = packed_names[{m.weight, m.b_zero.value_or("")}];
@@ -91,17 +122,24 @@ size_t pack_integer_matmul_weights(Graph& graph) {
         graph.initializers[names[p]] = Value(*parts[p]);
       }
     }
-    Node& node = graph.nodes[m.node];
+    const Node& node = graph.nodes[m.node];
     Node fused;
     fused.name = node.name;
     fused.op_type = "IntegerMatMul";
     fused.domain = kDomain;
     fused.opset = 1;
     fused.inputs = {node.inputs[0], names[0], names[1], names[2]};
-    if (m.a_zero) fused.inputs.push_back(*m.a_zero);
-    fused.outputs = node.outputs;
+    if (m.a_zero || m.scale) fused.inputs.push_back(m.a_zero.value_or(""));
+    if (m.scale) fused.inputs.push_back(*m.scale);
+    if (m.bias) fused.inputs.push_back(*m.bias);
+    // The fused node takes the place of the epilogue's last node, after whatever computes the scale.
+    const size_t place = m.epilogue.empty() ? m.node : m.epilogue.back();
+    fused.outputs = graph.nodes[place].outputs;
+    for (size_t e : m.epilogue) removed[e] = true;
+    removed[m.node] = true;
+    removed[place] = false;
     fused.attributes = {int_attribute("k", b.shape(0)), int_attribute("n", b.shape(1))};
-    node = std::move(fused);
+    graph.nodes[place] = std::move(fused);
     // The stored weight goes with its last product, unless something else reads it too.
     const auto products = static_cast<size_t>(
         std::count_if(matches.begin(), matches.end(), [&](const IntegerProduct& o) { return o.weight == m.weight; }));
@@ -109,7 +147,10 @@ size_t pack_integer_matmul_weights(Graph& graph) {
         graph.initializers.contains(m.weight) && !index.is_graph_output(m.weight))
       drop_weight(graph, m.weight);
   }
-  if (!matches.empty()) import_domain(graph, kDomain, 1);
+  if (!matches.empty()) {
+    erase_nodes(graph, removed);
+    import_domain(graph, kDomain, 1);
+  }
   return matches.size();
 }
 

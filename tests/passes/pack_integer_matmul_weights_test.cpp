@@ -61,6 +61,38 @@ TEST(PackIntegerMatmulWeights, KeepsTheIntegerResults) {
   }
 }
 
+// quantize_dynamic's epilogue: Cast(to float) -> Mul(x_scale * W_scale) -> Add(bias), fused; the same
+// floats as the separate nodes.
+TEST(PackIntegerMatmulWeights, TakesTheFloatEpilogue) {
+  GraphBuilder b(17);
+  b.input("x", OnnxType::kFloat, {kRows, kDepth})
+      .initializer("W", random_bytes({kDepth, kColumns}, mx::int8, 6))
+      .initializer("W_zero", mx::array(static_cast<int8_t>(0)))
+      .initializer("W_scale", mx::array(0.02f))
+      .initializer("bias", testing::random_array({kColumns}, 7))
+      .node("DynamicQuantizeLinear", {"x"}, {"xq", "x_scale", "x_zero"})
+      .node("MatMulInteger", {"xq", "W", "x_zero", "W_zero"}, {"acc"})
+      .node("Cast", {"acc"}, {"acc_float"}, {testing::int_attr("to", 1)})
+      .node("Mul", {"x_scale", "W_scale"}, {"scale"})
+      .node("Mul", {"acc_float", "scale"}, {"scaled"})
+      .node("Add", {"bias", "scaled"}, {"y"})
+      .output("y");
+  const Inputs in = {{"x", Value(testing::random_array({kRows, kDepth}, 8))}};
+  Model packed = b.build();
+  Model plain = b.build({.run_passes = false});
+  if (kernels::integer_gemm_available()) {
+    EXPECT_EQ(packed.op_histogram().count("Cast"), 0u);
+    EXPECT_EQ(packed.op_histogram().count("Add"), 0u);
+    EXPECT_EQ(packed.op_histogram().at("Mul"), 1u);  // the scales' product stays
+  }
+  mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("y");
+  mx::array eager = run(packed, packed.params(), in, {mx::Device::cpu}).tensor("y");
+  mx::array compiled = compile(packed, in, {.device = mx::Device::cpu})(in).tensor("y");
+  EXPECT_TRUE(mx::array_equal(eager, want).item<bool>());
+  EXPECT_TRUE(mx::array_equal(compiled, want).item<bool>());
+  EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 1.0f);
+}
+
 TEST(PackIntegerMatmulWeights, LeavesWhatTheKernelCannotTake) {
   // A weight computed in the graph.
   GraphBuilder computed(17);

@@ -28,7 +28,12 @@ struct IntegerGemmArgs {
   const int32_t* column_zeros;  // [panels * kIntPanelColumns]
   int32_t a_zero;
   int64_t m, k, n;
-  int32_t* y;  // [m, n]
+  int32_t* y;  // [m, n], or null when y_float is written instead
+  // The float epilogue (y_float non-null): y_float = float(acc) * scale[j or 0] [+ bias[j]].
+  float* y_float;
+  const float* scale;
+  bool scale_per_column;
+  const float* bias;  // null: none
 };
 }  // namespace transmuter::kernels
 #endif
@@ -88,6 +93,35 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
     // - za sum_k b' + K za zb', the same for every row
     const VI column_term = hn::Sub(hn::Mul(k_za, zeros), hn::Mul(za, sums));
     const int64_t valid = std::min(lanes, g.n - col0);
+    if (g.y_float != nullptr) {
+      const hn::Rebind<float, DI> df;
+      // The columns' scales and biases, through a padded copy at the last panel's end.
+      auto columns = [&](const float* values) {
+        if (valid == lanes) return hn::LoadU(df, values + col0);
+        HWY_ALIGN float padded[16] = {};
+        std::memcpy(padded, values + col0, static_cast<size_t>(valid) * sizeof(float));
+        return hn::Load(df, padded);
+      };
+      const auto scale = g.scale_per_column ? columns(g.scale) : hn::Set(df, g.scale[0]);
+      const auto bias = g.bias != nullptr ? columns(g.bias) : hn::Zero(df);
+      for (int r = 0; r < R; ++r) {
+        const VI v = hn::Add(hn::Sub(acc[r][h], hn::Mul(zeros, hn::Set(di, row_sums[r]))), column_term);
+        auto f = hn::Mul(hn::ConvertTo(df, v), scale);
+        // The product rounded before the bias is added, as the separate Mul and Add round it: the empty
+        // asm keeps the compiler from contracting the two into a fused multiply-add.
+        asm("" : "+v"(f.raw));
+        if (g.bias != nullptr) f = hn::Add(f, bias);
+        float* out = g.y_float + (row + r) * g.n + col0;
+        if (valid == lanes) {
+          hn::StoreU(f, df, out);
+        } else {
+          HWY_ALIGN float buffer[16];
+          hn::Store(f, df, buffer);
+          std::memcpy(out, buffer, static_cast<size_t>(valid) * sizeof(float));
+        }
+      }
+      continue;
+    }
     for (int r = 0; r < R; ++r) {
       const VI v = hn::Add(hn::Sub(acc[r][h], hn::Mul(zeros, hn::Set(di, row_sums[r]))), column_term);
       int32_t* out = g.y + (row + r) * g.n + col0;
@@ -177,19 +211,28 @@ mx::array unpacked_rhs(const mx::array& packed, int64_t k, int64_t n, mx::Stream
   return mx::astype(mx::slice(b, {0, 0}, {static_cast<int>(k), static_cast<int>(n)}, s), mx::float32, s);
 }
 
-// The kernel's reference: the centered operands in float32, multiplied exactly.
-mx::array reference_matmul(const std::vector<mx::array>& in, int64_t k, int64_t n, bool has_zero,
+// Which inputs a call has: a, packed, column sums, column zeros, [a_zero], [scale, [bias]].
+struct IntegerInputs {
+  bool has_zero, has_scale, has_bias;
+  size_t scale() const { return has_zero ? 5 : 4; }
+};
+
+// The kernel's reference: the centered operands in float32, multiplied exactly, then the epilogue.
+mx::array reference_matmul(const std::vector<mx::array>& in, int64_t k, int64_t n, IntegerInputs kind,
                            mx::StreamOrDevice s) {
   mx::array a = mx::astype(in[0], mx::float32, s);
-  if (has_zero) a = mx::subtract(a, mx::astype(in[4], mx::float32, s), s);
+  if (kind.has_zero) a = mx::subtract(a, mx::astype(in[4], mx::float32, s), s);
   mx::array zeros = mx::astype(mx::slice(in[3], {0}, {static_cast<int>(n)}, s), mx::float32, s);
-  return exact_integer_matmul(a, mx::subtract(unpacked_rhs(in[1], k, n, s), zeros, s), s);
+  mx::array y = exact_integer_matmul(a, mx::subtract(unpacked_rhs(in[1], k, n, s), zeros, s), s);
+  if (!kind.has_scale) return y;
+  y = mx::multiply(mx::astype(y, mx::float32, s), in[kind.scale()], s);
+  return kind.has_bias ? mx::add(y, in[kind.scale() + 1], s) : y;
 }
 
 class IntegerMatmulKernel : public CpuKernel {
  public:
-  IntegerMatmulKernel(mx::Stream stream, Reference reference, int64_t k, int64_t n, bool has_zero)
-      : CpuKernel(stream, std::move(reference)), k_(k), n_(n), has_zero_(has_zero) {}
+  IntegerMatmulKernel(mx::Stream stream, Reference reference, int64_t k, int64_t n, IntegerInputs kind)
+      : CpuKernel(stream, std::move(reference)), k_(k), n_(n), kind_(kind) {}
   const char* name() const override { return "transmuter::IntegerMatmul"; }
 
  protected:
@@ -200,11 +243,18 @@ class IntegerMatmulKernel : public CpuKernel {
     g.column_sums = in[2].data<int32_t>();
     g.column_zeros = in[3].data<int32_t>();
     // The zero point's value is read in the task: inputs are computed by then, not when it is made.
-    const uint8_t* a_zero = has_zero_ ? in[4].data<uint8_t>() : nullptr;
+    const uint8_t* a_zero = kind_.has_zero ? in[4].data<uint8_t>() : nullptr;
     g.k = k_;
     g.n = n_;
     g.m = static_cast<int64_t>(in[0].size()) / std::max<int64_t>(k_, 1);
-    g.y = out[0].data<int32_t>();
+    if (kind_.has_scale) {
+      g.y_float = out[0].data<float>();
+      g.scale = in[kind_.scale()].data<float>();
+      g.scale_per_column = in[kind_.scale()].size() > 1;
+      g.bias = kind_.has_bias ? in[kind_.scale() + 1].data<float>() : nullptr;
+    } else {
+      g.y = out[0].data<int32_t>();
+    }
     return [g, a_zero]() mutable {
       g.a_zero = a_zero != nullptr ? static_cast<int32_t>(*a_zero) : 0;
       // A's row sums once per call (every panel block's tiles use them).
@@ -231,7 +281,7 @@ class IntegerMatmulKernel : public CpuKernel {
 
  private:
   int64_t k_, n_;
-  bool has_zero_;
+  IntegerInputs kind_;
 };
 
 }  // namespace
@@ -305,25 +355,33 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
 }
 
 mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t k, int64_t n,
-                         const std::optional<mx::array>& a_zero_point, mx::StreamOrDevice s) {
+                         const std::optional<mx::array>& a_zero_point, mx::StreamOrDevice s,
+                         const std::optional<IntegerEpilogue>& epilogue) {
   const mx::Stream stream = mx::to_stream(s);
-  const bool has_zero = a_zero_point.has_value();
-  Reference reference = [k, n, has_zero, stream](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{reference_matmul(in, k, n, has_zero, stream)};
+  const IntegerInputs kind{a_zero_point.has_value(), epilogue.has_value(), epilogue && epilogue->bias};
+  Reference reference = [k, n, kind, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{reference_matmul(in, k, n, kind, stream)};
   };
   std::vector<mx::array> inputs = {a, b.packed, b.column_sums, b.column_zeros};
   if (a_zero_point) inputs.push_back(*a_zero_point);
+  if (epilogue) inputs.push_back(epilogue->scale);
+  if (kind.has_bias) inputs.push_back(*epilogue->bias);
+  auto float_columns = [n](const mx::array& v, bool may_be_scalar) {
+    return v.dtype() == mx::float32 && ((may_be_scalar && v.size() == 1) || (v.ndim() == 1 && v.shape(0) == n));
+  };
   const bool fits = is_cpu_stream(stream) && integer_gemm_available() && a.dtype() == mx::uint8 &&
                     a.ndim() >= 1 && a.shape(-1) == k && k % 4 == 0 && a.size() > 0 &&
-                    (!a_zero_point || (a_zero_point->dtype() == mx::uint8 && a_zero_point->size() == 1));
+                    (!a_zero_point || (a_zero_point->dtype() == mx::uint8 && a_zero_point->size() == 1)) &&
+                    (!epilogue || float_columns(epilogue->scale, true)) &&
+                    (!kind.has_bias || float_columns(*epilogue->bias, false));
   if (!fits) return reference(inputs)[0];
   mx::Shape shape = a.shape();
   shape.back() = static_cast<int>(n);
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
-        return std::make_shared<IntegerMatmulKernel>(kernel_stream, reference, k, n, has_zero);
+        return std::make_shared<IntegerMatmulKernel>(kernel_stream, reference, k, n, kind);
       },
-      reference, inputs, {shape}, {mx::int32}, stream)[0];
+      reference, inputs, {shape}, {epilogue ? mx::float32 : mx::int32}, stream)[0];
 }
 
 }  // namespace transmuter::kernels

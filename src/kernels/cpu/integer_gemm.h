@@ -53,10 +53,19 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
 /** True when this CPU runs integer_matmul's kernel (AVX512-VNNI): otherwise the reference runs. */
 bool integer_gemm_available();
 
+/** A float epilogue of the integer product: Y = float(acc) * scale [+ bias], each rounded as the
+ * separate Cast, Mul and Add of quantize_dynamic's exports round (no fused multiply-add). scale:
+ * float32, one element or [n] (computed at run time: A's scale times B's); bias: float32 [n]. */
+struct IntegerEpilogue {
+  mx::array scale;
+  std::optional<mx::array> bias = std::nullopt;
+};
+
 /** int32 (A - a_zero_point) @ (B - b_zero_point) [..., M, n] for A [..., M, k] uint8 or int8,
  * B packed by pack_integer_gemm_rhs (k its depth, n its columns), a_zero_point of A's type, scalar
- * (nullopt: 0). */
+ * (nullopt: 0); with an epilogue, the float32 result of it instead. */
 mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t k, int64_t n,
-                         const std::optional<mx::array>& a_zero_point, mx::StreamOrDevice s = {});
+                         const std::optional<mx::array>& a_zero_point, mx::StreamOrDevice s = {},
+                         const std::optional<IntegerEpilogue>& epilogue = std::nullopt);
 
 }  // namespace transmuter::kernels

@@ -16,6 +16,10 @@
 //   and its zero point as kernels::pack_integer_gemm_rhs prepared them (int8 [panels, k / 4, 128],
 //   int32 [panels * 32] twice); a_zero_point (optional): A's type, one element; attributes k, n
 //   (int, required). Y [..., n] int32.
+//
+//   Inputs 5 and 6 (optional; the pass's fusion of quantize_dynamic's Cast -> Mul -> Add after the
+//   product): scale (float32, one element or [n]) and bias (float32 [n], only with scale):
+//   Y = float(Y) * scale + bias, float32.
 #include <optional>
 #include <string>
 
@@ -82,7 +86,16 @@ OpOutputs integer_matmul(NodeContext& ctx) {
   if (a_zero && (a_zero->dtype() != a.dtype() || a_zero->size() != 1))
     throw ctx.error("a_zero_point must be one element of A's type ", a.dtype(), ", got ", a_zero->dtype(), " ",
                     a_zero->shape());
-  return {kernels::integer_matmul(a, b, k, n, a_zero, ctx.stream())};
+  std::optional<kernels::IntegerEpilogue> epilogue;
+  if (std::optional<mx::array> scale = ctx.optional_input(5)) {
+    if (scale->dtype() != mx::float32) throw ctx.error("scale must be float32, got ", scale->dtype());
+    epilogue = kernels::IntegerEpilogue{*scale, ctx.optional_input(6)};
+    if (epilogue->bias && (epilogue->bias->dtype() != mx::float32 || epilogue->bias->shape() != mx::Shape{static_cast<int>(n)}))
+      throw ctx.error("bias must be float32 [", n, "], got ", epilogue->bias->dtype(), " ", epilogue->bias->shape());
+  } else if (ctx.has_input(6)) {
+    throw ctx.error("a bias needs the scale (input 5)");
+  }
+  return {kernels::integer_matmul(a, b, k, n, a_zero, ctx.stream(), epilogue)};
 }
 
 }  // namespace

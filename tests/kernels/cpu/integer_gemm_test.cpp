@@ -89,6 +89,32 @@ TEST(IntegerGemm, BatchedRowsNoZeroPointAndInt8A) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(y.data<int32_t>()[i], want[i]) << i;
 }
 
+// The float epilogue: float(acc) * scale (one element or per column) [+ bias], rounded as the separate
+// Cast, Mul and Add: bit for bit the composition's.
+TEST(IntegerGemm, FloatEpilogueEqualsCastMulAdd) {
+  for (int n : {7, 32, 45}) {
+    for (bool per_column : {false, true}) {
+      for (bool with_bias : {false, true}) {
+        mx::array b = random_bytes({24, n}, mx::int8, 70 + n);
+        PackedIntegerRhs packed = pack_integer_gemm_rhs(b, std::nullopt);
+        mx::array a = random_bytes({11, 24}, mx::uint8, 71);
+        mx::array a_zero = mx::array(static_cast<uint8_t>(120));
+        mx::array scale = per_column ? mx::random::uniform(0.001f, 0.01f, {n}, mx::float32, mx::random::key(72))
+                                     : mx::array(0.0037f);
+        std::optional<mx::array> bias;
+        if (with_bias) bias = mx::random::normal({n}, mx::float32, 0, 1, mx::random::key(73));
+        mx::array got = integer_matmul(a, packed, 24, n, a_zero, mx::Device::cpu, IntegerEpilogue{scale, bias});
+        mx::array want = mx::multiply(mx::astype(integer_matmul(a, packed, 24, n, a_zero, mx::Device::cpu), mx::float32),
+                                      scale);
+        if (bias) want = mx::add(want, *bias);
+        EXPECT_EQ(got.dtype(), mx::float32);
+        EXPECT_TRUE(mx::array_equal(got, want).item<bool>())
+            << "n " << n << " per column " << per_column << " bias " << with_bias;
+      }
+    }
+  }
+}
+
 // A zero point computed in the same evaluation (DynamicQuantizeLinear's, inside a compiled plan) is
 // read when the kernel runs, after it is computed.
 TEST(IntegerGemm, ZeroPointComputedInTheSameGraph) {
