@@ -50,7 +50,27 @@ struct IntegerProduct {
   // quantize_dynamic's float epilogue, when it follows: Cast(to float) -> Mul(scale) [-> Add(bias)].
   std::vector<size_t> epilogue;  // its nodes, in order; the last one's output is the fused node's
   std::optional<std::string> scale, bias;
+  // The scale's Mul of A's scale by B's constant one, read by the epilogue alone: taken in as well.
+  std::optional<size_t> scale_product;
+  std::optional<std::string> scale_factor;
 };
+
+// The epilogue's scale when it is Mul(value, constant float, one element or [N]) read there alone.
+void take_scale_product(const Graph& graph, const GraphIndex& index, int64_t columns, size_t epilogue_mul,
+                        IntegerProduct& m) {
+  std::optional<size_t> producer = index.producer(*m.scale);
+  if (!producer || !is_onnx_op(graph.nodes[*producer], "Mul") || !index.read_only_by(*m.scale, epilogue_mul)) return;
+  const Node& mul = graph.nodes[*producer];
+  if (mul.inputs.size() != 2) return;
+  for (int side = 0; side < 2; ++side) {
+    std::optional<mx::array> c = index.constant(mul.inputs[side]);
+    if (!c || c->dtype() != mx::float32 || (c->size() != 1 && !(c->ndim() == 1 && c->shape(0) == columns))) continue;
+    m.scale_product = producer;
+    m.scale_factor = mul.inputs[side];
+    m.scale = mul.inputs[1 - side];
+    return;
+  }
+}
 
 // Cast(to float) -> Mul by a value -> optional Add of a constant float [N], each read by the next
 // alone: the fused node computes them in its epilogue.
@@ -64,6 +84,7 @@ void take_float_epilogue(const Graph& graph, const GraphIndex& index, int64_t co
   if (!scale) return;
   m.epilogue = {*cast, *mul};
   m.scale = scale;
+  take_scale_product(graph, index, columns, *mul, m);
   std::optional<size_t> add = sole_consumer(index, graph.nodes[*mul].outputs[0]);
   if (!add || !is_onnx_op(graph.nodes[*add], "Add")) return;
   std::optional<std::string> bias = other_input(graph.nodes[*add], graph.nodes[*mul].outputs[0]);
@@ -131,7 +152,9 @@ size_t pack_integer_matmul_weights(Graph& graph) {
     fused.inputs = {node.inputs[0], names[0], names[1], names[2]};
     if (m.a_zero || m.scale) fused.inputs.push_back(m.a_zero.value_or(""));
     if (m.scale) fused.inputs.push_back(*m.scale);
-    if (m.bias) fused.inputs.push_back(*m.bias);
+    if (m.bias || m.scale_factor) fused.inputs.push_back(m.bias.value_or(""));
+    if (m.scale_factor) fused.inputs.push_back(*m.scale_factor);
+    if (m.scale_product) removed[*m.scale_product] = true;
     // The fused node takes the place of the epilogue's last node, after whatever computes the scale.
     const size_t place = m.epilogue.empty() ? m.node : m.epilogue.back();
     fused.outputs = graph.nodes[place].outputs;

@@ -33,6 +33,8 @@ struct IntegerGemmArgs {
   float* y_float;
   const float* scale;
   bool scale_per_column;
+  const float* factor;  // null: none; else scale is scale * factor
+  bool factor_per_column;
   const float* bias;  // null: none
 };
 }  // namespace transmuter::kernels
@@ -102,7 +104,8 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
         std::memcpy(padded, values + col0, static_cast<size_t>(valid) * sizeof(float));
         return hn::Load(df, padded);
       };
-      const auto scale = g.scale_per_column ? columns(g.scale) : hn::Set(df, g.scale[0]);
+      auto scale = g.scale_per_column ? columns(g.scale) : hn::Set(df, g.scale[0]);
+      if (g.factor != nullptr) scale = hn::Mul(scale, g.factor_per_column ? columns(g.factor) : hn::Set(df, g.factor[0]));
       const auto bias = g.bias != nullptr ? columns(g.bias) : hn::Zero(df);
       for (int r = 0; r < R; ++r) {
         const VI v = hn::Add(hn::Sub(acc[r][h], hn::Mul(zeros, hn::Set(di, row_sums[r]))), column_term);
@@ -211,10 +214,11 @@ mx::array unpacked_rhs(const mx::array& packed, int64_t k, int64_t n, mx::Stream
   return mx::astype(mx::slice(b, {0, 0}, {static_cast<int>(k), static_cast<int>(n)}, s), mx::float32, s);
 }
 
-// Which inputs a call has: a, packed, column sums, column zeros, [a_zero], [scale, [bias]].
+// Which inputs a call has: a, packed, column sums, column zeros, [a_zero], [scale, [bias], [factor]].
 struct IntegerInputs {
-  bool has_zero, has_scale, has_bias;
+  bool has_zero, has_scale, has_bias, has_factor;
   size_t scale() const { return has_zero ? 5 : 4; }
+  size_t factor() const { return scale() + (has_bias ? 2 : 1); }
 };
 
 // The kernel's reference: the centered operands in float32, multiplied exactly, then the epilogue.
@@ -225,7 +229,9 @@ mx::array reference_matmul(const std::vector<mx::array>& in, int64_t k, int64_t 
   mx::array zeros = mx::astype(mx::slice(in[3], {0}, {static_cast<int>(n)}, s), mx::float32, s);
   mx::array y = exact_integer_matmul(a, mx::subtract(unpacked_rhs(in[1], k, n, s), zeros, s), s);
   if (!kind.has_scale) return y;
-  y = mx::multiply(mx::astype(y, mx::float32, s), in[kind.scale()], s);
+  mx::array scale = in[kind.scale()];
+  if (kind.has_factor) scale = mx::multiply(scale, in[kind.factor()], s);
+  y = mx::multiply(mx::astype(y, mx::float32, s), scale, s);
   return kind.has_bias ? mx::add(y, in[kind.scale() + 1], s) : y;
 }
 
@@ -252,6 +258,10 @@ class IntegerMatmulKernel : public CpuKernel {
       g.scale = in[kind_.scale()].data<float>();
       g.scale_per_column = in[kind_.scale()].size() > 1;
       g.bias = kind_.has_bias ? in[kind_.scale() + 1].data<float>() : nullptr;
+      if (kind_.has_factor) {
+        g.factor = in[kind_.factor()].data<float>();
+        g.factor_per_column = in[kind_.factor()].size() > 1;
+      }
     } else {
       g.y = out[0].data<int32_t>();
     }
@@ -358,7 +368,8 @@ mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t 
                          const std::optional<mx::array>& a_zero_point, mx::StreamOrDevice s,
                          const std::optional<IntegerEpilogue>& epilogue) {
   const mx::Stream stream = mx::to_stream(s);
-  const IntegerInputs kind{a_zero_point.has_value(), epilogue.has_value(), epilogue && epilogue->bias};
+  const IntegerInputs kind{a_zero_point.has_value(), epilogue.has_value(), epilogue && epilogue->bias,
+                           epilogue && epilogue->scale_factor};
   Reference reference = [k, n, kind, stream](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{reference_matmul(in, k, n, kind, stream)};
   };
@@ -366,6 +377,7 @@ mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t 
   if (a_zero_point) inputs.push_back(*a_zero_point);
   if (epilogue) inputs.push_back(epilogue->scale);
   if (kind.has_bias) inputs.push_back(*epilogue->bias);
+  if (kind.has_factor) inputs.push_back(*epilogue->scale_factor);
   auto float_columns = [n](const mx::array& v, bool may_be_scalar) {
     return v.dtype() == mx::float32 && ((may_be_scalar && v.size() == 1) || (v.ndim() == 1 && v.shape(0) == n));
   };
@@ -373,7 +385,8 @@ mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t 
                     a.ndim() >= 1 && a.shape(-1) == k && k % 4 == 0 && a.size() > 0 &&
                     (!a_zero_point || (a_zero_point->dtype() == mx::uint8 && a_zero_point->size() == 1)) &&
                     (!epilogue || float_columns(epilogue->scale, true)) &&
-                    (!kind.has_bias || float_columns(*epilogue->bias, false));
+                    (!kind.has_bias || float_columns(*epilogue->bias, false)) &&
+                    (!kind.has_factor || float_columns(*epilogue->scale_factor, true));
   if (!fits) return reference(inputs)[0];
   mx::Shape shape = a.shape();
   shape.back() = static_cast<int>(n);

@@ -59,6 +59,9 @@ bool integer_gemm_available();
 struct IntegerEpilogue {
   mx::array scale;
   std::optional<mx::array> bias = std::nullopt;
+  /** A second factor of the scale (one element or [n]): scale is then scale * scale_factor, rounded
+   * once as the graph's Mul of A's scale and B's computes it. */
+  std::optional<mx::array> scale_factor = std::nullopt;
 };
 
 /** int32 (A - a_zero_point) @ (B - b_zero_point) [..., M, n] for A [..., M, k] uint8 or int8,

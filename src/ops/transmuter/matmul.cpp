@@ -19,7 +19,9 @@
 //
 //   Inputs 5 and 6 (optional; the pass's fusion of quantize_dynamic's Cast -> Mul -> Add after the
 //   product): scale (float32, one element or [n]) and bias (float32 [n], only with scale):
-//   Y = float(Y) * scale + bias, float32.
+//   Y = float(Y) * scale + bias, float32. Input 7 (optional, with scale): a second factor of the scale
+//   (float32, one element or [n]; the pass takes quantize_dynamic's Mul of A's scale by B's constant
+//   one): the scale is scale * input 7.
 #include <optional>
 #include <string>
 
@@ -89,11 +91,13 @@ OpOutputs integer_matmul(NodeContext& ctx) {
   std::optional<kernels::IntegerEpilogue> epilogue;
   if (std::optional<mx::array> scale = ctx.optional_input(5)) {
     if (scale->dtype() != mx::float32) throw ctx.error("scale must be float32, got ", scale->dtype());
-    epilogue = kernels::IntegerEpilogue{*scale, ctx.optional_input(6)};
+    epilogue = kernels::IntegerEpilogue{*scale, ctx.optional_input(6), ctx.optional_input(7)};
+    if (epilogue->scale_factor && epilogue->scale_factor->dtype() != mx::float32)
+      throw ctx.error("the scale's factor must be float32, got ", epilogue->scale_factor->dtype());
     if (epilogue->bias && (epilogue->bias->dtype() != mx::float32 || epilogue->bias->shape() != mx::Shape{static_cast<int>(n)}))
       throw ctx.error("bias must be float32 [", n, "], got ", epilogue->bias->dtype(), " ", epilogue->bias->shape());
-  } else if (ctx.has_input(6)) {
-    throw ctx.error("a bias needs the scale (input 5)");
+  } else if (ctx.has_input(6) || ctx.has_input(7)) {
+    throw ctx.error("a bias or a scale factor needs the scale (input 5)");
   }
   return {kernels::integer_matmul(a, b, k, n, a_zero, ctx.stream(), epilogue)};
 }

@@ -103,13 +103,20 @@ TEST(IntegerGemm, FloatEpilogueEqualsCastMulAdd) {
                                      : mx::array(0.0037f);
         std::optional<mx::array> bias;
         if (with_bias) bias = mx::random::normal({n}, mx::float32, 0, 1, mx::random::key(73));
+        mx::array acc = mx::astype(integer_matmul(a, packed, 24, n, a_zero, mx::Device::cpu), mx::float32);
         mx::array got = integer_matmul(a, packed, 24, n, a_zero, mx::Device::cpu, IntegerEpilogue{scale, bias});
-        mx::array want = mx::multiply(mx::astype(integer_matmul(a, packed, 24, n, a_zero, mx::Device::cpu), mx::float32),
-                                      scale);
+        mx::array want = mx::multiply(acc, scale);
         if (bias) want = mx::add(want, *bias);
         EXPECT_EQ(got.dtype(), mx::float32);
         EXPECT_TRUE(mx::array_equal(got, want).item<bool>())
             << "n " << n << " per column " << per_column << " bias " << with_bias;
+        // The scale as A's (one element) times B's (per column or not).
+        mx::array a_scale = mx::array(0.0123f);
+        got = integer_matmul(a, packed, 24, n, a_zero, mx::Device::cpu, IntegerEpilogue{a_scale, bias, scale});
+        want = mx::multiply(acc, mx::multiply(a_scale, scale));
+        if (bias) want = mx::add(want, *bias);
+        EXPECT_TRUE(mx::array_equal(got, want).item<bool>())
+            << "factor: n " << n << " per column " << per_column << " bias " << with_bias;
       }
     }
   }
