@@ -345,7 +345,7 @@ def main() -> int:
         sys.exit(f"{args.transmuter} has no --passes option; build a newer one (main has it from issue 8 on)")
     plan = ({"target_ms": args.target_ms or 300, "min_runs": 2, "max_runs": 10, "warmup": 1,
              "load_repeats": args.load_repeats or 1} if args.quick else
-            {"target_ms": args.target_ms or 1500, "min_runs": 3, "max_runs": 30, "warmup": 2,
+            {"target_ms": args.target_ms or 1500, "min_runs": 3, "max_runs": 200, "warmup": 5,
              "load_repeats": args.load_repeats or 3})
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = args.out or REPO_ROOT / f"bench/results/suite/{stamp}{'-quick' if args.quick else ''}.json"
