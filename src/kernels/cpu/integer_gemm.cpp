@@ -61,6 +61,18 @@ HWY_INLINE VI DotBytes(VI acc, hn::Vec<DU8> u, hn::Vec<DI8> v) {
   return VI{sum};
 }
 
+// The first `valid` lanes of v to out (all of them without a copy).
+template <class Tag, typename T>
+HWY_INLINE void StoreColumns(hn::Vec<Tag> v, Tag d, T* out, int64_t valid) {
+  if (valid == static_cast<int64_t>(hn::Lanes(d))) {
+    hn::StoreU(v, d, out);
+    return;
+  }
+  HWY_ALIGN T buffer[16];
+  hn::Store(v, d, buffer);
+  std::memcpy(out, buffer, static_cast<size_t>(valid) * sizeof(T));
+}
+
 // y[row .. row + R, panel p's columns]: the raw products over the packed quads, then the zero points
 // through the row sums of A and the column sums of B'.
 template <int R>
@@ -114,27 +126,13 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
         // asm keeps the compiler from contracting the two into a fused multiply-add.
         asm("" : "+v"(f.raw));
         if (g.bias != nullptr) f = hn::Add(f, bias);
-        float* out = g.y_float + (row + r) * g.n + col0;
-        if (valid == lanes) {
-          hn::StoreU(f, df, out);
-        } else {
-          HWY_ALIGN float buffer[16];
-          hn::Store(f, df, buffer);
-          std::memcpy(out, buffer, static_cast<size_t>(valid) * sizeof(float));
-        }
+        StoreColumns(f, df, g.y_float + (row + r) * g.n + col0, valid);
       }
       continue;
     }
     for (int r = 0; r < R; ++r) {
       const VI v = hn::Add(hn::Sub(acc[r][h], hn::Mul(zeros, hn::Set(di, row_sums[r]))), column_term);
-      int32_t* out = g.y + (row + r) * g.n + col0;
-      if (valid == lanes) {
-        hn::StoreU(v, di, out);
-      } else {
-        HWY_ALIGN int32_t buffer[16];
-        hn::Store(v, di, buffer);
-        std::memcpy(out, buffer, static_cast<size_t>(valid) * sizeof(int32_t));
-      }
+      StoreColumns(v, di, g.y + (row + r) * g.n + col0, valid);
     }
   }
 }
