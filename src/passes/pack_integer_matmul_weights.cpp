@@ -1,6 +1,10 @@
 // Packs the constant 8-bit weight of each ONNX MatMulInteger once, at load, for the int8 GEMM kernel
 // (src/kernels/cpu/integer_gemm.h: AVX512-VNNI dot products), as ONNX Runtime's quantize_dynamic
 // exports use it (DynamicQuantizeLinear of the activation, then MatMulInteger by the int8 weight).
+// ORT's own fusions of that pattern take the same kernel: com.microsoft MatMulIntegerToFloat(A, B,
+// a_scale, b_scale, [a_zero], [b_zero], [bias]) becomes IntegerMatMul with its scales and bias as the
+// epilogue, DynamicQuantizeMatMul(A, B, b_scale, [b_zero], [bias]) a DynamicQuantizeLinear of A and
+// that IntegerMatMul.
 //
 //   A (uint8)   B (int8/uint8 constant [K, N])         A   packed  column_sums  column_zeros  [a_zero_point]
 //      \       /     [a_zero_point] [b_zero_point]        \     |       |          /          /  [scale] [bias]
@@ -45,6 +49,8 @@ bool one_zero_point(const Graph& graph, const GraphIndex& index, const std::stri
 
 struct IntegerProduct {
   size_t node = 0;
+  std::string a;                        // the uint8/int8 left operand the fused node reads
+  std::optional<std::string> quantize;  // DynamicQuantizeMatMul: its float A, quantized by a new node first
   std::string weight;
   std::optional<std::string> a_zero, b_zero;
   // quantize_dynamic's float epilogue, when it follows: Cast(to float) -> Mul(scale) [-> Add(bias)].
@@ -95,24 +101,55 @@ void take_float_epilogue(const Graph& graph, const GraphIndex& index, int64_t co
   m.bias = bias;
 }
 
+// Input `i` of `node` when present (not omitted).
+std::optional<std::string> present_input(const Node& node, size_t i) {
+  return i < node.inputs.size() && !node.inputs[i].empty() ? std::optional<std::string>(node.inputs[i]) : std::nullopt;
+}
+
+// The constant 8-bit weight [K, N] and its zero point (absent, or a constant of its type, one element or [N]).
+bool constant_weight(const GraphIndex& index, const std::string& weight, const std::optional<std::string>& zero) {
+  std::optional<mx::array> b = index.constant(weight);
+  if (!b || b->ndim() != 2 || !is_8bit(b->dtype()) || b->shape(0) == 0 || b->shape(1) == 0) return false;
+  if (!zero) return true;
+  std::optional<mx::array> z = index.constant(*zero);
+  return z && z->dtype() == b->dtype() && (z->size() == 1 || (z->ndim() == 1 && z->shape(0) == b->shape(1)));
+}
+
 std::optional<IntegerProduct> match(const Graph& graph, const GraphIndex& index, size_t i) {
   const Node& node = graph.nodes[i];
-  if (!is_onnx_op(node, "MatMulInteger") || node.inputs.size() < 2 || node.outputs.size() != 1) return std::nullopt;
-  IntegerProduct m{.node = i, .weight = node.inputs[1]};
-  std::optional<mx::array> b = index.constant(m.weight);
-  if (!b || b->ndim() != 2 || !is_8bit(b->dtype()) || b->shape(0) == 0 || b->shape(1) == 0) return std::nullopt;
-  if (node.inputs.size() > 2 && !node.inputs[2].empty()) {
-    if (!one_zero_point(graph, index, node.inputs[2])) return std::nullopt;
-    m.a_zero = node.inputs[2];
+  if (node.outputs.size() != 1 || node.inputs.size() < 2) return std::nullopt;
+  IntegerProduct m{.node = i, .a = node.inputs[0], .weight = node.inputs[1]};
+  if (is_onnx_op(node, "MatMulInteger")) {
+    m.b_zero = present_input(node, 3);
+    if (!constant_weight(index, m.weight, m.b_zero)) return std::nullopt;
+    if ((m.a_zero = present_input(node, 2)) && !one_zero_point(graph, index, *m.a_zero)) return std::nullopt;
+    take_float_epilogue(graph, index, index.constant(m.weight)->shape(1), m);
+    return m;
   }
-  if (node.inputs.size() > 3 && !node.inputs[3].empty()) {
-    std::optional<mx::array> z = index.constant(node.inputs[3]);
-    if (!z || z->dtype() != b->dtype() || (z->size() != 1 && !(z->ndim() == 1 && z->shape(0) == b->shape(1))))
-      return std::nullopt;
-    m.b_zero = node.inputs[3];
+  if (node.domain != "com.microsoft") return std::nullopt;
+  if (node.op_type == "MatMulIntegerToFloat" && node.inputs.size() >= 4) {
+    // (A, B, a_scale, b_scale, a_zero?, b_zero?, bias?): the op's own scales, zero points and bias.
+    m.b_zero = present_input(node, 5);
+    if (!constant_weight(index, m.weight, m.b_zero)) return std::nullopt;
+    m.a_zero = present_input(node, 4);
+    m.scale = node.inputs[2];
+    m.scale_factor = node.inputs[3];
+    m.bias = present_input(node, 6);
+    return m;
   }
-  take_float_epilogue(graph, index, b->shape(1), m);
-  return m;
+  // The quantizer inserted for it is a default-domain DynamicQuantizeLinear (opset 11 on).
+  const auto onnx_opset = graph.opsets.find("");
+  if (node.op_type == "DynamicQuantizeMatMul" && node.inputs.size() >= 3 && onnx_opset != graph.opsets.end() &&
+      onnx_opset->second >= 11) {
+    // (A float, B, b_scale, b_zero?, bias?): A quantized as DynamicQuantizeLinear does, then the same.
+    m.b_zero = present_input(node, 3);
+    if (!constant_weight(index, m.weight, m.b_zero)) return std::nullopt;
+    m.quantize = node.inputs[0];
+    m.scale_factor = node.inputs[2];
+    m.bias = present_input(node, 4);
+    return m;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -129,7 +166,9 @@ size_t pack_integer_matmul_weights(Graph& graph) {
   std::map<std::string, size_t> pending;
   for (const IntegerProduct& m : matches) pending[m.weight]++;
   std::vector<bool> removed(graph.nodes.size(), false);
-  for (const IntegerProduct& m : matches) {
+  std::map<size_t, Node> quantizers;  // DynamicQuantizeLinear nodes to insert before the fused node at a place
+  ValueNames values(graph);
+  for (IntegerProduct& m : matches) {
     const mx::array b = *index.constant(m.weight);
     std::array<std::string, 3>& names = packed_names[{m.weight, m.b_zero.value_or("")}];
     if (names[0].empty()) {
@@ -144,12 +183,25 @@ size_t pack_integer_matmul_weights(Graph& graph) {
       }
     }
     const Node& node = graph.nodes[m.node];
+    if (m.quantize) {
+      Node quantizer;
+      quantizer.name = node.name + "/quantize_a";
+      quantizer.op_type = "DynamicQuantizeLinear";
+      quantizer.opset = static_cast<int>(graph.opsets.at(""));
+      quantizer.inputs = {*m.quantize};
+      quantizer.outputs = {values.fresh(*m.quantize + "/quantized"), values.fresh(*m.quantize + "/scale"),
+                           values.fresh(*m.quantize + "/zero_point")};
+      m.a = quantizer.outputs[0];
+      m.scale = quantizer.outputs[1];
+      m.a_zero = quantizer.outputs[2];
+      quantizers.emplace(m.node, std::move(quantizer));
+    }
     Node fused;
     fused.name = node.name;
     fused.op_type = "IntegerMatMul";
     fused.domain = kDomain;
     fused.opset = 1;
-    fused.inputs = {node.inputs[0], names[0], names[1], names[2]};
+    fused.inputs = {m.a, names[0], names[1], names[2]};
     if (m.a_zero || m.scale) fused.inputs.push_back(m.a_zero.value_or(""));
     if (m.scale) fused.inputs.push_back(*m.scale);
     if (m.bias || m.scale_factor) fused.inputs.push_back(m.bias.value_or(""));
@@ -171,7 +223,19 @@ size_t pack_integer_matmul_weights(Graph& graph) {
       drop_weight(graph, m.weight);
   }
   if (!matches.empty()) {
-    erase_nodes(graph, removed);
+    // DynamicQuantizeMatMul's quantizer goes just before its product (which stays at the node's place).
+    std::vector<Node> nodes;
+    std::vector<bool> gone;
+    for (size_t i = 0; i < graph.nodes.size(); ++i) {
+      if (auto q = quantizers.find(i); q != quantizers.end()) {
+        nodes.push_back(std::move(q->second));
+        gone.push_back(false);
+      }
+      nodes.push_back(std::move(graph.nodes[i]));
+      gone.push_back(removed[i]);
+    }
+    graph.nodes = std::move(nodes);
+    erase_nodes(graph, gone);
     import_domain(graph, kDomain, 1);
   }
   return matches.size();

@@ -93,6 +93,41 @@ TEST(PackIntegerMatmulWeights, TakesTheFloatEpilogue) {
   EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 1.0f);
 }
 
+// ORT's fusions of the pattern: com.microsoft DynamicQuantizeMatMul (a DynamicQuantizeLinear goes in
+// before the product) and MatMulIntegerToFloat, per-column B scales and a bias: the same floats.
+TEST(PackIntegerMatmulWeights, TakesOrtsFusedQuantizedProducts) {
+  for (bool dynamic : {true, false}) {
+    GraphBuilder b(17);
+    b.initializer("W", random_bytes({kDepth, kColumns}, mx::uint8, 9))
+        .initializer("W_zero", random_bytes({kColumns}, mx::uint8, 10))
+        .initializer("W_scale", mx::random::uniform(0.01f, 0.02f, {kColumns}, mx::float32, mx::random::key(11)))
+        .initializer("bias", testing::random_array({kColumns}, 12));
+    Inputs in;
+    if (dynamic) {
+      b.input("x", OnnxType::kFloat, {kRows, kDepth})
+          .domain_node("com.microsoft", 1, "DynamicQuantizeMatMul", {"x", "W", "W_scale", "W_zero", "bias"}, {"y"});
+      in = {{"x", Value(testing::random_array({kRows, kDepth}, 13))}};
+    } else {
+      b.input("a", OnnxType::kUint8, {kRows, kDepth})
+          .initializer("a_scale", mx::array(0.05f))
+          .initializer("a_zero", mx::array(static_cast<uint8_t>(131)))
+          .domain_node("com.microsoft", 1, "MatMulIntegerToFloat", {"a", "W", "a_scale", "W_scale", "a_zero", "W_zero", "bias"},
+                       {"y"});
+      in = {{"a", Value(random_bytes({kRows, kDepth}, mx::uint8, 14))}};
+    }
+    b.output("y");
+    Model packed = b.build();
+    Model plain = b.build({.run_passes = false});
+    if (kernels::integer_gemm_available()) EXPECT_EQ(packed.op_histogram().count("ai.transmuter.IntegerMatMul"), 1u);
+    mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("y");
+    mx::array eager = run(packed, packed.params(), in, {mx::Device::cpu}).tensor("y");
+    mx::array compiled = compile(packed, in, {.device = mx::Device::cpu})(in).tensor("y");
+    EXPECT_TRUE(mx::array_equal(eager, want).item<bool>()) << (dynamic ? "DynamicQuantizeMatMul" : "MatMulIntegerToFloat");
+    EXPECT_TRUE(mx::array_equal(compiled, want).item<bool>()) << (dynamic ? "DynamicQuantizeMatMul" : "MatMulIntegerToFloat");
+    EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f);
+  }
+}
+
 TEST(PackIntegerMatmulWeights, LeavesWhatTheKernelCannotTake) {
   // A weight computed in the graph.
   GraphBuilder computed(17);

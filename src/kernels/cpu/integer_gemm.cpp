@@ -332,7 +332,9 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
   const int32_t shift = b.dtype() == mx::uint8 ? 128 : 0;
   const int64_t panels = ceil_div(n, kIntPanelColumns), quads = ceil_div(k, 4);
   const int64_t padded_n = panels * kIntPanelColumns;
-  mx::array values = mx::astype(b, mx::int32, mx::Device::cpu);
+  // B's bytes as they are: int8 values, or uint8 ones that XOR 0x80 turns into value - 128.
+  mx::array bytes = mx::contiguous(b, false, mx::Device::cpu);
+  const uint8_t flip = shift != 0 ? 0x80 : 0;
   std::vector<int32_t> zero(static_cast<size_t>(n), 0);
   if (b_zero_point) {
     const mx::array& z = *b_zero_point;
@@ -342,16 +344,17 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
     zi.eval();
     for (int64_t j = 0; j < n; ++j) zero[j] = zi.data<int32_t>()[z.size() == 1 ? 0 : j];
   }
-  values.eval();
-  const int32_t* v = values.data<int32_t>();
+  bytes.eval();
+  const uint8_t* v = bytes.data<uint8_t>();
   std::vector<int8_t> packed(static_cast<size_t>(panels * quads * kIntQuadBytes), 0);
   std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0), zeros(static_cast<size_t>(padded_n), 0);
+  const int64_t panel_bytes = quads * kIntQuadBytes;
   for (int64_t kk = 0; kk < k; ++kk) {
+    const uint8_t* row = v + kk * n;
+    int8_t* quad = packed.data() + (kk / 4) * kIntQuadBytes + kk % 4;  // depth kk of panel 0, column 0
     for (int64_t j = 0; j < n; ++j) {
-      const int32_t shifted = v[kk * n + j] - shift;
-      const int64_t p = j / kIntPanelColumns, column = j % kIntPanelColumns;
-      packed[static_cast<size_t>(((p * quads + kk / 4) * kIntPanelColumns + column) * 4 + kk % 4)] =
-          static_cast<int8_t>(shifted);
+      const auto shifted = static_cast<int8_t>(row[j] ^ flip);
+      quad[(j / kIntPanelColumns) * panel_bytes + (j % kIntPanelColumns) * 4] = shifted;
       sums[static_cast<size_t>(j)] += shifted;
     }
   }
