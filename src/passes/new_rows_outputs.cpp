@@ -7,7 +7,7 @@
 // Concat is left with no reader that computes it.
 //
 //   past (graph input)                          past        new
-//     [Identity | one-input Concat]...            \        /   \
+//     [Identity | one-input Concat]...            \        /   \ (new rows)
 //        \                                    Concat(axis)     Identity
 //         Concat(axis) --- new          =>         |              |
 //           |          \                       present/all_rows   present  (graph output)

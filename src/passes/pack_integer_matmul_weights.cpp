@@ -50,15 +50,15 @@ bool one_zero_point(const Graph& graph, const GraphIndex& index, const std::stri
 struct IntegerProduct {
   size_t node = 0;
   std::string a;                        // the uint8/int8 left operand the fused node reads
-  std::optional<std::string> quantize;  // DynamicQuantizeMatMul: its float A, quantized by a new node first
+  std::optional<std::string> quantize = std::nullopt;  // DynamicQuantizeMatMul: its float A, quantized by a new node first
   std::string weight;
-  std::optional<std::string> a_zero, b_zero;
+  std::optional<std::string> a_zero = std::nullopt, b_zero = std::nullopt;
   // quantize_dynamic's float epilogue, when it follows: Cast(to float) -> Mul(scale) [-> Add(bias)].
-  std::vector<size_t> epilogue;  // its nodes, in order; the last one's output is the fused node's
-  std::optional<std::string> scale, bias;
+  std::vector<size_t> epilogue = {};  // its nodes, in order; the last one's output is the fused node's
+  std::optional<std::string> scale = std::nullopt, bias = std::nullopt;
   // The scale's Mul of A's scale by B's constant one, read by the epilogue alone: taken in as well.
-  std::optional<size_t> scale_product;
-  std::optional<std::string> scale_factor;
+  std::optional<size_t> scale_product = std::nullopt;
+  std::optional<std::string> scale_factor = std::nullopt;
 };
 
 // The epilogue's scale when it is Mul(value, constant float, one element or [N]) read there alone.
@@ -163,8 +163,9 @@ size_t pack_integer_matmul_weights(Graph& graph) {
   }
   // (weight, zero point) -> the names of its packed initializers
   std::map<std::pair<std::string, std::string>, std::array<std::string, 3>> packed_names;
-  std::map<std::string, size_t> pending;
-  for (const IntegerProduct& m : matches) pending[m.weight]++;
+  std::map<std::string, size_t> products;  // per weight: the products that read it
+  for (const IntegerProduct& m : matches) products[m.weight]++;
+  std::map<std::string, size_t> pending = products;  // of those, the ones not rewritten yet
   std::vector<bool> removed(graph.nodes.size(), false);
   std::map<size_t, Node> quantizers;  // DynamicQuantizeLinear nodes to insert before the fused node at a place
   ValueNames values(graph);
@@ -216,9 +217,7 @@ size_t pack_integer_matmul_weights(Graph& graph) {
     fused.attributes = {int_attribute("k", b.shape(0)), int_attribute("n", b.shape(1))};
     graph.nodes[place] = std::move(fused);
     // The stored weight goes with its last product, unless something else reads it too.
-    const auto products = static_cast<size_t>(
-        std::count_if(matches.begin(), matches.end(), [&](const IntegerProduct& o) { return o.weight == m.weight; }));
-    if (--pending[m.weight] == 0 && index.consumers(m.weight).size() == products &&
+    if (--pending[m.weight] == 0 && index.consumers(m.weight).size() == products[m.weight] &&
         graph.initializers.contains(m.weight) && !index.is_graph_output(m.weight))
       drop_weight(graph, m.weight);
   }

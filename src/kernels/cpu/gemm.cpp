@@ -313,29 +313,32 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-// Splits g's output into blocks and runs them across the kernel threads.
-//
-// The blocks are sized for balance as well as for the caches: rows are split
-// evenly between the row blocks (128 rows: 66 + 62, not 96 + 32), and a
-// product with few blocks (a short sequence's 16 x 384 x 384: 12 panels, 3
-// blocks of 4 for 2 threads) takes narrower ones, down to one panel, until
-// each thread has about four.
+BlockSplit::BlockSplit(int64_t m_, int64_t panels_, int64_t max_rows, int64_t tile_rows, int64_t max_panels)
+    : m(m_), panels(panels_) {
+  block_rows = ceil_div(ceil_div(m, ceil_div(m, max_rows)), tile_rows) * tile_rows;
+  row_blocks = ceil_div(m, block_rows);
+  block_panels = max_panels;
+  while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads()) block_panels /= 2;
+  panel_blocks = ceil_div(panels, block_panels);
+}
+
+void BlockSplit::task(int64_t t, int64_t& row0, int64_t& rows, int64_t& panel0, int64_t& panel_count) const {
+  row0 = (t / panel_blocks) * block_rows;
+  panel0 = (t % panel_blocks) * block_panels;
+  rows = std::min(block_rows, m - row0);
+  panel_count = std::min(block_panels, panels - panel0);
+}
+
+// Splits g's output into blocks (BlockSplit: sized for balance as well as for the caches) and runs
+// them across the kernel threads.
 void run_gemm(const GemmArgs& g) {
-  const int64_t panels = ceil_div(g.n, gemm_panel_width());
-  const int64_t block_rows = ceil_div(ceil_div(g.m, ceil_div(g.m, kBlockRows)), kTileRows) * kTileRows;
-  const int64_t row_blocks = ceil_div(g.m, block_rows);
-  int64_t block_panels = kBlockPanels;
-  while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads())
-    block_panels /= 2;
-  const int64_t panel_blocks = ceil_div(panels, block_panels);
-  const int64_t tasks = row_blocks * panel_blocks;
-  const int64_t grain = g.m * g.n * g.k < kParallelWork ? tasks : 1;
-  parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
+  const BlockSplit split(g.m, ceil_div(g.n, gemm_panel_width()), kBlockRows, kTileRows, kBlockPanels);
+  const int64_t grain = g.m * g.n * g.k < kParallelWork ? split.tasks() : 1;
+  parallel_for(split.tasks(), grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t row0 = (t / panel_blocks) * block_rows;
-      const int64_t panel0 = (t % panel_blocks) * block_panels;
-      HWY_DYNAMIC_DISPATCH(Block)
-      (g, row0, std::min(block_rows, g.m - row0), panel0, std::min(block_panels, panels - panel0));
+      int64_t row0, rows, panel0, panels;
+      split.task(t, row0, rows, panel0, panels);
+      HWY_DYNAMIC_DISPATCH(Block)(g, row0, rows, panel0, panels);
     }
   });
 }

@@ -103,6 +103,20 @@ struct GemmArgs {
 
 void run_gemm(const GemmArgs& args);
 
+/** How a product's output [m rows x `panels` column panels] splits into the tasks of one
+ * parallel_for: rows evenly into blocks of at most `max_rows` (whole tiles of `tile_rows`; 128 rows:
+ * 66 + 62, not 96 + 32), panels into blocks of `max_panels`, halved down to one panel until each
+ * thread has about four tasks (a short sequence's 16 x 384 x 384: 12 panels, 3 blocks of 4 for 2
+ * threads, get narrower ones). Shared by the float GEMM and the int8 one (integer_gemm.h). */
+struct BlockSplit {
+  int64_t m, panels, block_rows, row_blocks, block_panels, panel_blocks;
+
+  BlockSplit(int64_t m, int64_t panels, int64_t max_rows, int64_t tile_rows, int64_t max_panels);
+  int64_t tasks() const { return row_blocks * panel_blocks; }
+  /** Task t's first row, rows, first panel and panels. */
+  void task(int64_t t, int64_t& row0, int64_t& rows, int64_t& panel0, int64_t& panel_count) const;
+};
+
 /** run_gemm on the calling thread alone: for a kernel that already runs its
  * own parallel tasks (a fused block's row strips). */
 void run_gemm_on_this_thread(const GemmArgs& args);

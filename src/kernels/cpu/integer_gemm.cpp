@@ -271,17 +271,12 @@ class IntegerMatmulKernel : public CpuKernel {
         HWY_DYNAMIC_DISPATCH(RowSums)(g, begin, end - begin, row_sums.data());
       });
       g.row_sums = row_sums.data();
-      const int64_t panels = ceil_div(g.n, kIntPanelColumns);
-      const int64_t row_blocks = ceil_div(g.m, kBlockRows);
-      int64_t block_panels = kBlockPanels;
-      while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads())
-        block_panels /= 2;
-      const int64_t panel_blocks = ceil_div(panels, block_panels);
-      parallel_for(row_blocks * panel_blocks, 1, [&](int64_t begin, int64_t end) {
+      const BlockSplit split(g.m, ceil_div(g.n, kIntPanelColumns), kBlockRows, kIntTileRows, kBlockPanels);
+      parallel_for(split.tasks(), 1, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-          const int64_t row0 = (t / panel_blocks) * kBlockRows, panel0 = (t % panel_blocks) * block_panels;
-          HWY_DYNAMIC_DISPATCH(IntegerGemmBlock)
-          (g, row0, std::min(kBlockRows, g.m - row0), panel0, std::min(block_panels, panels - panel0));
+          int64_t row0, rows, panel0, panels;
+          split.task(t, row0, rows, panel0, panels);
+          HWY_DYNAMIC_DISPATCH(IntegerGemmBlock)(g, row0, rows, panel0, panels);
         }
       });
     };
