@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Quantize the tiny Llama test export with ONNX Runtime's MatMulNBits quantizer.
+"""Quantize the tiny Llama test export with ONNX Runtime's MatMulNBits quantizer
+(the int8 models of ORT's quantize_dynamic / quantize_static: scripts/make_int8_models.py).
 
 ORT's onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer is
 what makes the q4/q8 exports published for LLMs: every MatMul with a constant
