@@ -51,6 +51,7 @@ PRECISIONS = {"fp32": [], "int4": ["block_size=32", "accuracy_level=1"]}
 BUILDS = {name: ["fp32", "int4"] for name in ("llama", "qwen2_h16", "phi3_h16", "gemma", "gemma2")}
 # gpt-oss's int4 build reads the published checkpoint's MXFP4 expert tensors, which a random one lacks.
 BUILDS["gpt_oss"] = ["fp32"]
+BUILDS["lfm2_moe"] = ["fp32", "int4"]
 PROMPTS = ["The quick brown fox", "Hello world", "one two three"]
 MAX_NEW_TOKENS = 16
 
@@ -86,6 +87,14 @@ FRESH = {
     "gpt_oss": lambda ids: (transformers.GptOssForCausalLM,
                             small(transformers.GptOssConfig, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
                                   sliding_window=8, **ids)),
+    # LFM2-MoE: a short-convolution layer, an attention layer (q/k norms) and two MoE layers of 4
+    # experts (2 routed, sigmoid router with an expert bias, fed to com.microsoft MoE / QMoE as
+    # log-sigmoid scores) after one dense layer.
+    "lfm2_moe": lambda ids: (transformers.Lfm2MoeForCausalLM,
+                             small(transformers.Lfm2MoeConfig, num_hidden_layers=4, moe_intermediate_size=64,
+                                   num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
+                                   layer_types=["conv", "full_attention", "conv", "full_attention"],
+                                   tie_word_embeddings=True, **ids)),
 }
 
 

@@ -70,8 +70,8 @@ struct LoadOptions {
    * along the sequence axis), to compute as the new rows alone. A caller that
    * keeps its own cache needs no more (TextGeneration's static cache writes the
    * rows into its buffer), and the copy of the whole past into every present,
-   * per layer and step, is not made. A name ending in '*' names every output
-   * it is a prefix of ("present.*"). All or nothing: when any named output is
+   * per layer and step, is not made. A name may hold one '*' standing for any
+   * text ("present.*.key": every layer's key; "present.*": keys and values). All or nothing: when any named output is
    * not such a Concat, or a name names no output, no output changes; passes_applied() then does not list
    * "new_rows_outputs". Runs with or without run_passes. */
   std::vector<std::string> new_rows_outputs = {};

@@ -14,7 +14,8 @@
 //        present        the graph's            (the graph's readers)
 //   (graph output)      readers
 //
-// A name may end in '*' to name every output it is a prefix of ("present.*": each layer's key and value).
+// A name may hold one '*' that stands for any text ("present.*.key": each layer's key; "present.*": each
+// layer's key and value).
 // All or nothing: when any named output is not such a Concat (or a subgraph reads it), no output
 // changes and the pass returns 0; Model::passes_applied() lists "new_rows_outputs" when it changed them.
 // The output's declared size along the Concat's axis becomes unknown.
@@ -69,15 +70,22 @@ ValueInfo* declared_output(Graph& graph, const std::string& name) {
   return it == graph.outputs.end() ? nullptr : &*it;
 }
 
-// The graph's outputs that `patterns` name: a name, or a prefix followed by '*' ("present.*").
+// `name` matches `pattern`: equal, or, where the pattern has a '*', what comes before it and what comes
+// after it at the two ends ("present.*.key" matches "present.12.key").
+bool matches(std::string_view pattern, std::string_view name) {
+  const size_t star = pattern.find('*');
+  if (star == std::string_view::npos) return name == pattern;
+  const std::string_view head = pattern.substr(0, star), tail = pattern.substr(star + 1);
+  return name.size() >= head.size() + tail.size() && name.starts_with(head) && name.ends_with(tail);
+}
+
+// The graph's outputs that `patterns` name.
 std::vector<std::string> outputs_named(const Graph& graph, const std::vector<std::string>& patterns) {
   std::vector<std::string> names;
   for (const std::string& pattern : patterns) {
-    const bool prefix = pattern.ends_with('*');
-    const std::string_view stem = std::string_view(pattern).substr(0, pattern.size() - (prefix ? 1 : 0));
     bool found = false;
     for (const ValueInfo& output : graph.outputs) {
-      if (prefix ? output.name.starts_with(stem) : output.name == stem) {
+      if (matches(pattern, output.name)) {
         found = true;
         if (std::find(names.begin(), names.end(), output.name) == names.end()) names.push_back(output.name);
       }

@@ -17,6 +17,11 @@
 // prompts must have one length. Their local-attention layers (GroupQueryAttention's
 // sliding_window_cache; the past's length is named 'past_sliding_length') keep a window-sized buffer
 // in every mode, config.json's sliding_window rows from the prefill on, which the op itself evicts from.
+//
+// Recurrent states (onnxruntime-genai's LFM2 builds: past.N.conv [batch, channels, k - 1], the
+// short convolution's last inputs) have one fixed shape: zeros before the prompt, and each step's
+// present.N.conv is the next step's past as it is. Padding tokens would enter them, so their batches,
+// too, need prompts of one length.
 #include <algorithm>
 #include <mutex>
 
@@ -47,6 +52,10 @@ struct DecoderSignature {
   std::vector<std::string> past_names;     // past_key_values.N.key, .value, layer by layer
   std::vector<std::string> present_names;  // present.N.key, .value, in the same order
   std::vector<int> window_rows;            // per past: its window-sized buffer's rows, 0 when it grows
+  std::vector<std::string> state_names;    // recurrent states past.N.*, fed whole each step
+  std::vector<std::string> state_present_names;  // present.N.*, the next step's state
+  std::vector<mx::Shape> state_shapes;     // each state's shape after its batch axis
+  std::vector<mx::Dtype> state_dtypes;
   int kv_heads = 0;
   int head_dim = 0;
   mx::Dtype past_dtype = mx::float32;
@@ -66,6 +75,29 @@ int past_dimension(const ValueInfo& input, size_t axis, std::optional<size_t> fr
   if (from_config) return static_cast<int>(*from_config);
   throw PipelineError(str(source, ": past input '", input.name, "' leaves its ", what,
                           " symbolic and config.json does not give it"));
+}
+
+/** A recurrent state input past.N.<what>: its output present.N.<what> and its shape past the batch axis,
+ * which must be known numbers. */
+template <class HasOutput>
+void read_recurrent_state(DecoderSignature& s, const ValueInfo& input, const HasOutput& has_output,
+                          const std::string& source) {
+  const std::string present = "present." + input.name.substr(std::string("past.").size());
+  if (!has_output(present))
+    throw PipelineError(str(source, ": state input '", input.name, "' has no output '", present, "'"));
+  if (input.shape.empty())
+    throw PipelineError(str(source, ": state input '", input.name, "' should be [batch, ...]"));
+  mx::Shape shape;
+  for (size_t axis = 1; axis < input.shape.size(); ++axis) {
+    const auto& size = input.shape[axis].value;
+    if (!size || *size < 0 || *size > (int64_t{1} << 30))
+      throw PipelineError(str(source, ": state input '", input.name, "' has no fixed size on axis ", axis));
+    shape.push_back(static_cast<int>(*size));
+  }
+  s.state_names.push_back(input.name);
+  s.state_present_names.push_back(present);
+  s.state_shapes.push_back(std::move(shape));
+  s.state_dtypes.push_back(float_dtype_of(input.elem_type));
 }
 
 DecoderSignature read_signature(const Model& model, const ModelConfig& config, const std::string& source) {
@@ -101,10 +133,12 @@ DecoderSignature read_signature(const Model& model, const ModelConfig& config, c
         throw PipelineError(str(source, ": past input '", input.name, "' has no output '", present, "'"));
       s.past_names.push_back(input.name);
       s.present_names.push_back(present);
+    } else if (input.name.starts_with("past.")) {
+      read_recurrent_state(s, input, has_output, source);
     } else {
       throw PipelineError(str(source, ": the decoder's input '", input.name,
                               "' is not one text generation fills (input_ids, attention_mask, position_ids, "
-                              "past_key_values.N.key/value, use_cache_branch)"));
+                              "past_key_values.N.key/value, past.N.* states, use_cache_branch)"));
     }
   }
   if (!has_output(s.logits)) throw PipelineError(str(source, ": the decoder has no 'logits' output"));
@@ -128,8 +162,10 @@ KvCache resolve_cache(KvCache asked, const DecoderSignature& s, const std::strin
   return asked;
 }
 
-/** optimum's presents, present.N.key/value: the names new_rows_outputs is asked for. */
-constexpr const char* kPresents = "present.*";
+/** optimum's presents, present.N.key/value: the names new_rows_outputs is asked for (not present.N.conv
+ * and the like: recurrent states). */
+constexpr const char* kPresentKeys = "present.*.key";
+constexpr const char* kPresentValues = "present.*.value";
 
 // Generation reads the last position's logits alone: load() computes no others (the lm_head over a
 // whole prompt is its largest product and its largest value). A cache that may be static takes the
@@ -140,7 +176,10 @@ LoadOptions decoder_load_options(LoadOptions load, KvCache cache) {
   if (std::find(load.last_position_outputs.begin(), load.last_position_outputs.end(), logits) ==
       load.last_position_outputs.end())
     load.last_position_outputs.push_back(logits);
-  if (cache == KvCache::kAuto || cache == KvCache::kStatic) load.new_rows_outputs.push_back(kPresents);
+  if (cache == KvCache::kAuto || cache == KvCache::kStatic) {
+    load.new_rows_outputs.push_back(kPresentKeys);
+    load.new_rows_outputs.push_back(kPresentValues);
+  }
   return load;
 }
 
@@ -244,14 +283,33 @@ struct TextGeneration::Impl {
     return past;
   }
 
+  /** The recurrent states before the prompt: zeros. */
+  std::vector<mx::array> initial_states(int rows) const {
+    std::vector<mx::array> states;
+    for (size_t i = 0; i < signature.state_names.size(); ++i) {
+      mx::Shape shape = signature.state_shapes[i];
+      shape.insert(shape.begin(), rows);
+      states.push_back(mx::zeros(shape, signature.state_dtypes[i]));
+    }
+    return states;
+  }
+
+  /** The states after a step: its present states. */
+  std::vector<mx::array> next_states(const Outputs& outputs) const {
+    std::vector<mx::array> states;
+    for (const auto& name : signature.state_present_names) states.push_back(outputs.tensor(name));
+    return states;
+  }
+
   Inputs step_inputs(mx::array ids, mx::array mask, mx::array positions, const std::vector<mx::array>& past,
-                     bool with_past) const {
+                     const std::vector<mx::array>& states, bool with_past) const {
     Inputs inputs;
     inputs.emplace("input_ids", std::move(ids));
     if (signature.has_mask) inputs.emplace("attention_mask", std::move(mask));
     if (signature.has_positions) inputs.emplace("position_ids", std::move(positions));
     if (signature.has_cache_branch) inputs.emplace("use_cache_branch", mx::array({with_past}));
     for (size_t i = 0; i < past.size(); ++i) inputs.emplace(signature.past_names[i], past[i]);
+    for (size_t i = 0; i < states.size(); ++i) inputs.emplace(signature.state_names[i], states[i]);
     return inputs;
   }
 
@@ -403,13 +461,18 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
   for (size_t i = 0; i < prompts.size(); ++i)
     if (prompts[i].empty())
       throw PipelineError(str("prompt ", i, " is empty: generation needs at least one token"));
-  if (impl.signature.positions_from_mask)
-    for (const auto& prompt : prompts)
-      if (prompt.size() != prompts.front().size())
-        throw PipelineError(
-            str("this decoder's GroupQueryAttention takes positions from the attention mask's sum, "
-                "which admits no left padding: prompts of different lengths (",
-                prompts.front().size(), " and ", prompt.size(), " tokens) must run one at a time"));
+  for (const auto& prompt : prompts) {
+    if (prompt.size() == prompts.front().size()) continue;
+    if (impl.signature.positions_from_mask)
+      throw PipelineError(
+          str("this decoder's GroupQueryAttention takes positions from the attention mask's sum, "
+              "which admits no left padding: prompts of different lengths (",
+              prompts.front().size(), " and ", prompt.size(), " tokens) must run one at a time"));
+    if (!impl.signature.state_names.empty())
+      throw PipelineError(str("this decoder's recurrent states (", impl.signature.state_names.front(),
+                              ", ...) would take in the left padding: prompts of different lengths (",
+                              prompts.front().size(), " and ", prompt.size(), " tokens) must run one at a time"));
+  }
   Impl::Batch batch = impl.left_padded(prompts);
   const size_t rows = batch.rows_count();
   if (impl.config.max_position_embeddings && batch.prompt_length >= *impl.config.max_position_embeddings)
@@ -430,6 +493,7 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
 
   size_t generated = 0, steps = 0;
   std::vector<mx::array> past = impl.empty_past(static_cast<int>(rows));
+  std::vector<mx::array> states = impl.initial_states(static_cast<int>(rows));
   const int capacity = static_cast<int>(round_up(max_length, kStaticCapacityStep));
 
   // One decode step: the model on the last token of every row (`ids` [rows, 1], host-known or still being
@@ -439,8 +503,10 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
     mx::array mask = impl.cache != KvCache::kStatic       ? impl.mask_of(batch)
                      : impl.signature.positions_from_mask ? mask_over_capacity(batch.tokens, capacity)
                                                           : static_mask(batch.mask, capacity);
-    Outputs outputs = (*impl.runner)(impl.step_inputs(std::move(ids), mask, impl.positions(batch, 1), past, true));
+    Outputs outputs =
+        (*impl.runner)(impl.step_inputs(std::move(ids), mask, impl.positions(batch, 1), past, states, true));
     ++steps;
+    states = impl.next_states(outputs);
     if (impl.cache == KvCache::kDynamic || impl.signature.positions_from_mask)
       past = impl.presents(outputs, past);
     else
@@ -465,6 +531,7 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
     mx::array tokens = greedy_tokens(decode_step(std::move(ids)));
     std::vector<mx::array> pending{tokens};
     pending.insert(pending.end(), past.begin(), past.end());
+    pending.insert(pending.end(), states.begin(), states.end());
     mx::async_eval(pending);
     return tokens;
   };
@@ -491,11 +558,14 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
       const bool prefill = generated == 0;
       if (impl.cache != KvCache::kNone && !prefill) return decode_step(impl.last_tokens(batch, 1));
       const std::vector<mx::array> inputs_past = impl.empty_past(static_cast<int>(rows));
+      // Without a cache, each step reruns the whole sequence from the first state.
       auto inputs = impl.step_inputs(impl.last_tokens(batch, length), impl.mask_of(batch),
-                                     impl.positions(batch, length), inputs_past, false);
+                                     impl.positions(batch, length), inputs_past,
+                                     impl.initial_states(static_cast<int>(rows)), false);
       // A static cache prefills eagerly: its one compiled plan is the decode step's.
       Outputs outputs = (*impl.runner)(inputs, impl.cache != KvCache::kStatic);
       ++steps;
+      states = impl.next_states(outputs);
       if (impl.cache == KvCache::kDynamic)
         past = impl.presents(outputs, inputs_past);
       else if (impl.cache == KvCache::kStatic)
@@ -504,6 +574,7 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
     }();
     std::vector<mx::array> to_eval{logits};
     to_eval.insert(to_eval.end(), past.begin(), past.end());
+    to_eval.insert(to_eval.end(), states.begin(), states.end());
     mx::eval(to_eval);
 
     // 2. Choose each row's next token; a finished row gets the pad token, as in transformers.

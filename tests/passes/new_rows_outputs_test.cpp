@@ -64,7 +64,8 @@ TEST(NewRowsOutputs, PresentsBecomeTheNewRowsAndReadersSeeAllRows) {
   const Inputs in = cache_inputs();
   for (bool through_identity : {false, true}) {
     for (const std::vector<std::string>& names :
-         {std::vector<std::string>{"present_k", "present_v"}, std::vector<std::string>{"present_*"}}) {
+         {std::vector<std::string>{"present_k", "present_v"}, std::vector<std::string>{"present_*"},
+          std::vector<std::string>{"pre*_k", "p*v"}}) {
       Model plain = cache_graph(through_identity).build({.run_passes = false});
       Model cut = cache_graph(through_identity).build({.new_rows_outputs = names});
       ASSERT_TRUE(lists_pass(cut)) << names.front();
@@ -86,10 +87,12 @@ TEST(NewRowsOutputs, PresentsBecomeTheNewRowsAndReadersSeeAllRows) {
 }
 
 TEST(NewRowsOutputs, ChangesNothingUnlessEveryNameFits) {
-  // "total" is no Concat, "missing*" names no output, "new_*" names no output either.
+  // "total" is no Concat; "missing*", "nothing", "*_kk" and "present_k*present_k" (too long to match
+  // "present_k": the '*' stands between two copies) name no output.
   for (const std::vector<std::string>& names :
        {std::vector<std::string>{"present_k", "total"}, std::vector<std::string>{"present_k", "missing*"},
-        std::vector<std::string>{"nothing"}}) {
+        std::vector<std::string>{"nothing"}, std::vector<std::string>{"present_*", "*_kk"},
+        std::vector<std::string>{"present_k*present_k"}}) {
     std::shared_ptr<Graph> graph = cache_graph().graph();
     const size_t nodes = graph->nodes.size();
     EXPECT_EQ(new_rows_outputs(*graph, names), 0u) << names.back();

@@ -95,8 +95,9 @@ INSTANTIATE_TEST_SUITE_P(Families, TextGenerationTest,
 // position_ids input, SkipSimplifiedLayerNormalization; MatMulNBits weights for int4 at accuracy
 // level 4): greedy tokens equal onnxruntime-genai's own Generator on the same folder
 // (tests/pipelines/fixtures/genai_*/expected.json, scripts/make_genai_models.py): Llama (the llama
-// fixture's model) and Qwen2 (q/k/v biases). The recording script checked that each fp32 build picks
-// transformers' tokens.
+// fixture's model) and Qwen2 (q/k/v biases), Phi-3, Gemma, Gemma 2, gpt-oss (MoE), LFM2-MoE (short
+// convolutions with recurrent states, CausalConvWithState; MoE, and QMoE in the int4 build). The
+// recording script checked that each fp32 build picks transformers' tokens.
 // The static cache (the default: positions and valid keys come from the mask's sum) in eager and
 // compiled runs, where one plan serves every decode step of every prompt, and the dynamic cache.
 struct GenaiRun {
@@ -138,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(Builds, GenaiDecoderTest,
                          ::testing::Combine(::testing::Values("llama_fp32", "llama_int4", "qwen2_h16_fp32",
                                                               "qwen2_h16_int4", "phi3_h16_fp32",
                                                               "phi3_h16_int4", "gemma_fp32", "gemma_int4",
-                                                              "gemma2_fp32", "gemma2_int4", "gpt_oss_fp32"),
+                                                              "gemma2_fp32", "gemma2_int4", "gpt_oss_fp32",
+                                                              "lfm2_moe_fp32", "lfm2_moe_int4"),
                                             ::testing::Range(0, 3)),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
                            return std::get<0>(info.param) + "_" + kGenaiRuns[std::get<1>(info.param)].name;

@@ -8,7 +8,9 @@
 // and position ids may be traced.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -650,34 +652,66 @@ OpOutputs linear_attention(NodeContext& ctx) {
   return {mx::astype(output, query.dtype(), s), mx::astype(state, state_dtype, s)};
 }
 
-// --- CausalConvWithState (v27) ------------------------------------------------------
+// --- CausalConvWithState (v27; com.microsoft v1) ---------------------------------------
 
-// Depthwise causal conv1d over [B, C, L] with kernel [C, 1, k]: the input is
-// preceded by past_state (or k - 1 zeros); the last k - 1 columns of that
-// padded sequence are the new state. Accumulates in float32.
+// Depthwise causal conv1d over [B, C, L] with kernel [C, 1, k] and tap spacing `dilation`: the input is
+// preceded by past_state (or (k - 1) * dilation zeros); the last (k - 1) * dilation columns of that
+// padded sequence are the new state. Accumulates in float32. com.microsoft's version adds `dilation`,
+// `channels_last` (input [B, L, d1..dn] and state [B, pad, d1..dn], channels = d1 * ... * dn, weight and
+// bias channels-first), `ndim` and `state_window`; like ORT's CPU kernel this takes ndim 1 and
+// state_window 0 (the window is for CUDA's speculative decoding).
 OpOutputs causal_conv_with_state(NodeContext& ctx) {
   auto s = ctx.stream();
-  const mx::array& input = ctx.input(0);
+  const mx::array& given = ctx.input(0);
   const mx::array& weight = ctx.input(1);
-  require_float(ctx, input, "input");
+  require_float(ctx, given, "input");
   const std::string activation = ctx.attr_string("activation", "none");
   if (activation != "none" && activation != "silu" && activation != "swish") {
     throw ctx.error("activation must be none, silu or swish, got '", activation, "'");
   }
-  if (rank_of(input) != 3) throw ctx.error("input must be [batch, channels, length], got ", input.shape());
+  if (const int64_t ndim = ctx.attr_int("ndim", 1); ndim != 1) {
+    throw ctx.error("ndim ", ndim, " is not supported (1 is; ONNX Runtime's CPU kernel takes 1 alone)");
+  }
+  if (const int64_t window = ctx.attr_int("state_window", 0); window != 0) {
+    throw ctx.error("state_window ", window, " is not supported (0 is; ONNX Runtime runs it on CUDA only)");
+  }
+  const int64_t dilation_attr = ctx.attr_int("dilation", 1);
+  if (dilation_attr < 1 || dilation_attr > (1 << 20)) throw ctx.error("dilation must be >= 1, got ", dilation_attr);
+  const int dilation = static_cast<int>(dilation_attr);
+  const bool channels_last = ctx.attr_int("channels_last", 0) != 0;
+
+  // The channels-first [B, C, L] view of the input.
+  mx::array input = given;
+  if (channels_last) {
+    if (rank_of(given) < 3) throw ctx.error("channels_last input must be [batch, length, d1, ...], got ", given.shape());
+    const mx::Shape& shape = given.shape();
+    const int flat = static_cast<int>(std::accumulate(shape.begin() + 2, shape.end(), int64_t{1}, std::multiplies<>()));
+    input = mx::transpose(mx::reshape(given, {shape[0], shape[1], flat}, s), {0, 2, 1}, s);
+  } else if (rank_of(given) != 3) {
+    throw ctx.error("input must be [batch, channels, length], got ", given.shape());
+  }
   const int batch = input.shape(0), channels = input.shape(1), length = input.shape(2);
   if (rank_of(weight) != 3 || weight.shape(0) != channels || weight.shape(1) != 1 || weight.shape(2) < 1) {
     throw ctx.error("weight must be [", channels, ", 1, k] with k >= 1, got ", weight.shape());
   }
   const int kernel = weight.shape(2);
-  mx::array past = mx::zeros({batch, channels, kernel - 1}, input.dtype(), s);
+  const int64_t pad64 = int64_t{kernel - 1} * dilation;
+  if (pad64 > (1 << 24)) throw ctx.error("(k - 1) * dilation = ", pad64, " is too large");
+  const int pad = static_cast<int>(pad64);
+  // The state's shape as the caller sees it, and its channels-first view.
+  mx::Shape state_shape = {batch, channels, pad};
+  if (channels_last) {
+    state_shape = given.shape();
+    state_shape[1] = pad;
+  }
+  mx::array past = mx::zeros({batch, channels, pad}, input.dtype(), s);
   if (ctx.has_input(3)) {
-    past = ctx.input(3);
-    if (past.shape() != mx::Shape{batch, channels, kernel - 1}) {
-      throw ctx.error("past_state must be [", batch, ", ", channels, ", ", kernel - 1, "], got ",
-                      past.shape());
+    const mx::array& given_past = ctx.input(3);
+    if (given_past.shape() != state_shape) {
+      throw ctx.error("past_state must be ", state_shape, ", got ", given_past.shape());
     }
-    past = mx::astype(past, input.dtype(), s);
+    past = mx::astype(given_past, input.dtype(), s);
+    if (channels_last) past = mx::transpose(mx::reshape(past, {batch, pad, channels}, s), {0, 2, 1}, s);
   }
   mx::array padded = mx::concatenate({past, input}, 2, s);
   mx::array wide = mx::astype(padded, mx::float32, s);
@@ -685,7 +719,7 @@ OpOutputs causal_conv_with_state(NodeContext& ctx) {
   mx::array out = mx::zeros({batch, channels, length}, mx::float32, s);
   for (int j = 0; j < kernel; ++j) {
     mx::array tap = mx::reshape(mx::slice(w, {0, 0, j}, {channels, 1, j + 1}, s), {1, channels, 1}, s);
-    mx::array window = mx::slice(wide, {0, 0, j}, {batch, channels, j + length}, s);
+    mx::array window = mx::slice(wide, {0, 0, j * dilation}, {batch, channels, j * dilation + length}, s);
     out = mx::add(out, mx::multiply(window, tap, s), s);
   }
   if (ctx.has_input(2)) {
@@ -696,10 +730,14 @@ OpOutputs causal_conv_with_state(NodeContext& ctx) {
     out = mx::add(out, mx::reshape(mx::astype(bias, mx::float32, s), {1, channels, 1}, s), s);
   }
   if (activation != "none") out = mx::multiply(out, mx::sigmoid(out, s), s);
+  out = mx::astype(out, input.dtype(), s);
   const int padded_length = padded.shape(2);
-  mx::array state =
-      mx::slice(padded, {0, 0, padded_length - (kernel - 1)}, {batch, channels, padded_length}, s);
-  return {mx::astype(out, input.dtype(), s), state};
+  mx::array state = mx::slice(padded, {0, 0, padded_length - pad}, {batch, channels, padded_length}, s);
+  if (channels_last) {
+    out = mx::reshape(mx::transpose(out, {0, 2, 1}, s), given.shape(), s);
+    state = mx::reshape(mx::transpose(state, {0, 2, 1}, s), state_shape, s);
+  }
+  return {out, state};
 }
 
 // --- FlexAttention (ai.onnx.preview v1) ---------------------------------------------
@@ -779,6 +817,13 @@ void register_attention(OpRegistry& registry) {
        .since = 27,
        .until = kOpen,
        .fn = causal_conv_with_state},
+      // onnxruntime-genai's LFM2, Qwen3.5 and Mamba builds; adds dilation, channels_last, ndim, state_window.
+      {.op_type = "CausalConvWithState",
+       .domain = kMicrosoft,
+       .since = 1,
+       .until = kOpen,
+       .fn = causal_conv_with_state,
+       .restrictions = "ndim 1, state_window 0 (as ONNX Runtime's CPU kernel)"},
       {.op_type = "FlexAttention",
        .domain = "ai.onnx.preview",
        .since = 1,
