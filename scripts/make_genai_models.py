@@ -160,15 +160,16 @@ def greedy_genai(folder: Path, prompt_ids: list[int]) -> list[int]:
 # fails in the builder's mask subgraph's Expand or in a buffer reuse), so neither onnxruntime-genai's
 # Generator nor a decode step can be the reference: they go to tests/models/ as a prefill (empty past)
 # that tests/models/test_models.py compares with ORT's, logits and presents.
-FP16_BUILDS = ["llama", "qwen2_h16"]
+FP16_BUILDS = ["llama", "qwen2_h16", "phi3_h16", "gemma"]
 MODELS = FIXTURES.parents[1] / "models"
 FP16_TOLERANCE = {
     "tolerance": 0.05,
     "tolerance_reason": (
         "float16 decoder (onnxruntime-genai builder, -p fp16 -e cpu): ONNX Runtime computes each op in float16 and "
         "rounds after each; transmuter computes in float32 and rounds once at the outputs (--passes none: float16 "
-        "as written). Logits reach 8.2-9.3, where a float16 ulp is 0.0078; worst measured 0.0283 (3.6 ulps, llama, "
-        "logits, with passes) and 0.0195 without; presents 0.0156 (2026-12-06). 0.05 is 6.4 ulps"),
+        "as written). Logits reach 8.2-9.8, where a float16 ulp is 0.0078; worst measured over the Llama, Qwen2, "
+        "Phi-3 and Gemma builds 0.0283 (3.6 ulps, Llama, with passes) and 0.0352 (4.5 ulps, Gemma, float16 as "
+        "written); presents 0.0156 (2026-12-06). 0.05 is 6.4 ulps"),
 }
 
 

@@ -35,6 +35,8 @@ VARIANTS = {
     "q4_block32_symmetric": (4, 32, True),
     "q4_block16_asymmetric": (4, 16, False),
     "q8_block64_asymmetric": (8, 64, False),
+    "q4_block128_asymmetric": (4, 128, False),
+    "q8_block256_symmetric": (8, 256, True),
 }
 
 
