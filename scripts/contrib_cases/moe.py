@@ -414,5 +414,10 @@ def cases():
                   activation="swiglu", swiglu=GPT_OSS_SWIGLU, normalize=1, dtype=np.float16),
         qmoe_case(next(seed), tokens=32, experts=16, k=2, hidden=32, inter=64, bits=4, block_size=32,
                   activation="silu", fc3=True, sparse=True, bias=False),
+        # Decode steps (fewer routed pairs than experts) on weights pack_qmoe_weights packs.
+        qmoe_case(next(seed), tokens=1, experts=8, k=2, hidden=64, inter=64, bits=4, block_size=32,
+                  activation="swiglu", swiglu=GPT_OSS_SWIGLU, normalize=1),
+        qmoe_case(next(seed), tokens=2, experts=16, k=4, hidden=64, inter=128, bits=4, symmetric=False),
+        qmoe_case(next(seed), tokens=1, experts=8, k=2, hidden=128, inter=64, bits=8),
     ]
     return out

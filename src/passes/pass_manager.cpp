@@ -36,6 +36,7 @@ const std::vector<Pass>& default_passes() {
       {"channels_last_convs", channels_last_convs},    // after the BatchNorm and activation fusions
       {"fuse_depthwise_blocks", fuse_depthwise_blocks},  // on channels_last_convs' ConvNhwc nodes
       {"pack_matmul_nbits", pack_matmul_nbits},
+      {"pack_qmoe_weights", pack_qmoe_weights},
       {"pack_integer_matmul_weights", pack_integer_matmul_weights},
       {"pack_matmul_weights", pack_matmul_weights},  // takes the bias Adds and GELUs the others left
       {"fuse_gated_mlp", fuse_gated_mlp},  // last: stacks the packed (quantized or float) gate and up weights

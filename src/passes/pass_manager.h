@@ -47,6 +47,7 @@ size_t fuse_skip_layer_norm(Graph& graph);
 size_t channels_last_convs(Graph& graph);
 size_t fuse_depthwise_blocks(Graph& graph);
 size_t pack_matmul_nbits(Graph& graph);
+size_t pack_qmoe_weights(Graph& graph);
 size_t pack_integer_matmul_weights(Graph& graph);
 size_t fuse_gated_mlp(Graph& graph);
 size_t pack_matmul_weights(Graph& graph);

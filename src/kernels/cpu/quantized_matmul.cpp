@@ -598,6 +598,7 @@ HWY_AFTER_NAMESPACE();
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -745,6 +746,15 @@ void run_dequantized_gemm(const QuantizedArgs& a) {
   });
 }
 
+// The float product of a's rows: the GEMV for a few, the dequantized GEMM from quantized_matmul_gemm_rows().
+void run_float_product(const QuantizedArgs& a) {
+  if (a.m >= quantized_matmul_gemm_rows()) {
+    run_dequantized_gemm(a);
+  } else {
+    run_gemv(a);
+  }
+}
+
 float symmetric_zero_point(int bits) { return static_cast<float>(1 << (bits - 1)); }
 
 // $TRANSMUTER_INT8_GEMV=0 runs int8 activations through the float GEMV on the rounded x instead
@@ -833,11 +843,7 @@ class QuantizedMatmulKernel : public CpuKernel {
           round_row_to_int8(a.x + r * a.k, a.k, a.group_size, rounded.data() + r * a.k);
         a.x = rounded.data();
       }
-      if (gemm) {
-        run_dequantized_gemm(a);
-      } else {
-        run_gemv(a);
-      }
+      run_float_product(a);
     };
   }
 
@@ -862,6 +868,119 @@ class QuantizedMatmulKernel : public CpuKernel {
 
   int group_size_, bits_;
   Activations activations_;
+};
+
+// mx::gather_qmm of {x [R, K], experts [P], w, scales[, biases]} as routed_quantized_matmul defines it.
+mx::array routed_reference(const std::vector<mx::array>& in, int group_size, int bits, mx::StreamOrDevice s) {
+  const mx::array &x = in[0], &experts = in[1];
+  const int pairs = experts.shape(0), rows = x.shape(0), k = x.shape(1);
+  const mx::array per_pair = rows == pairs ? x : mx::repeat(x, pairs / rows, 0, s);
+  const mx::array biases = in.size() > 4 ? in[4] : symmetric_biases(in[3], bits, s);
+  mx::array y = mx::gather_qmm(mx::reshape(per_pair, {pairs, 1, k}, s), in[2], in[3], biases, std::nullopt, experts,
+                               true, group_size, bits, "affine", std::nullopt, false, s);
+  return mx::reshape(y, {pairs, in[2].shape(1)}, s);
+}
+
+// routed_quantized_matmul's kernel: the pairs grouped by expert, each group one product (run_float_product)
+// over its expert's slice of w, scales and biases; rows are gathered into a block (and the results
+// scattered back) only for experts with more than one pair.
+class RoutedQuantizedMatmulKernel : public CpuKernel {
+ public:
+  RoutedQuantizedMatmulKernel(mx::Stream stream, Reference reference, int group_size, int bits)
+      : CpuKernel(stream, std::move(reference)), group_size_(group_size), bits_(bits) {}
+  const char* name() const override { return "transmuter::RoutedQuantizedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const RoutedQuantizedMatmulKernel*>(&other);
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
+  }
+  // As QuantizedMatmulKernel's: the reference is differentiated with respect to the inputs asked for only
+  // (MLX's quantized products have no derivative with respect to w, nor does anything for the indices).
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>&) override {
+    return mx::vjp(of(primals, argnums), select(primals, argnums), cotangents).second;
+  }
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    return mx::jvp(of(primals, argnums), select(primals, argnums), tangents).second;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    QuantizedArgs a;
+    a.k = in[0].shape(1);
+    a.n = in[2].shape(1);
+    a.bits = bits_;
+    a.group_size = group_size_;
+    a.zero_point = symmetric_zero_point(bits_);
+    const float* x = in[0].data<float>();
+    const uint32_t* experts = in[1].data<uint32_t>();  // read in the task: computed before it runs
+    const uint32_t* w = in[2].data<uint32_t>();
+    const float* scales = in[3].data<float>();
+    const float* biases = in.size() > 4 ? in[4].data<float>() : nullptr;
+    float* y = out[0].data<float>();
+    const int64_t pairs = in[1].shape(0), share = pairs / in[0].shape(0), count = in[2].shape(0);
+    return [=]() mutable {
+      const int64_t words = a.words(), groups = a.groups();
+      // The pairs of each expert, in order (a counting sort by expert).
+      std::vector<int64_t> start(static_cast<size_t>(count + 1), 0), order(static_cast<size_t>(pairs));
+      for (int64_t p = 0; p < pairs; ++p) {
+        if (experts[p] < count) ++start[experts[p] + 1];
+      }
+      for (int64_t e = 0; e < count; ++e) start[e + 1] += start[e];
+      std::vector<int64_t> next(start.begin(), start.end() - 1);
+      for (int64_t p = 0; p < pairs; ++p) {
+        if (experts[p] < count) {
+          order[static_cast<size_t>(next[experts[p]]++)] = p;
+        } else {
+          std::fill(y + p * a.n, y + (p + 1) * a.n, std::numeric_limits<float>::quiet_NaN());
+        }
+      }
+      thread_local std::vector<float> rows, products;
+      for (int64_t e = 0; e < count; ++e) {
+        const int64_t m = start[e + 1] - start[e];
+        if (m == 0) continue;
+        const int64_t* mine = order.data() + start[e];
+        QuantizedArgs expert = a;
+        expert.w = w + e * a.n * words;
+        expert.scales = scales + e * a.n * groups;
+        expert.biases = biases != nullptr ? biases + e * a.n * groups : nullptr;
+        expert.m = m;
+        if (m == 1) {
+          expert.x = x + mine[0] / share * a.k;
+          expert.y = y + mine[0] * a.n;
+          run_float_product(expert);
+          continue;
+        }
+        rows.resize(static_cast<size_t>(m * a.k));
+        products.resize(static_cast<size_t>(m * a.n));
+        for (int64_t i = 0; i < m; ++i) std::copy_n(x + mine[i] / share * a.k, a.k, rows.data() + i * a.k);
+        expert.x = rows.data();
+        expert.y = products.data();
+        run_float_product(expert);
+        for (int64_t i = 0; i < m; ++i) std::copy_n(products.data() + i * a.n, a.n, y + mine[i] * a.n);
+      }
+    };
+  }
+
+ private:
+  static std::vector<mx::array> select(const std::vector<mx::array>& primals,
+                                       const std::vector<int>& argnums) {
+    std::vector<mx::array> selected;
+    for (int i : argnums) selected.push_back(primals[i]);
+    return selected;
+  }
+
+  std::function<std::vector<mx::array>(const std::vector<mx::array>&)> of(
+      const std::vector<mx::array>& primals, const std::vector<int>& argnums) {
+    return [primals, argnums, group_size = group_size_, bits = bits_,
+            s = stream()](const std::vector<mx::array>& in) {
+      std::vector<mx::array> all = primals;
+      for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = in[i];
+      return std::vector<mx::array>{routed_reference(all, group_size, bits, s)};
+    };
+  }
+
+  int group_size_, bits_;
 };
 
 }  // namespace
@@ -951,6 +1070,43 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                                                        activations);
       },
       reference, std::move(inputs), {shape}, {mx::float32}, stream)[0];
+}
+
+bool routed_quantized_matmul_fits(const mx::array& x, const mx::array& experts, const mx::array& w,
+                                  const mx::array& scales, const std::optional<mx::array>& biases, int group_size,
+                                  int bits, mx::StreamOrDevice s) {
+  if (!is_cpu_stream(s) || (bits != 4 && bits != 8)) return false;
+  if (group_size != 32 && group_size != 64 && group_size != 128) return false;
+  if (x.dtype() != mx::float32 || x.ndim() != 2 || x.size() == 0) return false;
+  if (experts.dtype() != mx::uint32 || experts.ndim() != 1 || experts.shape(0) % x.shape(0) != 0) return false;
+  const int64_t k = x.shape(1);
+  if (k % group_size != 0 || w.dtype() != mx::uint32 || w.ndim() != 3) return false;
+  const int64_t count = w.shape(0), n = w.shape(1), words = k * bits / 32, groups = k / group_size;
+  if (count < 1 || n < 1 || w.shape(2) != words) return false;
+  for (const mx::array* t : {&scales, biases ? &*biases : &scales}) {
+    if (t->dtype() != mx::float32 || t->shape() != mx::Shape{static_cast<int>(count), static_cast<int>(n),
+                                                             static_cast<int>(groups)})
+      return false;
+  }
+  return true;
+}
+
+mx::array routed_quantized_matmul(const mx::array& x, const mx::array& experts, const mx::array& w,
+                                  const mx::array& scales, const std::optional<mx::array>& biases, int group_size,
+                                  int bits, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [group_size, bits, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{routed_reference(in, group_size, bits, stream)};
+  };
+  std::vector<mx::array> inputs = {x, experts, w, scales};
+  if (biases) inputs.push_back(*biases);
+  if (!routed_quantized_matmul_fits(x, experts, w, scales, biases, group_size, bits, stream))
+    return reference(inputs)[0];
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<RoutedQuantizedMatmulKernel>(kernel_stream, reference, group_size, bits);
+      },
+      reference, std::move(inputs), {{experts.shape(0), w.shape(1)}}, {mx::float32}, stream)[0];
 }
 
 }  // namespace transmuter::kernels

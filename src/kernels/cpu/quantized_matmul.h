@@ -76,6 +76,25 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                            const std::optional<mx::array>& biases, int group_size, int bits,
                            mx::StreamOrDevice s = {}, Activations activations = Activations::float32);
 
+/** True when routed_quantized_matmul() runs the kernel: a CPU stream, bits 4 or 8, group_size 32, 64 or
+ * 128 dividing K, x float32 [R, K] non-empty, experts uint32 [P] with P a multiple of R, w uint32
+ * [E, N, K * bits / 32], scales and biases (when given) float32 [E, N, K / group_size]. */
+bool routed_quantized_matmul_fits(const mx::array& x, const mx::array& experts, const mx::array& w,
+                                  const mx::array& scales, const std::optional<mx::array>& biases, int group_size,
+                                  int bits, mx::StreamOrDevice s = {});
+
+/** A mixture of experts' routed products over experts' weights in the layout above, one weight per expert:
+ *   y[p] = x[p / (P / R)] @ dequantize(w[e], scales[e], biases[e])^T,  e = experts[p],
+ * x [R, K] (R = P: a row per pair; R < P: the P / R pairs of a token share its row), experts [P],
+ * w [E, N, K * bits / 32], scales and biases [E, N, K / group_size] -> y [P, N], float32. The pairs of
+ * one expert are one product over its packed weight, which stays packed: the GEMV for a few rows (a
+ * decode step routes one row to each of its k experts), the dequantized GEMM for many (a prefill). No
+ * biases: those of the symmetric weight. Elsewhere (and for gradients) mx::gather_qmm. An expert index
+ * out of range gives a row of NaN. */
+mx::array routed_quantized_matmul(const mx::array& x, const mx::array& experts, const mx::array& w,
+                                  const mx::array& scales, const std::optional<mx::array>& biases, int group_size,
+                                  int bits, mx::StreamOrDevice s = {});
+
 /** The biases of a symmetric weight: -2^(bits - 1) * scales. */
 mx::array symmetric_biases(const mx::array& scales, int bits, mx::StreamOrDevice s = {});
 

@@ -73,6 +73,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/quantized_matmul.h"
 #include "ops/microsoft/bit_fields.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
@@ -548,6 +549,106 @@ OpOutputs qmoe(NodeContext& ctx) {
   return finish(ctx, mix_experts(x, r, w, a, d, s));
 }
 
+// --- ai.transmuter PackedQMoE (src/passes/pack_qmoe_weights.cpp) ------------------------------
+
+// PackedQMoE's inputs: input, router_probs, then per projection fcJ (J = 1, 2, 3) its packed weight,
+// scales, biases (absent: symmetric) and its experts' float bias; router_weights last.
+constexpr size_t kPackedFirst = 2, kPackedPerProjection = 4, kPackedRouterWeights = 14;
+
+// One projection's packed experts: w uint32 [E, N, K * bits / 32], scales and biases float32
+// [E, N, K / group_size].
+struct PackedExperts {
+  mx::array w, scales;
+  std::optional<mx::array> biases;
+  int bits, group_size;
+};
+
+// Projection j's packed inputs, checked against E experts of [n, k] (k: 0 takes it from the weight).
+std::optional<PackedExperts> packed_experts(const NodeContext& ctx, int j, int e, int n, int k) {
+  const std::string prefix = "fc" + std::to_string(j + 1);
+  const size_t base = kPackedFirst + kPackedPerProjection * static_cast<size_t>(j);
+  if (!ctx.has_input(base)) return std::nullopt;
+  const int bits = static_cast<int>(ctx.attr_int(prefix + "_bits", 4));
+  const int group = static_cast<int>(ctx.attr_int(prefix + "_group_size", 0));
+  if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128)) {
+    throw ctx.error(prefix, "_bits must be 4 or 8 and ", prefix, "_group_size 32, 64 or 128, got ", bits, " and ",
+                    group);
+  }
+  const mx::array& w = ctx.input(base);
+  if (w.dtype() != mx::uint32 || w.ndim() != 3 || w.shape(0) != e || w.shape(1) != n ||
+      (k > 0 && int64_t{w.shape(2)} * 32 != int64_t{k} * bits)) {
+    throw ctx.error(prefix, " weights must be uint32 [", e, ", ", n, ", in_features * ", bits, " / 32], got ",
+                    w.dtype(), " ", w.shape());
+  }
+  const int in_features = to_int32(ctx, int64_t{w.shape(2)} * 32 / bits, "in_features");
+  if (in_features % group != 0) throw ctx.error(prefix, ": ", in_features, " inputs are not whole groups");
+  const mx::Shape groups = {e, n, in_features / group};
+  auto float_groups = [&](size_t i, const char* what) {
+    const mx::array& t = ctx.input(i);
+    if (t.dtype() != mx::float32 || t.shape() != groups)
+      throw ctx.error(prefix, " ", what, " must be float32 ", groups, ", got ", t.dtype(), " ", t.shape());
+    return t;
+  };
+  PackedExperts p{w, float_groups(base + 1, "scales"), std::nullopt, bits, group};
+  if (ctx.has_input(base + 2)) p.biases = float_groups(base + 2, "biases");
+  return p;
+}
+
+// Each routed pair's product with its expert: x [R, K] (a row per pair, or per token) -> [P, N].
+mx::array routed_product(const mx::array& x, const mx::array& experts, const PackedExperts& p,
+                         mx::StreamOrDevice s) {
+  return kernels::routed_quantized_matmul(x, experts, p.w, p.scales, p.biases, p.group_size, p.bits, s);
+}
+
+// QMoE whose experts' weights pack_qmoe_weights converted into MLX's affine layout: each (token, expert)
+// pair runs its expert's packed weight (kernels::routed_quantized_matmul: the pairs of an expert as one
+// quantized GEMV or GEMM), nothing is dequantized to float32 in memory. Routing, activation and mixing
+// are QMoE's.
+OpOutputs packed_qmoe(NodeContext& ctx) {
+  const auto s = ctx.stream();
+  MoeShape d{};
+  check_input_and_router(ctx, d);
+  const MoeAttributes a = moe_attributes(ctx, d.experts);
+  const bool has_fc3 = ctx.has_input(kPackedFirst + 2 * kPackedPerProjection);
+  if (a.activation == MoeActivation::kSwiGlu && a.fusion == 0 && !has_fc3)
+    throw ctx.error("swiglu with swiglu_fusion=0 needs fc3 (the linear half)");
+  if (a.fused() && has_fc3) throw ctx.error("fc3 must be absent with swiglu_fusion=", a.fusion);
+  std::optional<PackedExperts> fc2 = packed_experts(ctx, 1, d.experts, d.hidden, 0);
+  if (!fc2) throw ctx.error("fc2's packed weights are required");
+  d.inter = fc2->w.shape(2) * 32 / fc2->bits;
+  d.fc1_features = a.fused() ? 2 * d.inter : d.inter;
+  std::optional<PackedExperts> fc1 = packed_experts(ctx, 0, d.experts, d.fc1_features, d.hidden);
+  if (!fc1) throw ctx.error("fc1's packed weights are required");
+  std::optional<PackedExperts> fc3 = packed_experts(ctx, 2, d.experts, d.inter, d.hidden);
+  const mx::Dtype t = ctx.input(0).dtype();
+  auto bias = [&](int j, int features) {
+    return float_input(ctx, kPackedFirst + kPackedPerProjection * static_cast<size_t>(j) + 3,
+                       ("fc" + std::to_string(j + 1) + "_experts_bias").c_str(), t, {d.experts, features},
+                       "[num_experts, features]");
+  };
+  const std::optional<mx::array> b1 = bias(0, d.fc1_features), b2 = bias(1, d.hidden), b3 = bias(2, d.inter);
+  if (b3 && !fc3) throw ctx.error("fc3_experts_bias is given without fc3's weights");
+  std::optional<mx::array> router_weights = float_input(ctx, kPackedRouterWeights, "router_weights", t,
+                                                        {d.tokens, d.experts}, "[tokens, num_experts]");
+  if (router_weights && a.sparse_mixer)
+    throw ctx.error("router_weights with use_sparse_mixer=1 is not supported (the sparse mixer makes the weights)");
+  if (d.tokens == 0) return {mx::zeros(ctx.input(0).shape(), t, s)};
+
+  const Routing r = qmoe_routing(mx::astype(ctx.input(1), mx::float32, s), router_weights, a, s);
+  const int pairs = d.tokens * a.k;
+  const mx::array experts = mx::reshape(mx::astype(r.experts, mx::uint32, s), {pairs}, s);
+  auto plus_bias = [&](const mx::array& h, const std::optional<mx::array>& b) {
+    return b ? mx::add(h, mx::take(*b, experts, 0, s), s) : h;
+  };
+  mx::array x = mx::reshape(mx::astype(ctx.input(0), mx::float32, s), {d.tokens, d.hidden}, s);
+  mx::array h1 = plus_bias(routed_product(x, experts, *fc1, s), b1);  // [P, F1]: a token's k pairs share its row
+  std::optional<mx::array> h3;
+  if (fc3) h3 = plus_bias(routed_product(x, experts, *fc3, s), b3);
+  mx::array y = plus_bias(routed_product(expert_activation(h1, h3, a, d.inter, s), experts, *fc2, s), b2);
+  y = mx::reshape(y, {d.tokens, a.k, d.hidden}, s);
+  return finish(ctx, mx::sum(mx::multiply(y, mx::expand_dims(r.weights, -1, s), s), 1, false, s));
+}
+
 }  // namespace
 
 void register_microsoft_moe(OpRegistry& r) {
@@ -566,6 +667,13 @@ void register_microsoft_moe(OpRegistry& r) {
        .restrictions =
            "quant_type 'int' only (2/4/8 bits, column-wise or a block_size dividing the input features); "
            "weights_prepacked -1/0; use_sparse_mixer routes like ORT's CUDA kernel, without router_weights"},
+      // Made by src/passes/pack_qmoe_weights.cpp from QMoE.
+      {.op_type = "PackedQMoE",
+       .domain = kTransmuter,
+       .since = 1,
+       .until = kOpen,
+       .fn = packed_qmoe,
+       .restrictions = "bits 4/8, group_size 32/64/128 (what the pass produces)"},
   });
 }
 

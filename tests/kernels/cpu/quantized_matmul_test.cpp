@@ -298,5 +298,118 @@ TEST(QuantizedMatmulKernel, FloatActivationsOnEverySimdTarget) {
   EXPECT_GE(targets, 1);
 }
 
+// --- routed_quantized_matmul: a mixture of experts' products, each pair on its expert's weight ------------
+
+// E experts' weights [E, N, ...], each quantized on its own, and the per-expert weights for the reference.
+struct ExpertWeights {
+  std::vector<QuantizedWeight> each;
+  mx::array w, scales, biases;
+};
+
+ExpertWeights expert_weights(int experts, int n, int k, int group_size, int bits, uint64_t seed) {
+  ExpertWeights e{{}, mx::array(0), mx::array(0), mx::array(0)};
+  std::vector<mx::array> w, scales, biases;
+  for (int i = 0; i < experts; ++i) {
+    e.each.push_back(quantized_weight(n, k, group_size, bits, seed + static_cast<uint64_t>(i)));
+    w.push_back(e.each.back().w);
+    scales.push_back(e.each.back().scales);
+    biases.push_back(e.each.back().biases);
+  }
+  e.w = mx::stack(w);
+  e.scales = mx::stack(scales);
+  e.biases = mx::stack(biases);
+  mx::eval({e.w, e.scales, e.biases});
+  return e;
+}
+
+// Pair p's row against its expert's own quantized_matmul reference (relative_error per pair).
+float routed_error(const mx::array& x, const std::vector<uint32_t>& experts, const ExpertWeights& e,
+                   const mx::array& got, int group_size, int bits) {
+  const int pairs = static_cast<int>(experts.size()), share = pairs / x.shape(0), k = x.shape(1);
+  float worst = 0.0f;
+  for (int p = 0; p < pairs; ++p) {
+    mx::array row = mx::slice(x, {p / share, 0}, {p / share + 1, k});
+    mx::array mine = mx::slice(got, {p, 0}, {p + 1, got.shape(1)});
+    worst = std::max(worst, relative_error(row, e.each[experts[static_cast<size_t>(p)]], mine, group_size, bits));
+  }
+  return worst;
+}
+
+TEST(RoutedQuantizedMatmul, EachPairIsItsExpertsProduct) {
+  const int experts = 6;
+  for (int bits : {4, 8}) {
+    for (int group_size : {32, 128}) {
+      const int k = 2 * group_size, n = 37;
+      const ExpertWeights e = expert_weights(experts, n, k, group_size, bits, static_cast<uint64_t>(bits * 10));
+      // A decode step (one token, k = 2 routes: one GEMV per expert), a token whose two routes pick one
+      // expert, unused experts; many pairs on one expert (its rows take the dequantized GEMM).
+      std::vector<std::pair<int, std::vector<uint32_t>>> routings = {
+          {1, {4, 1}}, {1, {2, 2}}, {3, {0, 5, 5, 0, 3, 5}}, {8, {1, 1, 1, 1, 1, 1, 1, 1}}, {2, {3, 1}}};
+      std::vector<uint32_t> many(16, 2);
+      many[3] = 0;
+      routings.push_back({16, many});
+      for (const auto& [rows, routes] : routings) {
+        mx::array x = random_array({rows, k}, static_cast<uint64_t>(routes.size() + rows));
+        mx::array indices(routes.begin(), {static_cast<int>(routes.size())}, mx::uint32);
+        for (bool with_biases : {true, false}) {
+          const std::optional<mx::array> biases = with_biases ? std::optional(e.biases) : std::nullopt;
+          ASSERT_TRUE(routed_quantized_matmul_fits(x, indices, e.w, e.scales, biases, group_size, bits,
+                                                   mx::Device::cpu));
+          mx::array got = routed_quantized_matmul(x, indices, e.w, e.scales, biases, group_size, bits,
+                                                  mx::Device::cpu);
+          ASSERT_EQ(got.shape(), (mx::Shape{static_cast<int>(routes.size()), n}));
+          ExpertWeights reference = e;
+          if (!with_biases) {
+            for (auto& q : reference.each) q.biases = symmetric_biases(q.scales, bits);
+          }
+          EXPECT_LT(routed_error(x, routes, reference, got, group_size, bits), kRelativeTolerance)
+              << "bits " << bits << " group " << group_size << " pairs " << routes.size() << " rows " << rows
+              << (with_biases ? "" : " symmetric");
+        }
+      }
+    }
+  }
+}
+
+TEST(RoutedQuantizedMatmul, ComputedIndicesAndOutOfRangeExperts) {
+  const ExpertWeights e = expert_weights(3, 40, 64, 32, 4, 70);
+  mx::array x = random_array({2, 64}, 71);
+  // Indices computed by the graph (not yet evaluated when the kernel is made), as a router's top-k are.
+  mx::array indices = mx::astype(mx::argmax(random_array({4, 3}, 72), 1), mx::uint32);
+  mx::array got = routed_quantized_matmul(x, indices, e.w, e.scales, e.biases, 32, 4, mx::Device::cpu);
+  mx::eval(got);
+  std::vector<uint32_t> routes(indices.data<uint32_t>(), indices.data<uint32_t>() + 4);
+  EXPECT_LT(routed_error(x, routes, e, got, 32, 4), kRelativeTolerance);
+  // An index past the experts gives NaN in its row and leaves the others alone.
+  mx::array bad = mx::array({0u, 7u}, {2}, mx::uint32);
+  mx::array y = routed_quantized_matmul(mx::slice(x, {0, 0}, {1, 64}), bad, e.w, e.scales, e.biases, 32, 4,
+                                        mx::Device::cpu);
+  EXPECT_TRUE(mx::all(mx::isnan(mx::slice(y, {1, 0}, {2, 40}))).item<bool>());
+  EXPECT_FALSE(mx::any(mx::isnan(mx::slice(y, {0, 0}, {1, 40}))).item<bool>());
+}
+
+TEST(RoutedQuantizedMatmul, LayoutsItDoesNotTakeRunMlxAndGradientsAreMlxs) {
+  const ExpertWeights e = expert_weights(2, 16, 64, 32, 4, 80);
+  mx::array x = random_array({2, 64}, 81);
+  mx::array indices = mx::array({1u, 0u, 0u, 1u}, {4}, mx::uint32);
+  // 3 pairs for 2 rows: not a whole number of pairs per row.
+  EXPECT_FALSE(routed_quantized_matmul_fits(x, mx::array({1u, 0u, 0u}, {3}, mx::uint32), e.w, e.scales, e.biases,
+                                            32, 4, mx::Device::cpu));
+  EXPECT_FALSE(routed_quantized_matmul_fits(x, indices, e.w, e.scales, e.biases, 32, 2, mx::Device::cpu));
+  // Gradient with respect to x through the kernel equals gather_qmm's.
+  auto through = [&](bool kernel) {
+    return [&, kernel](const std::vector<mx::array>& in) {
+      mx::array y = kernel ? routed_quantized_matmul(in[0], indices, e.w, e.scales, e.biases, 32, 4, mx::Device::cpu)
+                           : mx::reshape(mx::gather_qmm(mx::reshape(mx::repeat(in[0], 2, 0), {4, 1, 64}), e.w,
+                                                        e.scales, e.biases, std::nullopt, indices, true, 32, 4),
+                                         {4, 16});
+      return std::vector<mx::array>{mx::sum(mx::multiply(y, y))};
+    };
+  };
+  mx::array got = mx::vjp(through(true), {x}, {mx::array(1.0f)}).second[0];
+  mx::array want = mx::vjp(through(false), {x}, {mx::array(1.0f)}).second[0];
+  EXPECT_LT(max_abs_diff(got, want), 1e-3f * (1.0f + mx::max(mx::abs(want)).item<float>()));
+}
+
 }  // namespace
 }  // namespace transmuter::kernels
