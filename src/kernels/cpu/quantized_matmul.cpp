@@ -664,6 +664,48 @@ void run_gemv(QuantizedArgs a) {
   });
 }
 
+// The GEMVs of several products (a mixture of experts' routed experts, a few rows each) as one parallel loop
+// over all their column blocks: each product's x permuted first, then one wake-up of the threads for all
+// (a decode step's 2 k GEMVs would otherwise each wake and join them).
+void run_gemvs(std::vector<QuantizedArgs>& products) {
+  if (products.empty()) return;
+  std::vector<int64_t> first_block(products.size() + 1, 0);
+  int64_t permuted = 0, sums = 0, work = 0;
+  for (size_t i = 0; i < products.size(); ++i) {
+    QuantizedArgs& a = products[i];
+    const int64_t chunk = HWY_DYNAMIC_DISPATCH(ChunkValues)(a.bits);
+    a.kpad = ceil_div(a.k, chunk) * chunk;
+    permuted += a.m * a.kpad;
+    sums += a.m * a.groups();
+    work += a.m * a.n * a.k;
+    first_block[i + 1] = first_block[i] + ceil_div(a.n, kGemvColumns);
+  }
+  thread_local std::vector<float> xperm, xsum;
+  xperm.resize(static_cast<size_t>(permuted));
+  xsum.resize(static_cast<size_t>(sums));
+  float* next_perm = xperm.data();
+  float* next_sum = xsum.data();
+  for (QuantizedArgs& a : products) {
+    HWY_DYNAMIC_DISPATCH(PermuteRows)(a.x, a.m, a.k, a.bits, a.group_size, a.kpad, next_perm, next_sum);
+    a.xperm = next_perm;
+    a.xsum = next_sum;
+    next_perm += a.m * a.kpad;
+    next_sum += a.m * a.groups();
+  }
+  const int64_t blocks = first_block.back();
+  const int64_t grain =
+      work < kParallelWork ? blocks : std::max<int64_t>(1, blocks / (kChunksPerThread * kernel_threads()));
+  parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const size_t i = static_cast<size_t>(std::upper_bound(first_block.begin(), first_block.end(), b) -
+                                           first_block.begin() - 1);
+      const QuantizedArgs& a = products[i];
+      const int64_t col0 = (b - first_block[i]) * kGemvColumns;
+      HWY_DYNAMIC_DISPATCH(GemvBlock)(a, col0, std::min(kGemvColumns, a.n - col0));
+    }
+  });
+}
+
 // x rounded to int8 per group as int8_group_rounded does (round_row_to_int8's arithmetic), into
 // xq[r, kpad] in the order the dot products read it, xscale[r, g] = max|x| / 127 and xsum[r, g] =
 // xscale * sum(xq in g) (for the biases). 4 bits: each chunk of 2B values (B = `bytes`, those of a vector of
@@ -935,7 +977,17 @@ class RoutedQuantizedMatmulKernel : public CpuKernel {
           std::fill(y + p * a.n, y + (p + 1) * a.n, std::numeric_limits<float>::quiet_NaN());
         }
       }
-      thread_local std::vector<float> rows, products;
+      // An expert with one pair reads its row and writes its output in place; the rows of an expert with
+      // more are gathered into `rows` (and its results scattered back from `results`) in expert order.
+      int64_t gathered = 0;
+      for (int64_t e = 0; e < count; ++e) {
+        if (start[e + 1] - start[e] > 1) gathered += start[e + 1] - start[e];
+      }
+      thread_local std::vector<float> rows, results;
+      rows.resize(static_cast<size_t>(gathered * a.k));
+      results.resize(static_cast<size_t>(gathered * a.n));
+      std::vector<QuantizedArgs> gemvs;  // run together: one wake-up of the threads
+      int64_t offset = 0;
       for (int64_t e = 0; e < count; ++e) {
         const int64_t m = start[e + 1] - start[e];
         if (m == 0) continue;
@@ -948,16 +1000,27 @@ class RoutedQuantizedMatmulKernel : public CpuKernel {
         if (m == 1) {
           expert.x = x + mine[0] / share * a.k;
           expert.y = y + mine[0] * a.n;
-          run_float_product(expert);
-          continue;
+        } else {
+          expert.x = rows.data() + offset * a.k;
+          expert.y = results.data() + offset * a.n;
+          for (int64_t i = 0; i < m; ++i)
+            std::copy_n(x + mine[i] / share * a.k, a.k, rows.data() + (offset + i) * a.k);
+          offset += m;
         }
-        rows.resize(static_cast<size_t>(m * a.k));
-        products.resize(static_cast<size_t>(m * a.n));
-        for (int64_t i = 0; i < m; ++i) std::copy_n(x + mine[i] / share * a.k, a.k, rows.data() + i * a.k);
-        expert.x = rows.data();
-        expert.y = products.data();
-        run_float_product(expert);
-        for (int64_t i = 0; i < m; ++i) std::copy_n(products.data() + i * a.n, a.n, y + mine[i] * a.n);
+        if (m >= quantized_matmul_gemm_rows()) {
+          run_dequantized_gemm(expert);
+        } else {
+          gemvs.push_back(expert);
+        }
+      }
+      run_gemvs(gemvs);
+      offset = 0;
+      for (int64_t e = 0; e < count; ++e) {
+        const int64_t m = start[e + 1] - start[e];
+        if (m < 2) continue;
+        const int64_t* mine = order.data() + start[e];
+        for (int64_t i = 0; i < m; ++i) std::copy_n(results.data() + (offset + i) * a.n, a.n, y + mine[i] * a.n);
+        offset += m;
       }
     };
   }
