@@ -37,6 +37,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mlx_bridge/bit_fields.h"
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 
@@ -113,14 +114,7 @@ mx::array zero_points_of(const Graph& graph, const NBitsMatch& m) {
   const int blocks = m.k / m.block_size;
   const mx::array& zp = *initializer(graph, m.zero_points);
   if (zp.dtype() != mx::uint8) return mx::astype(mx::reshape(zp, {m.n, blocks}), mx::float32);
-  const int per_byte = 8 / m.bits;
-  std::vector<uint8_t> shift_values(per_byte);
-  for (int j = 0; j < per_byte; ++j) shift_values[j] = static_cast<uint8_t>(j * m.bits);
-  mx::array packed = mx::reshape(zp, {m.n, -1, 1});
-  mx::array fields =
-      mx::bitwise_and(mx::right_shift(packed, mx::array(shift_values.begin(), {per_byte}, mx::uint8)),
-                      mx::array(static_cast<uint8_t>((1 << m.bits) - 1), mx::uint8));
-  fields = mx::reshape(fields, {m.n, -1});
+  mx::array fields = unpack_bit_fields(mx::reshape(zp, {m.n, -1}), m.bits, {});
   return mx::astype(mx::slice(fields, {0, 0}, {m.n, blocks}), mx::float32);
 }
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/microsoft/bit_fields.h"
+#include "mlx_bridge/bit_fields.h"
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 

@@ -74,7 +74,7 @@
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/quantized_matmul.h"
-#include "ops/microsoft/bit_fields.h"
+#include "mlx_bridge/bit_fields.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
