@@ -171,6 +171,40 @@ std::vector<mx::array> CpuKernel::jvp(const std::vector<mx::array>& primals,
   return output_tangents;
 }
 
+namespace {
+
+// The inputs at `argnums`.
+std::vector<mx::array> selected(const std::vector<mx::array>& primals, const std::vector<int>& argnums) {
+  std::vector<mx::array> out;
+  for (int i : argnums) out.push_back(primals[i]);
+  return out;
+}
+
+// `reference` as a function of the inputs at `argnums`, the other primals held.
+Reference restricted(const Reference& reference, const std::vector<mx::array>& primals,
+                     const std::vector<int>& argnums) {
+  return [reference, primals, argnums](const std::vector<mx::array>& in) {
+    std::vector<mx::array> all = primals;
+    for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = in[i];
+    return reference(all);
+  };
+}
+
+}  // namespace
+
+std::vector<mx::array> PartiallyDifferentiableKernel::vjp(const std::vector<mx::array>& primals,
+                                                          const std::vector<mx::array>& cotangents,
+                                                          const std::vector<int>& argnums,
+                                                          const std::vector<mx::array>&) {
+  return mx::vjp(restricted(reference(), primals, argnums), selected(primals, argnums), cotangents).second;
+}
+
+std::vector<mx::array> PartiallyDifferentiableKernel::jvp(const std::vector<mx::array>& primals,
+                                                          const std::vector<mx::array>& tangents,
+                                                          const std::vector<int>& argnums) {
+  return mx::jvp(restricted(reference(), primals, argnums), selected(primals, argnums), tangents).second;
+}
+
 bool is_cpu_stream(mx::StreamOrDevice s) { return mx::to_stream(s).device == mx::Device::cpu; }
 
 std::vector<mx::array> make_cpu_kernel_outputs(

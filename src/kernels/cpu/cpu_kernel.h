@@ -54,8 +54,23 @@ class CpuKernel : public mx::Primitive {
    * the output's type and size; make_task sees that it was by comparing the two data pointers. */
   virtual int donor_of(size_t /*output*/) const { return -1; }
 
+  const Reference& reference() const { return reference_; }
+
  private:
   Reference reference_;
+};
+
+/** A CpuKernel whose reference is differentiated with respect to the inputs asked for only, the others
+ * held constant. For references that have no derivative with respect to some input (MLX's quantized
+ * products throw for the packed weight; indices have none), which CpuKernel's vjp and jvp, taken with
+ * respect to every input, would reach. */
+class PartiallyDifferentiableKernel : public CpuKernel {
+ public:
+  using CpuKernel::CpuKernel;
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>& outputs) override;
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override;
 };
 
 /** True when `s` resolves to a CPU stream (own kernels run only there). */

@@ -831,11 +831,13 @@ void round_row_to_int8(const float* x, int64_t k, int group, float* out) {
   }
 }
 
-class QuantizedMatmulKernel : public CpuKernel {
+// MLX's quantized product has no derivative with respect to w (its vjp throws): the reference is
+// differentiated with respect to the inputs asked for only.
+class QuantizedMatmulKernel : public PartiallyDifferentiableKernel {
  public:
   QuantizedMatmulKernel(mx::Stream stream, Reference reference, int group_size, int bits,
                         Activations activations)
-      : CpuKernel(stream, std::move(reference)),
+      : PartiallyDifferentiableKernel(stream, std::move(reference)),
         group_size_(group_size),
         bits_(bits),
         activations_(activations) {}
@@ -844,17 +846,6 @@ class QuantizedMatmulKernel : public CpuKernel {
     const auto* o = dynamic_cast<const QuantizedMatmulKernel*>(&other);
     return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ &&
            o->activations_ == activations_;
-  }
-  // MLX's quantized product has no derivative with respect to w (its vjp
-  // throws), so the reference is differentiated with respect to the inputs
-  // asked for only, the others held constant (CpuKernel's takes all).
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums, const std::vector<mx::array>&) override {
-    return mx::vjp(of(primals, argnums), select(primals, argnums), cotangents).second;
-  }
-  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
-                             const std::vector<int>& argnums) override {
-    return mx::jvp(of(primals, argnums), select(primals, argnums), tangents).second;
   }
 
  protected:
@@ -890,24 +881,6 @@ class QuantizedMatmulKernel : public CpuKernel {
   }
 
  private:
-  static std::vector<mx::array> select(const std::vector<mx::array>& primals,
-                                       const std::vector<int>& argnums) {
-    std::vector<mx::array> selected;
-    for (int i : argnums) selected.push_back(primals[i]);
-    return selected;
-  }
-
-  // The reference as a function of the inputs at `argnums`.
-  std::function<std::vector<mx::array>(const std::vector<mx::array>&)> of(
-      const std::vector<mx::array>& primals, const std::vector<int>& argnums) {
-    return [primals, argnums, group_size = group_size_, bits = bits_, activations = activations_,
-            s = stream()](const std::vector<mx::array>& in) {
-      std::vector<mx::array> all = primals;
-      for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = in[i];
-      return std::vector<mx::array>{affine_product(all, group_size, bits, activations, s)};
-    };
-  }
-
   int group_size_, bits_;
   Activations activations_;
 };
@@ -926,24 +899,16 @@ mx::array routed_reference(const std::vector<mx::array>& in, int group_size, int
 // routed_quantized_matmul's kernel: the pairs grouped by expert, each group one product (run_float_product)
 // over its expert's slice of w, scales and biases; rows are gathered into a block (and the results
 // scattered back) only for experts with more than one pair.
-class RoutedQuantizedMatmulKernel : public CpuKernel {
+// As QuantizedMatmulKernel, differentiated with respect to the inputs asked for only (no derivative
+// with respect to w, nor for the indices).
+class RoutedQuantizedMatmulKernel : public PartiallyDifferentiableKernel {
  public:
   RoutedQuantizedMatmulKernel(mx::Stream stream, Reference reference, int group_size, int bits)
-      : CpuKernel(stream, std::move(reference)), group_size_(group_size), bits_(bits) {}
+      : PartiallyDifferentiableKernel(stream, std::move(reference)), group_size_(group_size), bits_(bits) {}
   const char* name() const override { return "transmuter::RoutedQuantizedMatmul"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const RoutedQuantizedMatmulKernel*>(&other);
     return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
-  }
-  // As QuantizedMatmulKernel's: the reference is differentiated with respect to the inputs asked for only
-  // (MLX's quantized products have no derivative with respect to w, nor does anything for the indices).
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums, const std::vector<mx::array>&) override {
-    return mx::vjp(of(primals, argnums), select(primals, argnums), cotangents).second;
-  }
-  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
-                             const std::vector<int>& argnums) override {
-    return mx::jvp(of(primals, argnums), select(primals, argnums), tangents).second;
   }
 
  protected:
@@ -1026,23 +991,6 @@ class RoutedQuantizedMatmulKernel : public CpuKernel {
   }
 
  private:
-  static std::vector<mx::array> select(const std::vector<mx::array>& primals,
-                                       const std::vector<int>& argnums) {
-    std::vector<mx::array> selected;
-    for (int i : argnums) selected.push_back(primals[i]);
-    return selected;
-  }
-
-  std::function<std::vector<mx::array>(const std::vector<mx::array>&)> of(
-      const std::vector<mx::array>& primals, const std::vector<int>& argnums) {
-    return [primals, argnums, group_size = group_size_, bits = bits_,
-            s = stream()](const std::vector<mx::array>& in) {
-      std::vector<mx::array> all = primals;
-      for (size_t i = 0; i < argnums.size(); ++i) all[argnums[i]] = in[i];
-      return std::vector<mx::array>{routed_reference(all, group_size, bits, s)};
-    };
-  }
-
   int group_size_, bits_;
 };
 
