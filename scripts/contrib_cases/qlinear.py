@@ -268,6 +268,43 @@ def pool_cases():
 # --- matmuls -------------------------------------------------------------------------------------
 
 
+def qgemm_cases(g):
+    """QGemm (quantize_static's QOperator Gemm): ORT's CPU kernel takes uint8 A with uint8 or int8 B and a
+    uint8 output, or int8 A, B and output; B per tensor or per column; C int32 of every broadcast shape;
+    alpha, transA, transB; a float output without y_scale/y_zero_point. Requantized outputs are exact
+    (tolerance 0: one rounding of the same float32 product; a tie could land on the other integer only if
+    the products differed, and they are exact)."""
+    out = []
+    m, k, n = 4, 24, 6
+    c_shapes = {"c_none": None, "c_scalar": (), "c_n": (n,), "c_1n": (1, n), "c_m1": (m, 1), "c_mn": (m, n)}
+    for a_tag, a_type, b_tag, b_type in [("u8", U8, "u8", U8), ("u8", U8, "s8", I8), ("s8", I8, "s8", I8)]:
+        for variant in ("float", "requant", "per_column", "trans", "alpha"):
+            for c_tag, c_shape in c_shapes.items():
+                if variant != "requant" and c_tag not in ("c_none", "c_n"):
+                    continue
+                trans_a, trans_b = variant == "trans", variant in ("trans", "per_column")
+                a = q(g, (k, m) if trans_a else (m, k), a_type)
+                b = q(g, (n, k) if trans_b else (k, n), b_type)
+                per_col = variant == "per_column"
+                b_scale = f32(g.uniform(0.01, 0.05, n)) if per_col else scale(g)
+                b_zp = np.array([int(zp(g, b_type)) for _ in range(n)], b_type) if per_col else zp(g, b_type)
+                c = None if c_shape is None else g.integers(-3000, 3000, c_shape).astype(np.int32)
+                quantized_output = variant != "float"
+                y_type = a_type  # ORT: the output's type is A's
+                inputs = [("A", a), ("const:a_scale", scale(g)), ("const:a_zero_point", zp(g, a_type)),
+                          ("const:B", b), ("const:b_scale", b_scale), ("const:b_zero_point", b_zp),
+                          ("const:C", c) if c is not None else None,
+                          ("const:y_scale", f32(g.uniform(0.05, 0.2))) if quantized_output else None,
+                          ("const:y_zero_point", zp(g, y_type)) if quantized_output else None]
+                attrs = {"transA": int(trans_a), "transB": int(trans_b)}
+                if variant == "alpha":
+                    attrs["alpha"] = 0.75
+                tolerance = {"rtol": 0.0, "atol": 0.0} if quantized_output else FLOAT
+                out.append(op_case(f"qgemm_{a_tag}{b_tag}_{variant}_{c_tag}", "QGemm", inputs, ["Y"], attrs,
+                                   **tolerance))
+    return out
+
+
 def matmul_cases():
     out = []
     g = rng(706)
@@ -291,6 +328,7 @@ def matmul_cases():
         a = np.abs(g.standard_normal((4, 8))).astype(np.float32)
         inputs = [("A", a), ("B", q(g, (8, 3), dtype)), ("b_scale", scale(g)), None, None]
         out.append(op_case(f"dynamic_quantize_matmul_{tag}_runtime_b", "DynamicQuantizeMatMul", inputs, ["Y"], **FLOAT))
+    out += qgemm_cases(g)
     for a_tag, a_type in TYPES[:1]:  # ORT's CPU kernel takes uint8 A only
         for b_tag, b_type in TYPES:
             for shape_tag, sa, sb in [("2d", (3, 8), (8, 5)), ("batched", (2, 4, 16), (16, 6))]:

@@ -22,6 +22,7 @@
 //
 //   Transpose(0,2,3,1)(T)          =>  Identity(A)
 //   U(T), U elementwise unary      =>  Transpose(0,3,1,2)(U(A))
+//         (QuantizeLinear / DequantizeLinear with per-tensor parameters too)
 //   B(T, T2), T2 = Transpose(0,3,1,2)(A2)
 //                                  =>  Transpose(0,3,1,2)(B(A, A2))
 //   B(T, K), K a constant          =>  Transpose(0,3,1,2)(B(A, K')), K' = K
@@ -230,6 +231,20 @@ bool is_unary_elementwise(const Node& node) {
   return node.domain.empty() && ops.contains(node.op_type) && node.outputs.size() == 1;
 }
 
+// QuantizeLinear / DequantizeLinear with one scale (and zero point) for the whole tensor: elementwise,
+// whatever the layout (the QDQ format's pairs around every convolution).
+bool is_per_tensor_quantization(const Graph& graph, const Node& node) {
+  if (!node.domain.empty() || (node.op_type != "QuantizeLinear" && node.op_type != "DequantizeLinear") ||
+      node.outputs.size() != 1 || node.inputs.size() < 2 || int_attribute_or(node, "block_size", 0) != 0)
+    return false;
+  for (size_t i = 1; i < node.inputs.size(); ++i) {
+    if (node.inputs[i].empty()) continue;
+    auto it = graph.initializers.find(node.inputs[i]);
+    if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.tensor().size() != 1) return false;
+  }
+  return true;
+}
+
 bool is_binary_elementwise(const Node& node) {
   static const std::unordered_set<std::string> ops = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum",
                                                       "PRelu"};
@@ -321,7 +336,8 @@ Rewrite rewrite_reader(Graph& graph, const GraphIndex& index, Node& node, const 
     node.inputs[0] = channels_last;
     return Rewrite::kCancelled;
   }
-  if (is_unary_elementwise(node) && node.inputs[0] == value && reads == 1) {
+  if ((is_unary_elementwise(node) || is_per_tensor_quantization(graph, node)) && node.inputs[0] == value &&
+      reads == 1) {
     node.inputs[0] = channels_last;
     return Rewrite::kMoved;
   }

@@ -38,6 +38,7 @@ std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passe
 // keep_float32_islands (the model's types).
 size_t compute_in_float32(Graph& graph);
 size_t keep_float32_islands(Graph& graph);
+size_t fold_constant_dequantize(Graph& graph);
 size_t fold_batch_norm_into_conv(Graph& graph);
 size_t fuse_conv_activation(Graph& graph);
 size_t fuse_attention(Graph& graph);
@@ -46,6 +47,7 @@ size_t fuse_gelu(Graph& graph);
 size_t fuse_skip_layer_norm(Graph& graph);
 size_t channels_last_convs(Graph& graph);
 size_t fuse_depthwise_blocks(Graph& graph);
+size_t fuse_quantize_dequantize(Graph& graph);
 size_t pack_matmul_nbits(Graph& graph);
 size_t pack_qmoe_weights(Graph& graph);
 size_t pack_integer_matmul_weights(Graph& graph);

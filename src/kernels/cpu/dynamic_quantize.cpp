@@ -55,6 +55,24 @@ void QuantizeRange(const float* x, int64_t n, float scale, int32_t zero, uint8_t
   }
 }
 
+// y[i] = (clip(round(x[i] / scale) + zero, low, high) - zero) * scale for i in [0, n), in float32.
+void QuantizeDequantizeRange(const float* x, int64_t n, float scale, float zero, float low, float high, float* y) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto s = hn::Set(d, scale), z = hn::Set(d, zero), lo = hn::Set(d, low), hi = hn::Set(d, high);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    // Round: to nearest, ties to even (the composition's mx::round), in float: no integer overflow for
+    // quotients far outside the range, which the clip then saturates.
+    const auto q = hn::Min(hn::Max(hn::Add(hn::Round(hn::Div(hn::LoadU(d, x + i), s)), z), lo), hi);
+    hn::StoreU(hn::Mul(hn::Sub(q, z), s), d, y + i);
+  }
+  for (; i < n; ++i) {
+    const float q = std::clamp(std::nearbyint(x[i] / scale) + zero, low, high);
+    y[i] = (q - zero) * scale;
+  }
+}
+
 }  // namespace transmuter::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -68,6 +86,7 @@ namespace transmuter::kernels {
 
 HWY_EXPORT(RangeOf);
 HWY_EXPORT(QuantizeRange);
+HWY_EXPORT(QuantizeDequantizeRange);
 
 namespace {
 
@@ -112,7 +131,65 @@ class DynamicQuantizeKernel : public CpuKernel {
   }
 };
 
+// quantize_dequantize's kernel: inputs x, scale, zero (the scalars read in the task, where they are computed).
+class QuantizeDequantizeKernel : public CpuKernel {
+ public:
+  QuantizeDequantizeKernel(mx::Stream stream, Reference reference, float low, float high)
+      : CpuKernel(stream, std::move(reference)), low_(low), high_(high) {}
+  const char* name() const override { return "transmuter::QuantizeDequantize"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const QuantizeDequantizeKernel*>(&other);
+    return o != nullptr && o->low_ == low_ && o->high_ == high_;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const float* x = in[0].data<float>();
+    const float* scale = in[1].data<float>();
+    const float* zero = in[2].data<float>();
+    const int64_t n = static_cast<int64_t>(in[0].size());
+    float* y = out[0].data<float>();
+    return [x, scale, zero, n, y, low = low_, high = high_] {
+      const float s = *scale, z = *zero;
+      parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          HWY_DYNAMIC_DISPATCH(QuantizeDequantizeRange)
+          (x + c * kChunk, std::min(kChunk, n - c * kChunk), s, z, low, high, y + c * kChunk);
+        }
+      });
+    };
+  }
+
+ private:
+  float low_, high_;
+};
+
+mx::array quantize_dequantize_reference(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,
+                                        float high, mx::StreamOrDevice s) {
+  mx::array q = mx::add(mx::round(mx::divide(x, scale, s), 0, s), zero, s);
+  q = mx::clip(q, mx::array(low), mx::array(high), s);
+  return mx::multiply(mx::subtract(q, zero, s), scale, s);
+}
+
 }  // namespace
+
+mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,
+                              float high, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [low, high, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{quantize_dequantize_reference(in[0], in[1], in[2], low, high, stream)};
+  };
+  const bool scalars = scale.size() == 1 && zero.size() == 1 && scale.dtype() == mx::float32 &&
+                       zero.dtype() == mx::float32;
+  if (!is_cpu_stream(stream) || x.dtype() != mx::float32 || x.size() == 0 || !scalars)
+    return reference({x, scale, zero})[0];
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<QuantizeDequantizeKernel>(kernel_stream, reference, low, high);
+      },
+      reference, {x, mx::reshape(scale, {}, stream), mx::reshape(zero, {}, stream)}, {x.shape()}, {mx::float32},
+      stream)[0];
+}
 
 std::vector<mx::array> dynamic_quantize_linear_reference(const mx::array& x, mx::StreamOrDevice s) {
   const mx::array zero(0.0f);

@@ -1,4 +1,4 @@
-// ONNX DynamicQuantizeLinear as one CPU kernel: uint8 quantization of a float32
+// Quantization kernels. ONNX DynamicQuantizeLinear as one CPU kernel: uint8 quantization of a float32
 // tensor with one scale and zero point computed from its own range,
 //
 //   high = max(max(x), 0), low = min(min(x), 0), scale = (high - low) / 255
@@ -26,5 +26,14 @@ std::vector<mx::array> dynamic_quantize_linear(const mx::array& x, mx::StreamOrD
 
 /** The kernel's reference: the same quantization composed of MLX ops. */
 std::vector<mx::array> dynamic_quantize_linear_reference(const mx::array& x, mx::StreamOrDevice s = {});
+
+/** A QuantizeLinear -> DequantizeLinear pair with one scale and zero point (the QDQ format's pair on every
+ * activation) as one pass over x instead of MLX's nine:
+ *   y = (clip(round(x / scale) + zero, low, high) - zero) * scale      (round: half to even)
+ * in float32, the operators' own arithmetic (the quotient rounded, then shifted, clipped, shifted back and
+ * scaled), so y is the same floats. x float32, scale and zero float32 scalars (zero holds an integer),
+ * [low, high] the quantized type's range. Gradients, other streams and other dtypes: the MLX composition. */
+mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,
+                              float high, mx::StreamOrDevice s = {});
 
 }  // namespace transmuter::kernels

@@ -2,6 +2,7 @@
 // com.microsoft, version 1: DynamicQuantizeMatMul, MatMulIntegerToFloat,
 // QuantizeLinear, DequantizeLinear, DynamicQuantizeLSTM.
 // https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md
+// (QGemm: below, beside its function.)
 //
 //   MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zp?, b_zp?, bias?):
 //     Y = float((A - a_zp) @ (B - b_zp)) * (a_scale * b_scale) [+ bias]
@@ -178,6 +179,58 @@ OpOutputs dequantize_linear(NodeContext& ctx) {
   return onnx_dequantize_linear(ctx);
 }
 
+// --- QGemm --------------------------------------------------------------------------------
+
+/** A 2-D operand of QGemm, transposed when `transposed`. */
+mx::array gemm_operand(const NodeContext& ctx, size_t i, const char* what, bool transposed) {
+  const mx::array& x = quantized_input(ctx, i, what);
+  if (x.ndim() != 2) throw ctx.error(what, " must be 2-D, got shape ", x.shape());
+  return transposed ? mx::transpose(x, {1, 0}, ctx.stream()) : x;
+}
+
+// QGemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C?, y_scale?, y_zero_point?), attributes
+// alpha, transA, transB (what quantize_static's QOperator format makes of Gemm), as ONNX Runtime's CPU
+// kernel computes it:
+//   acc = (A' - a_zp) @ (B' - b_zp) + C        int32, exact; A' [M, K], B' [K, N] after the transposes;
+//                                              C int32 broadcast to [M, N] ((), [1], [N], [1, N], [M, 1], [M, N])
+//   scale = alpha * a_scale * b_scale [/ y_scale]   float32, per tensor or per column of B', in that order
+//   Y = saturate(round_half_even(float(acc) * scale) + y_zp) of y_zp's type when y_zero_point is given,
+//   else float(acc) * scale (float32).
+OpOutputs qgemm(NodeContext& ctx) {
+  auto s = ctx.stream();
+  const mx::array a = gemm_operand(ctx, 0, "A", ctx.attr_int("transA", 0) != 0);
+  const mx::array b = gemm_operand(ctx, 3, "B", ctx.attr_int("transB", 0) != 0);
+  if (a.shape(1) != b.shape(0))
+    throw ctx.error("A (", a.shape(0), " x ", a.shape(1), ") and B (", b.shape(0), " x ", b.shape(1),
+                    ") do not multiply (after transA/transB)");
+  const int m = a.shape(0), n = b.shape(1);
+  const mx::array a_scale = per_tensor(ctx, float_input(ctx, 1, "a_scale"), "a_scale");
+  const mx::array a_zp = per_tensor(ctx, *zero_point(ctx, 2, a.dtype(), "a_zero_point"), "a_zero_point");
+  const std::optional<mx::array> b_zp = zero_point(ctx, 5, b.dtype(), "b_zero_point");
+  mx::array ca = mx::subtract(mx::astype(a, mx::float32, s), mx::astype(a_zp, mx::float32, s), s);
+  mx::array cb = mx::astype(b, mx::float32, s);
+  if (b_zp) cb = mx::subtract(cb, mx::astype(per_column(ctx, *b_zp, b, "b_zero_point"), mx::float32, s), s);
+  mx::array acc = exact_centered_matmul(ctx, ca, cb);
+  if (ctx.has_input(6)) {
+    const mx::array& c = ctx.input(6);
+    if (c.dtype() != mx::int32) throw ctx.error("C must be int32, got ", c.dtype());
+    const bool fits = c.size() == 1 || (c.ndim() == 1 && c.shape(0) == n) ||
+                      (c.ndim() == 2 && (c.shape(0) == 1 || c.shape(0) == m) && (c.shape(1) == 1 || c.shape(1) == n));
+    if (!fits || c.ndim() > 2) throw ctx.error("C of shape ", c.shape(), " does not broadcast to [", m, ", ", n, "]");
+    acc = mx::add(acc, c.size() == 1 ? mx::reshape(c, {}, s) : c, s);
+  }
+  mx::array scale = mx::multiply(mx::multiply(mx::array(ctx.attr_float("alpha", 1.0f)), a_scale, s),
+                                 per_column(ctx, float_input(ctx, 4, "b_scale"), b, "b_scale"), s);
+  if (ctx.has_input(7)) scale = mx::divide(scale, per_tensor(ctx, float_input(ctx, 7, "y_scale"), "y_scale"), s);
+  mx::array y = mx::multiply(mx::astype(acc, mx::float32, s), scale, s);
+  if (!ctx.has_input(8)) return {y};
+  const mx::array& y_zp = quantized_input(ctx, 8, "y_zero_point");
+  const bool is_signed = y_zp.dtype() == mx::int8;
+  mx::array shifted = mx::add(mx::round(y, 0, s), mx::astype(per_tensor(ctx, y_zp, "y_zero_point"), mx::float32, s), s);
+  mx::array clipped = mx::clip(shifted, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f), s);
+  return {mx::astype(clipped, y_zp.dtype(), s)};
+}
+
 // --- DynamicQuantizeLSTM -------------------------------------------------------------------
 
 /** Dequantized weight [D, K, 4H] -> [D, 4H, K] (ONNX LSTM layout). */
@@ -235,6 +288,10 @@ void register_microsoft_qlinear_matmul(OpRegistry& r) {
       {.op_type = "MatMulIntegerToFloat", .domain = kMicrosoft, .since = 1, .until = kOpen,
        .fn = matmul_integer_to_float,
        .restrictions = "float32 scales and output; int8 A accepted too (ONNX Runtime's CPU kernel: uint8 A)",
+       .not_differentiable = kIntegerOperands},
+      {.op_type = "QGemm", .domain = kMicrosoft, .since = 1, .until = kOpen, .fn = qgemm,
+       .restrictions = "2-D A and B; int8 A with uint8 B accepted too (ONNX Runtime's CPU kernel: uint8 A, or "
+                       "int8 A and B)",
        .not_differentiable = kIntegerOperands},
       {.op_type = "DynamicQuantizeMatMul", .domain = kMicrosoft, .since = 1, .until = kOpen,
        .fn = dynamic_quantize_matmul,

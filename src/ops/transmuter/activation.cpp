@@ -5,9 +5,20 @@
 //
 // Llama-style MLPs compute Mul(Mul(gate, Sigmoid(gate)), up): three MLX ops and two passes over
 // memory a layer, one kernel here (src/kernels/cpu/activation.h).
+//
+// QuantizeDequantize (ai.transmuter, since 1), made by src/passes/fuse_quantize_dequantize.cpp from the
+// QDQ format's QuantizeLinear -> DequantizeLinear pair with one scale and zero point:
+//
+//   Y = (clip(round(X / scale) + zero_point, low, high) - zero_point) * scale
+//
+// X and scale float32, zero_point int8/uint8/int16/uint16 (absent: uint8 0), [low, high] its type's
+// range; the two operators' arithmetic in one pass (src/kernels/cpu/dynamic_quantize.h).
+#include <limits>
+
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/activation.h"
+#include "kernels/cpu/dynamic_quantize.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -22,11 +33,48 @@ OpOutputs swiglu(NodeContext& ctx) {
   return {kernels::swiglu(x, ctx.stream())};
 }
 
+template <typename T>
+std::pair<float, float> range_of() {
+  return {static_cast<float>(std::numeric_limits<T>::min()), static_cast<float>(std::numeric_limits<T>::max())};
+}
+
+OpOutputs quantize_dequantize(NodeContext& ctx) {
+  auto s = ctx.stream();
+  const mx::array& x = ctx.input(0);
+  const mx::array& scale = ctx.input(1);
+  if (x.dtype() != mx::float32 || scale.dtype() != mx::float32 || scale.size() != 1)
+    throw ctx.error("X must be float32 and scale one float32, got ", x.dtype(), " and ", scale.dtype(), " ",
+                    scale.shape());
+  mx::array zero = mx::array(0.0f);
+  std::pair<float, float> range = range_of<uint8_t>();
+  if (ctx.has_input(2)) {
+    const mx::array& z = ctx.input(2);
+    if (z.size() != 1) throw ctx.error("zero_point must have one element, got shape ", z.shape());
+    if (z.dtype() == mx::int8) {
+      range = range_of<int8_t>();
+    } else if (z.dtype() == mx::uint16) {
+      range = range_of<uint16_t>();
+    } else if (z.dtype() == mx::int16) {
+      range = range_of<int16_t>();
+    } else if (z.dtype() != mx::uint8) {
+      throw ctx.error("zero_point must be int8, uint8, int16 or uint16, got ", z.dtype());
+    }
+    zero = mx::astype(z, mx::float32, s);
+  }
+  return {kernels::quantize_dequantize(x, scale, zero, range.first, range.second, s)};
+}
+
 }  // namespace
 
 void register_transmuter_activation(OpRegistry& r) {
   r.add({
       {"SwiGlu", kTransmuter, 1, kOpen, swiglu},
+      {.op_type = "QuantizeDequantize",
+       .domain = kTransmuter,
+       .since = 1,
+       .until = kOpen,
+       .fn = quantize_dequantize,
+       .restrictions = "float32, one scale and zero point (what the pass produces)"},
   });
 }
 

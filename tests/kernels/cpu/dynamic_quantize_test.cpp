@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "support/random_arrays.h"
 
@@ -31,6 +33,32 @@ TEST(DynamicQuantizeKernel, EqualsTheComposition) {
   }
   expect_same(mx::zeros({3, 5}), "zeros");
   expect_same(testing::random_array({2, 128, 384}, 99, 1000.0f), "wide range, 3-D");
+}
+
+// quantize_dequantize against the QuantizeLinear -> DequantizeLinear composition it replaces (cast to the
+// integer type and back included): the same floats, for ties, values far outside the range (saturated),
+// signed and unsigned ranges, lengths that end inside a vector.
+TEST(QuantizeDequantizeKernel, EqualsTheOperatorsComposition) {
+  auto composition = [](const mx::array& x, float scale, float zero, mx::Dtype type) {
+    mx::array q = mx::add(mx::round(mx::divide(x, mx::array(scale)), 0), mx::array(zero));
+    const bool is_signed = type == mx::int8;
+    q = mx::astype(mx::clip(q, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f)), type);
+    return mx::multiply(mx::subtract(mx::astype(q, mx::float32), mx::array(zero)), mx::array(scale));
+  };
+  const float scale = 0.05f;
+  // Exact ties of x / scale (k + 0.5 for scale 0.5) and far outside the range.
+  std::vector<float> special = {0.25f, 0.75f, -0.25f, -0.75f, 1e6f, -1e6f, 3e38f, -3e38f, 0.0f, -0.0f};
+  for (auto [type, zero] : {std::pair{mx::uint8, 128.0f}, std::pair{mx::int8, -3.0f}}) {
+    const float low = type == mx::int8 ? -128.0f : 0.0f, high = type == mx::int8 ? 127.0f : 255.0f;
+    for (int n : {1, 15, 17, 1000, 70001}) {
+      mx::array x = testing::random_array({n}, static_cast<uint64_t>(n), 10.0f);
+      mx::array got = quantize_dequantize(x, mx::array(scale), mx::array(zero), low, high, mx::Device::cpu);
+      EXPECT_TRUE(mx::array_equal(got, composition(x, scale, zero, type)).item<bool>()) << n;
+    }
+    mx::array ties(special.data(), {static_cast<int>(special.size())});
+    mx::array got = quantize_dequantize(ties, mx::array(0.5f), mx::array(zero), low, high, mx::Device::cpu);
+    EXPECT_TRUE(mx::array_equal(got, composition(ties, 0.5f, zero, type)).item<bool>());
+  }
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+// Fuses the QDQ format's QuantizeLinear -> DequantizeLinear pair on an activation, one scale and zero
+// point for the whole tensor, into ai.transmuter QuantizeDequantize: one pass over the activation
+// (src/kernels/cpu/dynamic_quantize.h) instead of MLX's nine (divide, round, add, clip and a cast, then a
+// cast, subtract, multiply and a cast), the same floats.
+//
+//   x   scale   zero_point                         x   scale   zero_point
+//    \    |     /                                   \    |     /
+//   QuantizeLinear -> q -> DequantizeLinear   =>   ai.transmuter QuantizeDequantize
+//                   (q read by it alone)                    |
+//                            |                              y
+//                            y
+//
+// Both nodes of the default domain with the same scale and zero point (the same initializers, or
+// initializers of equal values), one element each, float32 scale, an 8- or 16-bit integer zero point, no
+// block_size, output_dtype or saturate that would change them. Runs after channels_last_convs, which moves
+// the layout through the two nodes as through any elementwise op.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "passes/node_pattern.h"
+#include "passes/pass_manager.h"
+
+namespace transmuter {
+
+namespace {
+
+constexpr const char* kDomain = "ai.transmuter";
+
+const mx::array* scalar_initializer(const Graph& graph, const std::string& name) {
+  auto it = graph.initializers.find(name);
+  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.is_widened()) return nullptr;
+  const mx::array& value = it->second.tensor();
+  return value.size() == 1 ? &value : nullptr;
+}
+
+bool plain_quantization_node(const Node& node, const char* op_type) {
+  return is_onnx_op(node, op_type) && node.outputs.size() == 1 && node.inputs.size() >= 2 &&
+         int_attribute_or(node, "block_size", 0) == 0 && int_attribute_or(node, "output_dtype", 0) == 0 &&
+         node.find_attribute("saturate") == nullptr;
+}
+
+// The input at `i` as a scalar initializer, or nullptr (also when absent: `present` false then).
+const mx::array* parameter(const Graph& graph, const Node& node, size_t i, bool& present) {
+  present = node.inputs.size() > i && !node.inputs[i].empty();
+  return present ? scalar_initializer(graph, node.inputs[i]) : nullptr;
+}
+
+// The same value: the same initializer, or two one-element initializers with equal values.
+bool same_parameter(const Graph& graph, const Node& q, const Node& dq, size_t i) {
+  bool in_q = false, in_dq = false;
+  const mx::array* a = parameter(graph, q, i, in_q);
+  const mx::array* b = parameter(graph, dq, i, in_dq);
+  if (!in_q && !in_dq) return true;
+  if (a == nullptr || b == nullptr) return false;
+  if (q.inputs[i] == dq.inputs[i]) return true;
+  return a->dtype() == b->dtype() && mx::array_equal(*a, *b).item<bool>();
+}
+
+// q -> dq, where dq is q's output's only reader.
+bool fusable_pair(const Graph& graph, const Node& q, const Node& dq) {
+  if (!plain_quantization_node(q, "QuantizeLinear") || !plain_quantization_node(dq, "DequantizeLinear")) return false;
+  if (dq.inputs[0] != q.outputs[0]) return false;
+  bool present = false;
+  const mx::array* scale = parameter(graph, q, 1, present);
+  if (scale == nullptr || scale->dtype() != mx::float32) return false;
+  const mx::array* zero = parameter(graph, q, 2, present);
+  if (present && (zero == nullptr || (zero->dtype() != mx::uint8 && zero->dtype() != mx::int8 &&
+                                      zero->dtype() != mx::uint16 && zero->dtype() != mx::int16)))
+    return false;
+  return same_parameter(graph, q, dq, 1) && same_parameter(graph, q, dq, 2);
+}
+
+}  // namespace
+
+size_t fuse_quantize_dequantize(Graph& graph) {
+  std::vector<bool> removed(graph.nodes.size(), false);
+  size_t count = 0;
+  {
+    const GraphIndex index(graph);
+    for (size_t i = 0; i < graph.nodes.size(); ++i) {
+      const Node& q = graph.nodes[i];
+      if (!is_onnx_op(q, "QuantizeLinear") || q.outputs.size() != 1) continue;
+      std::optional<size_t> reader = sole_consumer(index, q.outputs[0]);
+      if (!reader || removed[*reader] || !fusable_pair(graph, q, graph.nodes[*reader])) continue;
+      Node& dq = graph.nodes[*reader];
+      Node fused;
+      fused.op_type = "QuantizeDequantize";
+      fused.domain = kDomain;
+      fused.opset = 1;
+      fused.name = (dq.name.empty() ? dq.outputs[0] : dq.name) + "/quantize_dequantize";
+      fused.inputs = {q.inputs[0], q.inputs[1]};
+      if (q.inputs.size() > 2 && !q.inputs[2].empty()) fused.inputs.push_back(q.inputs[2]);
+      fused.outputs = dq.outputs;
+      dq = std::move(fused);  // at the DequantizeLinear's place: after whatever made x
+      removed[i] = true;
+      ++count;
+    }
+  }
+  if (count == 0) return 0;
+  erase_nodes(graph, removed);
+  import_domain(graph, kDomain, 1);
+  return count;
+}
+
+}  // namespace transmuter
