@@ -227,7 +227,7 @@ bool is_unary_elementwise(const Node& node) {
   static const std::unordered_set<std::string> ops = {
       "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu", "Selu", "Celu",
       "Gelu", "Erf", "Exp", "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Softplus", "Softsign", "Mish",
-      "Identity", "ThresholdedRelu", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos"};
+      "Identity", "ThresholdedRelu", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Cast"};
   return node.domain.empty() && ops.contains(node.op_type) && node.outputs.size() == 1;
 }
 

@@ -10,6 +10,10 @@
 //                            |                              y
 //                            y
 //
+// Also Mul(V, multiplier) -> QuantizeLinear(scale 1, zero point) -> ai.transmuter Requantize (what
+// qlinear_conv_as_conv writes after each convolution), the multiplier one value or per channel along the
+// last axis.
+//
 // Both nodes of the default domain with the same scale and zero point (the same initializers, or
 // initializers of equal values), one element each, float32 scale, an 8- or 16-bit integer zero point, no
 // block_size, output_dtype or saturate that would change them. Runs after channels_last_convs, which moves
@@ -71,6 +75,38 @@ bool fusable_pair(const Graph& graph, const Node& q, const Node& dq) {
   return same_parameter(graph, q, dq, 1) && same_parameter(graph, q, dq, 2);
 }
 
+// Mul(v, multiplier) -> QuantizeLinear(scale 1, zero point), the Mul's output read by the QuantizeLinear
+// alone, the multiplier a float32 initializer of one value or one per channel along the last axis (after
+// channels_last_convs), the zero point 8-bit: the requantization qlinear_conv_as_conv writes.
+std::optional<Node> requantization(const Graph& graph, const GraphIndex& index, const Node& mul, const Node& q) {
+  if (!is_onnx_op(mul, "Mul") || mul.inputs.size() != 2 || mul.outputs.size() != 1) return std::nullopt;
+  if (!plain_quantization_node(q, "QuantizeLinear") || q.inputs[0] != mul.outputs[0] || q.inputs.size() < 3 ||
+      q.inputs[2].empty())
+    return std::nullopt;
+  if (sole_consumer(index, mul.outputs[0]) != index.producer(q.outputs[0])) return std::nullopt;
+  bool present = false;
+  const mx::array* one = parameter(graph, q, 1, present);
+  const mx::array* zero = parameter(graph, q, 2, present);
+  if (one == nullptr || one->dtype() != mx::float32 || one->item<float>() != 1.0f || zero == nullptr ||
+      (zero->dtype() != mx::uint8 && zero->dtype() != mx::int8))
+    return std::nullopt;
+  auto it = graph.initializers.find(mul.inputs[1]);
+  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.tensor().dtype() != mx::float32)
+    return std::nullopt;
+  const mx::array& m = it->second.tensor();
+  for (int axis = 0; axis + 1 < static_cast<int>(m.ndim()); ++axis) {
+    if (m.shape(axis) != 1) return std::nullopt;  // per channel only along the last axis
+  }
+  Node fused;
+  fused.op_type = "Requantize";
+  fused.domain = kDomain;
+  fused.opset = 1;
+  fused.name = (q.name.empty() ? q.outputs[0] : q.name) + "/requantize";
+  fused.inputs = {mul.inputs[0], mul.inputs[1], q.inputs[2]};
+  fused.outputs = q.outputs;
+  return fused;
+}
+
 }  // namespace
 
 size_t fuse_quantize_dequantize(Graph& graph) {
@@ -78,9 +114,21 @@ size_t fuse_quantize_dequantize(Graph& graph) {
   size_t count = 0;
   {
     const GraphIndex index(graph);
+    // Requantizations first: their QuantizeLinear would otherwise pair with the next layer's
+    // DequantizeLinear, leaving the Mul on its own.
+    for (size_t i = 0; i < graph.nodes.size(); ++i) {
+      if (!is_onnx_op(graph.nodes[i], "Mul") || graph.nodes[i].outputs.size() != 1) continue;
+      std::optional<size_t> reader = sole_consumer(index, graph.nodes[i].outputs[0]);
+      if (!reader || removed[*reader]) continue;
+      if (std::optional<Node> fused = requantization(graph, index, graph.nodes[i], graph.nodes[*reader])) {
+        graph.nodes[*reader] = std::move(*fused);
+        removed[i] = true;
+        ++count;
+      }
+    }
     for (size_t i = 0; i < graph.nodes.size(); ++i) {
       const Node& q = graph.nodes[i];
-      if (!is_onnx_op(q, "QuantizeLinear") || q.outputs.size() != 1) continue;
+      if (removed[i] || !is_onnx_op(q, "QuantizeLinear") || q.outputs.size() != 1) continue;
       std::optional<size_t> reader = sole_consumer(index, q.outputs[0]);
       if (!reader || removed[*reader] || !fusable_pair(graph, q, graph.nodes[*reader])) continue;
       Node& dq = graph.nodes[*reader];

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 HWY_BEFORE_NAMESPACE();
@@ -73,6 +74,64 @@ void QuantizeDequantizeRange(const float* x, int64_t n, float scale, float zero,
   }
 }
 
+// y[i] = (float(x[i]) - zero) * scale for i in [0, n), x uint8 or int8.
+template <typename T>
+void DequantizeRangeOf(const T* x, int64_t n, float scale, float zero, float* y) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<T, decltype(di)> d8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto s = hn::Set(d, scale), z = hn::Set(d, zero);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::Mul(hn::Sub(hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, x + i))), z), s), d, y + i);
+  for (; i < n; ++i) y[i] = (static_cast<float>(x[i]) - zero) * scale;
+}
+
+void DequantizeRange(const void* x, bool is_signed, int64_t n, float scale, float zero, float* y) {
+  if (is_signed) {
+    DequantizeRangeOf(static_cast<const int8_t*>(x), n, scale, zero, y);
+  } else {
+    DequantizeRangeOf(static_cast<const uint8_t*>(x), n, scale, zero, y);
+  }
+}
+
+// y = saturate(round(v * m) + zero) for `rows` rows of `c` values, m one value (m_count 1) or c of them.
+template <typename T>
+void RequantizeRowsOf(const float* v, int64_t rows, int64_t c, const float* m, int64_t m_count, float zero, T* y) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<T, decltype(di)> d8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const float low = static_cast<float>(std::numeric_limits<T>::min());
+  const float high = static_cast<float>(std::numeric_limits<T>::max());
+  const auto z = hn::Set(d, zero), lo = hn::Set(d, low), hi = hn::Set(d, high);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = v + r * c;
+    T* out = y + r * c;
+    int64_t j = 0;
+    for (; j + lanes <= c; j += lanes) {
+      const auto mv = m_count == 1 ? hn::Set(d, m[0]) : hn::LoadU(d, m + j);
+      // Round in float (ties to even, no integer overflow), clip, then the exact integer conversion.
+      const auto q = hn::Min(hn::Max(hn::Add(hn::Round(hn::Mul(hn::LoadU(d, row + j), mv)), z), lo), hi);
+      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, q)), d8, out + j);
+    }
+    for (; j < c; ++j) {
+      const float q = std::clamp(std::nearbyint(row[j] * m[m_count == 1 ? 0 : j]) + zero, low, high);
+      out[j] = static_cast<T>(q);
+    }
+  }
+}
+
+void RequantizeRows(const float* v, int64_t rows, int64_t c, const float* m, int64_t m_count, float zero,
+                    bool is_signed, void* y) {
+  if (is_signed) {
+    RequantizeRowsOf(v, rows, c, m, m_count, zero, static_cast<int8_t*>(y));
+  } else {
+    RequantizeRowsOf(v, rows, c, m, m_count, zero, static_cast<uint8_t*>(y));
+  }
+}
+
 }  // namespace transmuter::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -87,6 +146,8 @@ namespace transmuter::kernels {
 HWY_EXPORT(RangeOf);
 HWY_EXPORT(QuantizeRange);
 HWY_EXPORT(QuantizeDequantizeRange);
+HWY_EXPORT(DequantizeRange);
+HWY_EXPORT(RequantizeRows);
 
 namespace {
 
@@ -171,7 +232,110 @@ mx::array quantize_dequantize_reference(const mx::array& x, const mx::array& sca
   return mx::multiply(mx::subtract(q, zero, s), scale, s);
 }
 
+class DequantizeKernel : public CpuKernel {
+ public:
+  using CpuKernel::CpuKernel;
+  const char* name() const override { return "transmuter::DequantizePerTensor"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const DequantizeKernel*>(&other) != nullptr;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const void* x = in[0].data<void>();
+    const bool is_signed = in[0].dtype() == mx::int8;
+    const float* scale = in[1].data<float>();
+    const float* zero = in[2].data<float>();
+    const int64_t n = static_cast<int64_t>(in[0].size());
+    float* y = out[0].data<float>();
+    return [x, is_signed, scale, zero, n, y] {
+      const float s = *scale, z = *zero;
+      const size_t width = is_signed ? sizeof(int8_t) : sizeof(uint8_t);
+      parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          HWY_DYNAMIC_DISPATCH(DequantizeRange)
+          (static_cast<const char*>(x) + c * kChunk * width, is_signed, std::min(kChunk, n - c * kChunk), s, z,
+           y + c * kChunk);
+        }
+      });
+    };
+  }
+};
+
+class RequantizeKernel : public CpuKernel {
+ public:
+  using CpuKernel::CpuKernel;
+  const char* name() const override { return "transmuter::Requantize"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const RequantizeKernel*>(&other) != nullptr;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const float* v = in[0].data<float>();
+    const float* m = in[1].data<float>();
+    const int64_t m_count = static_cast<int64_t>(in[1].size());
+    const float* zero = in[2].data<float>();
+    const int64_t c = in[0].shape(-1);
+    const int64_t rows = c == 0 ? 0 : static_cast<int64_t>(in[0].size()) / c;
+    const bool is_signed = out[0].dtype() == mx::int8;
+    void* y = out[0].data<void>();
+    return [v, m, m_count, zero, c, rows, is_signed, y] {
+      const float z = *zero;
+      const int64_t grain = std::max<int64_t>(1, kChunk / std::max<int64_t>(c, 1));
+      parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+        HWY_DYNAMIC_DISPATCH(RequantizeRows)
+        (v + begin * c, end - begin, c, m, m_count, z, is_signed, static_cast<char*>(y) + begin * c);
+      });
+    };
+  }
+};
+
+mx::array requantize_reference(const mx::array& v, const mx::array& multiplier, const mx::array& zero,
+                               mx::Dtype type, mx::StreamOrDevice s) {
+  const bool is_signed = type == mx::int8;
+  mx::array q = mx::add(mx::round(mx::multiply(v, multiplier, s), 0, s), zero, s);
+  q = mx::clip(q, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f), s);
+  return mx::astype(q, type, s);
+}
+
 }  // namespace
+
+mx::array dequantize_per_tensor(const mx::array& x, const mx::array& scale, const mx::array& zero,
+                                mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{
+        mx::multiply(mx::subtract(mx::astype(in[0], mx::float32, stream), in[2], stream), in[1], stream)};
+  };
+  const bool fits = is_cpu_stream(stream) && (x.dtype() == mx::uint8 || x.dtype() == mx::int8) && x.size() > 0 &&
+                    scale.size() == 1 && zero.size() == 1 && scale.dtype() == mx::float32 &&
+                    zero.dtype() == mx::float32;
+  if (!fits) return reference({x, scale, zero})[0];
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) { return std::make_shared<DequantizeKernel>(kernel_stream, reference); },
+      reference, {x, mx::reshape(scale, {}, stream), mx::reshape(zero, {}, stream)}, {x.shape()}, {mx::float32},
+      stream)[0];
+}
+
+mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::array& zero, mx::Dtype type,
+                     mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [type, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{requantize_reference(in[0], in[1], in[2], type, stream)};
+  };
+  const int64_t channels = v.ndim() > 0 ? v.shape(-1) : 0;
+  const bool per_channel_last = multiplier.size() == static_cast<size_t>(channels) &&
+                                (multiplier.ndim() == 0 || multiplier.shape(-1) == channels);
+  const bool fits = is_cpu_stream(stream) && v.dtype() == mx::float32 && v.size() > 0 &&
+                    multiplier.dtype() == mx::float32 && (multiplier.size() == 1 || per_channel_last) &&
+                    zero.size() == 1 && zero.dtype() == mx::float32 && (type == mx::uint8 || type == mx::int8);
+  if (!fits) return reference({v, multiplier, zero})[0];
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) { return std::make_shared<RequantizeKernel>(kernel_stream, reference); },
+      reference, {v, mx::flatten(multiplier, stream), mx::reshape(zero, {}, stream)}, {v.shape()}, {type},
+      stream)[0];
+}
 
 mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,
                               float high, mx::StreamOrDevice s) {

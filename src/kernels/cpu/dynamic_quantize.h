@@ -36,4 +36,16 @@ std::vector<mx::array> dynamic_quantize_linear_reference(const mx::array& x, mx:
 mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,
                               float high, mx::StreamOrDevice s = {});
 
+/** DequantizeLinear with one scale and zero point: y = (float(x) - zero) * scale, float32, from uint8 or
+ * int8 x, one pass (MLX: a cast, a subtraction, a multiplication). Other inputs: the MLX composition. */
+mx::array dequantize_per_tensor(const mx::array& x, const mx::array& scale, const mx::array& zero,
+                                mx::StreamOrDevice s = {});
+
+/** The requantization that ends a quantized layer, y = saturate(round(v * multiplier) + zero) to `type`
+ * (uint8 or int8; round half to even), one pass: v float32 [..., C], multiplier float32 one value or [C]
+ * (per channel along the last axis), zero a float32 scalar holding an integer. Other shapes and
+ * streams: the MLX composition. */
+mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::array& zero, mx::Dtype type,
+                     mx::StreamOrDevice s = {});
+
 }  // namespace transmuter::kernels

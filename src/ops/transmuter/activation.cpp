@@ -13,6 +13,12 @@
 //
 // X and scale float32, zero_point int8/uint8/int16/uint16 (absent: uint8 0), [low, high] its type's
 // range; the two operators' arithmetic in one pass (src/kernels/cpu/dynamic_quantize.h).
+//
+// Requantize (ai.transmuter, since 1), made by the same pass from Mul(V, multiplier) -> QuantizeLinear
+// with scale 1 (what qlinear_conv_as_conv writes after a convolution):
+//
+//   Y = saturate(round(V * multiplier) + zero_point)      multiplier one value or per channel (broadcast),
+//                                                         Y of zero_point's type (int8/uint8)
 #include <limits>
 
 #include <mlx/mlx.h>
@@ -64,6 +70,22 @@ OpOutputs quantize_dequantize(NodeContext& ctx) {
   return {kernels::quantize_dequantize(x, scale, zero, range.first, range.second, s)};
 }
 
+OpOutputs requantize(NodeContext& ctx) {
+  auto s = ctx.stream();
+  const mx::array& v = ctx.input(0);
+  const mx::array& multiplier = ctx.input(1);
+  const mx::array& zero = ctx.input(2);
+  if (v.dtype() != mx::float32 || multiplier.dtype() != mx::float32)
+    throw ctx.error("V and multiplier must be float32, got ", v.dtype(), " and ", multiplier.dtype());
+  if (zero.size() != 1 || (zero.dtype() != mx::uint8 && zero.dtype() != mx::int8))
+    throw ctx.error("zero_point must be one int8 or uint8, got ", zero.dtype(), " ", zero.shape());
+  bool broadcasts = multiplier.ndim() <= v.ndim();
+  for (int i = 1; broadcasts && i <= static_cast<int>(multiplier.ndim()); ++i)
+    broadcasts = multiplier.shape(-i) == 1 || multiplier.shape(-i) == v.shape(-i);
+  if (!broadcasts) throw ctx.error("multiplier of shape ", multiplier.shape(), " does not broadcast to V's ", v.shape());
+  return {kernels::requantize(v, multiplier, mx::astype(zero, mx::float32, s), zero.dtype(), s)};
+}
+
 }  // namespace
 
 void register_transmuter_activation(OpRegistry& r) {
@@ -75,6 +97,12 @@ void register_transmuter_activation(OpRegistry& r) {
        .until = kOpen,
        .fn = quantize_dequantize,
        .restrictions = "float32, one scale and zero point (what the pass produces)"},
+      {.op_type = "Requantize",
+       .domain = kTransmuter,
+       .since = 1,
+       .until = kOpen,
+       .fn = requantize,
+       .restrictions = "float32 V and multiplier, an 8-bit zero point"},
   });
 }
 

@@ -61,5 +61,32 @@ TEST(QuantizeDequantizeKernel, EqualsTheOperatorsComposition) {
   }
 }
 
+// dequantize_per_tensor and requantize against their compositions (QuantizeLinear with scale 1 after a
+// multiplication, DequantizeLinear per tensor): the same values, per tensor and per channel along the
+// last axis, both 8-bit types, saturation, lengths that end inside a vector.
+TEST(RequantizeKernels, EqualTheCompositions) {
+  for (mx::Dtype type : {mx::uint8, mx::int8}) {
+    const float zero = type == mx::int8 ? -7.0f : 131.0f;
+    for (int c : {1, 17, 64}) {
+      mx::array v = testing::random_array({3, 5, c}, static_cast<uint64_t>(c), 3000.0f);
+      for (bool per_channel : {false, true}) {
+        mx::array m = per_channel ? mx::random::uniform(0.001f, 0.2f, {c}, mx::float32, mx::random::key(c))
+                                  : mx::array(0.037f);
+        mx::array got = requantize(v, m, mx::array(zero), type, mx::Device::cpu);
+        const bool is_signed = type == mx::int8;
+        mx::array want = mx::astype(
+            mx::clip(mx::add(mx::round(mx::multiply(v, m), 0), mx::array(zero)),
+                     mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f)),
+            type);
+        ASSERT_EQ(got.dtype(), type);
+        EXPECT_TRUE(mx::array_equal(got, want).item<bool>()) << c << (per_channel ? " per channel" : "");
+        mx::array back = dequantize_per_tensor(got, mx::array(0.25f), mx::array(zero), mx::Device::cpu);
+        mx::array back_want = mx::multiply(mx::subtract(mx::astype(got, mx::float32), mx::array(zero)), mx::array(0.25f));
+        EXPECT_TRUE(mx::array_equal(back, back_want).item<bool>()) << c;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace transmuter::kernels
