@@ -19,7 +19,7 @@
 // through the per-tensor DequantizeLinear and QuantizeLinear and the Mul) and kernels, and
 // fuse_quantize_dequantize makes the Mul and QuantizeLinear one requantization. Applies when
 // w, its scale and zero point, x's and y's scales and zero points and B are initializers (y_zp given,
-// so the output type is known), one scale and zero point for x and y. The 8-bit weight becomes 4 bytes a
+// so the output type is known), one scale and zero point for x and y; loads for the CPU. The 8-bit weight becomes 4 bytes a
 // value, as the float model's.
 #include <optional>
 #include <string>
@@ -142,6 +142,9 @@ std::vector<Node> float_convolution(Graph& graph, ValueNames& names, const Node&
 }  // namespace
 
 size_t qlinear_conv_as_conv(Graph& graph) {
+  // CPU only: a GPU's float convolution may use Winograd or FFT algorithms, whose sums are not the exact
+  // integers (the QLinearConv op keeps its exact integer path there).
+  if (mx::default_device() != mx::Device::cpu) return 0;
   std::vector<size_t> matches;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     if (fits(graph, graph.nodes[i])) matches.push_back(i);
