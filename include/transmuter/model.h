@@ -71,9 +71,9 @@ struct LoadOptions {
    * keeps its own cache needs no more (TextGeneration's static cache writes the
    * rows into its buffer), and the copy of the whole past into every present,
    * per layer and step, is not made. A name may hold one '*' standing for any
-   * text ("present.*.key": every layer's key; "present.*": keys and values). All or nothing: when any named output is
-   * not such a Concat, or a name names no output, no output changes; passes_applied() then does not list
-   * "new_rows_outputs". Runs with or without run_passes. */
+   * text ("present.*.key": every layer's key; "present.*": keys and values). All or nothing: when any named
+   * output is not such a Concat, or a name names no output, no output changes; passes_applied() then does not
+   * list "new_rows_outputs". Runs with or without run_passes. */
   std::vector<std::string> new_rows_outputs = {};
   /** For an `hf://org/repo` source that names no file: which ONNX file of the
    * repo to load, as transformers.js picks it (hub::onnx_file_candidates:

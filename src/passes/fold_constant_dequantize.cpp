@@ -37,8 +37,8 @@ const mx::array* initializer(const Graph& graph, const Node& node, size_t i) {
 }
 
 bool is_dequantize(const Node& node) {
-  return node.op_type == "DequantizeLinear" && (node.domain.empty() || node.domain == "ai.onnx" ||
-                                                node.domain == "com.microsoft");
+  return node.op_type == "DequantizeLinear" &&
+         (node.domain.empty() || node.domain == "ai.onnx" || node.domain == "com.microsoft");
 }
 
 bool foldable_integer(mx::Dtype t) {
@@ -62,7 +62,8 @@ std::optional<mx::array> broadcastable(const mx::array& p, const mx::array& x, i
 
 // The node's dequantized constant, or nullopt when it cannot be folded.
 std::optional<mx::array> folded(const Graph& graph, const GraphIndex& index, const Node& node) {
-  if (!is_dequantize(node) || node.outputs.size() != 1 || index.is_graph_output(node.outputs[0])) return std::nullopt;
+  if (!is_dequantize(node) || node.outputs.size() != 1 || index.is_graph_output(node.outputs[0]))
+    return std::nullopt;
   if (int_attribute_or(node, "block_size", 0) != 0 || int_attribute_or(node, "output_dtype", 0) != 0)
     return std::nullopt;
   const mx::array* x = initializer(graph, node, 0);
@@ -71,8 +72,8 @@ std::optional<mx::array> folded(const Graph& graph, const GraphIndex& index, con
     return std::nullopt;
   const bool has_zero_point = node.inputs.size() > 2 && !node.inputs[2].empty();
   const mx::array* zero_point = has_zero_point ? initializer(graph, node, 2) : nullptr;
-  if (has_zero_point && (zero_point == nullptr || zero_point->dtype() != x->dtype() ||
-                         zero_point->size() != scale->size()))
+  if (has_zero_point &&
+      (zero_point == nullptr || zero_point->dtype() != x->dtype() || zero_point->size() != scale->size()))
     return std::nullopt;
   const int64_t axis = int_attribute_or(node, "axis", 1);
   std::optional<mx::array> scale_b = broadcastable(*scale, *x, axis);
@@ -113,7 +114,8 @@ size_t fold_constant_dequantize(Graph& graph) {
   // The integer weights go once nothing reads them (giving their file pages back).
   const GraphIndex rewritten(graph);
   for (const std::string& name : inputs_of_folded) {
-    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() && !rewritten.is_graph_output(name))
+    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() &&
+        !rewritten.is_graph_output(name))
       drop_weight(graph, name);
   }
   return count;

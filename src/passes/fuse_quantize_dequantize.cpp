@@ -63,7 +63,8 @@ bool same_parameter(const Graph& graph, const Node& q, const Node& dq, size_t i)
 
 // q -> dq, where dq is q's output's only reader.
 bool fusable_pair(const Graph& graph, const Node& q, const Node& dq) {
-  if (!plain_quantization_node(q, "QuantizeLinear") || !plain_quantization_node(dq, "DequantizeLinear")) return false;
+  if (!plain_quantization_node(q, "QuantizeLinear") || !plain_quantization_node(dq, "DequantizeLinear"))
+    return false;
   if (dq.inputs[0] != q.outputs[0]) return false;
   bool present = false;
   const mx::array* scale = parameter(graph, q, 1, present);
@@ -78,7 +79,8 @@ bool fusable_pair(const Graph& graph, const Node& q, const Node& dq) {
 // Mul(v, multiplier) -> QuantizeLinear(scale 1, zero point), the Mul's output read by the QuantizeLinear
 // alone, the multiplier a float32 initializer of one value or one per channel along the last axis (after
 // channels_last_convs), the zero point 8-bit: the requantization qlinear_conv_as_conv writes.
-std::optional<Node> requantization(const Graph& graph, const GraphIndex& index, const Node& mul, const Node& q) {
+std::optional<Node> requantization(const Graph& graph, const GraphIndex& index, const Node& mul,
+                                   const Node& q) {
   if (!is_onnx_op(mul, "Mul") || mul.inputs.size() != 2 || mul.outputs.size() != 1) return std::nullopt;
   if (!plain_quantization_node(q, "QuantizeLinear") || q.inputs[0] != mul.outputs[0] || q.inputs.size() < 3 ||
       q.inputs[2].empty())

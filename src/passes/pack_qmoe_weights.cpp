@@ -84,8 +84,8 @@ std::optional<Projection> match_projection(const Graph& graph, const Node& node,
   const mx::array* w = initializer(graph, node, in.weights);
   const mx::array* scales = initializer(graph, node, in.scales);
   if (w == nullptr || scales == nullptr || w->dtype() != mx::uint8 || w->ndim() != 3) return std::nullopt;
-  Projection p{in, w->shape(0), w->shape(1), static_cast<int>(int64_t{w->shape(2)} * 8 / bits), bits, 0,
-               block_size};
+  Projection p{in,   w->shape(0), w->shape(1), static_cast<int>(int64_t{w->shape(2)} * 8 / bits),
+               bits, 0,           block_size};
   if (p.experts < 1 || p.n < 1 || p.k < 1 || int64_t{p.k} * bits % 32 != 0) return std::nullopt;
   if (int64_t{p.n} * p.k * bits / 32 > (int64_t{1} << 31) - 1) return std::nullopt;
   p.group = group_for(block_size, p.k);
@@ -144,15 +144,16 @@ PackedNames pack_projection(Graph& graph, const Node& node, const Projection& p)
   const std::string base = node.inputs[p.inputs.weights];
   // A copy, so that the uint32 words are aligned (the weight may alias the file at any offset).
   mx::array w = mx::view(mx::copy(*initializer(graph, node, p.inputs.weights)), mx::uint32);
-  mx::array block_scales =
-      mx::reshape(mx::astype(*initializer(graph, node, p.inputs.scales), mx::float32), {p.experts, p.n, blocks});
+  mx::array block_scales = mx::reshape(mx::astype(*initializer(graph, node, p.inputs.scales), mx::float32),
+                                       {p.experts, p.n, blocks});
   // Column-wise: the row's one scale repeated over its groups.
   mx::array scales = mx::copy(mx::broadcast_to(block_scales, {p.experts, p.n, groups}));
   std::optional<mx::array> biases;
   if (has_input(node, p.inputs.zero_points)) {
     mx::array fields = unpack_bit_fields(*initializer(graph, node, p.inputs.zero_points), p.bits, {});
-    mx::array zp = p.block_size > 0 ? mx::slice(fields, {0, 0, 0}, {p.experts, p.n, blocks})
-                                    : mx::reshape(mx::slice(fields, {0, 0}, {p.experts, p.n}), {p.experts, p.n, 1});
+    mx::array zp = p.block_size > 0
+                       ? mx::slice(fields, {0, 0, 0}, {p.experts, p.n, blocks})
+                       : mx::reshape(mx::slice(fields, {0, 0}, {p.experts, p.n}), {p.experts, p.n, 1});
     biases = mx::copy(mx::broadcast_to(mx::negative(mx::multiply(block_scales, mx::astype(zp, mx::float32))),
                                        {p.experts, p.n, groups}));
   }
@@ -227,7 +228,8 @@ size_t pack_qmoe_weights(Graph& graph) {
   // The stored weights go once no node reads them (giving their file pages back).
   const GraphIndex rewritten(graph);
   for (const std::string& name : replaced) {
-    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() && !rewritten.is_graph_output(name))
+    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() &&
+        !rewritten.is_graph_output(name))
       drop_weight(graph, name);
   }
   import_domain(graph, kDomain, 1);

@@ -26,8 +26,8 @@ void drop_unread_initializers(Graph& graph) {
 const std::vector<Pass>& default_passes() {
   static const std::vector<Pass> passes = {
       {"compute_in_float32", compute_in_float32},  // first: the fusions and packing see float32 weights
-      {"fold_constant_dequantize", fold_constant_dequantize},  // QDQ weights become initializers the others take
-      {"qlinear_conv_as_conv", qlinear_conv_as_conv},  // QOperator convolutions onto the float conv passes
+      {"fold_constant_dequantize", fold_constant_dequantize},  // QDQ weights as initializers the others take
+      {"qlinear_conv_as_conv", qlinear_conv_as_conv},          // QOperator convolutions as float ones
       {"fold_batch_norm_into_conv", fold_batch_norm_into_conv},
       {"fuse_conv_activation", fuse_conv_activation},  // after BatchNorm folding: Conv -> BN -> Relu
       {"fuse_attention", fuse_attention},
@@ -36,7 +36,7 @@ const std::vector<Pass>& default_passes() {
       {"fuse_skip_layer_norm", fuse_skip_layer_norm},
       {"keep_float32_islands", keep_float32_islands},  // after the norm fusions: wraps what stays decomposed
       {"channels_last_convs", channels_last_convs},    // after the BatchNorm and activation fusions
-      {"fuse_depthwise_blocks", fuse_depthwise_blocks},  // on channels_last_convs' ConvNhwc nodes
+      {"fuse_depthwise_blocks", fuse_depthwise_blocks},        // on channels_last_convs' ConvNhwc nodes
       {"fuse_quantize_dequantize", fuse_quantize_dequantize},  // after the layout moved through the pairs
       {"pack_matmul_nbits", pack_matmul_nbits},
       {"pack_qmoe_weights", pack_qmoe_weights},

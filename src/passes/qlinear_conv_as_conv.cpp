@@ -6,7 +6,8 @@
 //
 //   x (uint8/int8)  x_scale  x_zp  w  w_scale  w_zp  y_scale  y_zp  [B int32]
 //                 \_______________________|________________________/
-//                                   QLinearConv                      y = saturate(round((acc + B) * m) + y_zp)
+//                                   QLinearConv                      y = saturate(round((acc + B) * m) +
+//                                   y_zp)
 //                                        |                           m = x_scale * w_scale / y_scale
 //                                        y
 //   =>
@@ -19,8 +20,8 @@
 // through the per-tensor DequantizeLinear and QuantizeLinear and the Mul) and kernels, and
 // fuse_quantize_dequantize makes the Mul and QuantizeLinear one requantization. Applies when
 // w, its scale and zero point, x's and y's scales and zero points and B are initializers (y_zp given,
-// so the output type is known), one scale and zero point for x and y; loads for the CPU. The 8-bit weight becomes 4 bytes a
-// value, as the float model's.
+// so the output type is known), one scale and zero point for x and y; loads for the CPU. The 8-bit weight
+// becomes 4 bytes a value, as the float model's.
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,10 +66,12 @@ bool fits(const Graph& graph, const Node& node) {
     if (zero == nullptr || !is_8bit(zero->dtype()) || zero->size() != 1) return false;
   }
   const mx::array* w_scale = initializer(graph, node, kWScale);
-  if (w_scale == nullptr || w_scale->dtype() != mx::float32 || !per_tensor_or_channel(*w_scale, channels)) return false;
+  if (w_scale == nullptr || w_scale->dtype() != mx::float32 || !per_tensor_or_channel(*w_scale, channels))
+    return false;
   if (has_input(node, kWZero)) {
     const mx::array* w_zero = initializer(graph, node, kWZero);
-    if (w_zero == nullptr || w_zero->dtype() != w->dtype() || !per_tensor_or_channel(*w_zero, channels)) return false;
+    if (w_zero == nullptr || w_zero->dtype() != w->dtype() || !per_tensor_or_channel(*w_zero, channels))
+      return false;
   }
   if (has_input(node, kBias)) {
     const mx::array* bias = initializer(graph, node, kBias);
@@ -117,15 +120,17 @@ std::vector<Node> float_convolution(Graph& graph, ValueNames& names, const Node&
   if (has_input(q, kWZero))
     weight = mx::subtract(weight, mx::astype(against_weight(*initializer(graph, q, kWZero), w), mx::float32));
   std::vector<std::string> conv_inputs = {x, constant("/w_centered", weight)};
-  if (has_input(q, kBias)) conv_inputs.push_back(constant("/bias", mx::astype(*initializer(graph, q, kBias), mx::float32)));
+  if (has_input(q, kBias))
+    conv_inputs.push_back(constant("/bias", mx::astype(*initializer(graph, q, kBias), mx::float32)));
   const std::string accumulator = names.fresh(base + "/accumulator");
   Node conv = node("Conv", conv_inputs, accumulator);
-  conv.attributes = q.attributes;  // QLinearConv's are Conv's: auto_pad, dilations, group, kernel_shape, pads, strides
+  conv.attributes =
+      q.attributes;  // QLinearConv's are Conv's: auto_pad, dilations, group, kernel_shape, pads, strides
   out.push_back(std::move(conv));
   // m = x_scale * w_scale / y_scale, per output channel [1, M, 1...] or per tensor.
-  mx::array multiplier = mx::divide(mx::multiply(mx::reshape(*initializer(graph, q, kXScale), {}),
-                                                 *initializer(graph, q, kWScale)),
-                                    mx::reshape(*initializer(graph, q, kYScale), {}));
+  mx::array multiplier = mx::divide(
+      mx::multiply(mx::reshape(*initializer(graph, q, kXScale), {}), *initializer(graph, q, kWScale)),
+      mx::reshape(*initializer(graph, q, kYScale), {}));
   if (multiplier.size() == 1) {
     multiplier = mx::reshape(multiplier, {});
   } else {
@@ -170,7 +175,8 @@ size_t qlinear_conv_as_conv(Graph& graph) {
   // The integer weights go once nothing reads them.
   const GraphIndex rewritten(graph);
   for (const std::string& name : replaced) {
-    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() && !rewritten.is_graph_output(name))
+    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() &&
+        !rewritten.is_graph_output(name))
       drop_weight(graph, name);
   }
   return matches.size();

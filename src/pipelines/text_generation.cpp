@@ -54,7 +54,7 @@ struct DecoderSignature {
   std::vector<int> window_rows;            // per past: its window-sized buffer's rows, 0 when it grows
   std::vector<std::string> state_names;    // recurrent states past.N.*, fed whole each step
   std::vector<std::string> state_present_names;  // present.N.*, the next step's state
-  std::vector<mx::Shape> state_shapes;     // each state's shape after its batch axis
+  std::vector<mx::Shape> state_shapes;           // each state's shape after its batch axis
   std::vector<mx::Dtype> state_dtypes;
   int kv_heads = 0;
   int head_dim = 0;
@@ -471,7 +471,8 @@ std::vector<GeneratedText> TextGeneration::generate(const std::vector<std::vecto
     if (!impl.signature.state_names.empty())
       throw PipelineError(str("this decoder's recurrent states (", impl.signature.state_names.front(),
                               ", ...) would take in the left padding: prompts of different lengths (",
-                              prompts.front().size(), " and ", prompt.size(), " tokens) must run one at a time"));
+                              prompts.front().size(), " and ", prompt.size(),
+                              " tokens) must run one at a time"));
   }
   Impl::Batch batch = impl.left_padded(prompts);
   const size_t rows = batch.rows_count();

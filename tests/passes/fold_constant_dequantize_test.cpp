@@ -86,7 +86,8 @@ TEST(FoldConstantDequantize, WeightsBecomeInitializersWithTheSameOutputs) {
 
 TEST(FoldConstantDequantize, ChannelsLastFlowsThroughPerTensorQuantization) {
   Model folded = qdq_convs().build();
-  if (folded.op_histogram().count("ai.transmuter.ConvNhwc") == 0) GTEST_SKIP() << "no channels-last convolutions";
+  if (folded.op_histogram().count("ai.transmuter.ConvNhwc") == 0)
+    GTEST_SKIP() << "no channels-last convolutions";
   // Only the transposes at the borders of the convolutional region remain.
   EXPECT_LE(folded.op_histogram().count("Transpose") ? folded.op_histogram().at("Transpose") : 0u, 2u);
 }

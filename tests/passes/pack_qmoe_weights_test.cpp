@@ -30,17 +30,18 @@ struct Layout {
 };
 
 // One projection's initializers fcJ_experts_weights, fcJ_scales[, fcJ_zero_points] of [E, n, k].
-void add_projection(GraphBuilder& b, const std::string& prefix, int n, int k, const Layout& l, uint64_t seed) {
+void add_projection(GraphBuilder& b, const std::string& prefix, int n, int k, const Layout& l,
+                    uint64_t seed) {
   const int blocks = l.block_size > 0 ? k / l.block_size : 1;
   b.initializer(prefix + "_experts_weights", random_bytes({kExperts, n, k * l.bits / 8}, seed));
   b.initializer(prefix + "_scales",
-                mx::random::uniform(0.01f, 0.05f,
-                                    l.block_size > 0 ? mx::Shape{kExperts, n, blocks} : mx::Shape{kExperts, n},
-                                    mx::float32, mx::random::key(seed + 1)));
+                mx::random::uniform(
+                    0.01f, 0.05f, l.block_size > 0 ? mx::Shape{kExperts, n, blocks} : mx::Shape{kExperts, n},
+                    mx::float32, mx::random::key(seed + 1)));
   if (l.zero_points) {
-    b.initializer(prefix + "_zero_points", l.block_size > 0
-                                               ? random_bytes({kExperts, n, (blocks * l.bits + 7) / 8}, seed + 2)
-                                               : random_bytes({kExperts, (n * l.bits + 7) / 8}, seed + 2));
+    b.initializer(prefix + "_zero_points",
+                  l.block_size > 0 ? random_bytes({kExperts, n, (blocks * l.bits + 7) / 8}, seed + 2)
+                                   : random_bytes({kExperts, (n * l.bits + 7) / 8}, seed + 2));
   }
 }
 
@@ -52,15 +53,27 @@ GraphBuilder qmoe_graph(const Layout& l) {
   add_projection(b, "fc2", kHidden, kInter, l, 20);
   if (l.fc3) add_projection(b, "fc3", kInter, kHidden, l, 30);
   b.initializer("fc1_experts_bias", testing::random_array({kExperts, kInter}, 40, 0.1f));
-  const std::string zp1 = l.zero_points ? "fc1_zero_points" : "", zp2 = l.zero_points ? "fc2_zero_points" : "";
+  const std::string zp1 = l.zero_points ? "fc1_zero_points" : "",
+                    zp2 = l.zero_points ? "fc2_zero_points" : "";
   const std::string zp3 = l.zero_points && l.fc3 ? "fc3_zero_points" : "";
-  std::vector<std::string> inputs = {"input", "router_probs", "fc1_experts_weights", "fc1_scales",
-                                     "fc1_experts_bias", "fc2_experts_weights", "fc2_scales", "",
-                                     l.fc3 ? "fc3_experts_weights" : "", l.fc3 ? "fc3_scales" : "", "", zp1, zp2,
+  std::vector<std::string> inputs = {"input",
+                                     "router_probs",
+                                     "fc1_experts_weights",
+                                     "fc1_scales",
+                                     "fc1_experts_bias",
+                                     "fc2_experts_weights",
+                                     "fc2_scales",
+                                     "",
+                                     l.fc3 ? "fc3_experts_weights" : "",
+                                     l.fc3 ? "fc3_scales" : "",
+                                     "",
+                                     zp1,
+                                     zp2,
                                      zp3};
   while (inputs.back().empty()) inputs.pop_back();
   std::vector<Attribute> attrs = {int_attr("k", 2), string_attr("activation_type", l.fc3 ? "silu" : "relu"),
-                                  int_attr("expert_weight_bits", l.bits), int_attr("normalize_routing_weights", 1)};
+                                  int_attr("expert_weight_bits", l.bits),
+                                  int_attr("normalize_routing_weights", 1)};
   if (l.block_size > 0) attrs.push_back(int_attr("block_size", l.block_size));
   b.domain_node("com.microsoft", 1, "QMoE", inputs, {"output"}, attrs).output("output");
   return b;
@@ -80,8 +93,9 @@ TEST(PackQmoeWeights, RoutedPairsOnPackedWeightsEqualTheQMoEOp) {
           // 6 rows or more take the dequantized GEMM.
           for (int tokens : {1, 3, 40}) {
             const uint64_t seed = static_cast<uint64_t>(tokens * 100 + bits * 10 + block_size);
-            const Inputs in = {{"input", Value(testing::random_array({tokens, kHidden}, seed))},
-                               {"router_probs", Value(testing::random_array({tokens, kExperts}, seed + 1, 2.0f))}};
+            const Inputs in = {
+                {"input", Value(testing::random_array({tokens, kHidden}, seed))},
+                {"router_probs", Value(testing::random_array({tokens, kExperts}, seed + 1, 2.0f))}};
             mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("output");
             mx::array eager = run(packed, packed.params(), in, {mx::Device::cpu}).tensor("output");
             mx::array compiled = compile(packed, in, {.device = mx::Device::cpu})(in).tensor("output");
@@ -104,7 +118,8 @@ TEST(PackQmoeWeights, RoutedPairsOnPackedWeightsEqualTheQMoEOp) {
 TEST(PackQmoeWeights, LayoutsTheKernelLacksStayQMoE) {
   for (const Layout& l : {Layout{2, 32, false, false}, Layout{4, 16, true, false}}) {
     Model model = qmoe_graph(l).build();
-    EXPECT_EQ(model.op_histogram().count("com.microsoft.QMoE"), 1u) << l.bits << " bits, block " << l.block_size;
+    EXPECT_EQ(model.op_histogram().count("com.microsoft.QMoE"), 1u)
+        << l.bits << " bits, block " << l.block_size;
     EXPECT_EQ(model.op_histogram().count("ai.transmuter.PackedQMoE"), 0u);
   }
 }

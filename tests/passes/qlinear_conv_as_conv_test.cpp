@@ -47,14 +47,19 @@ GraphBuilder qoperator_convs(const std::vector<Layer>& layers, mx::Dtype weight_
     const Layer& l = layers[i];
     const std::string p = "l" + std::to_string(i);
     const int per = l.per_channel ? l.out_channels : 1;
-    b.initializer(p + "_w", random_integers({l.out_channels, channels / l.group, l.kernel, l.kernel}, weight_type,
-                                            seed++, -64, 64))
+    b.initializer(p + "_w", random_integers({l.out_channels, channels / l.group, l.kernel, l.kernel},
+                                            weight_type, seed++, -64, 64))
         .initializer(p + "_w_scale",
-                     mx::random::uniform(0.002f, 0.01f, l.per_channel ? mx::Shape{per} : mx::Shape{}, mx::float32,
-                                         mx::random::key(seed++)))
+                     mx::random::uniform(0.002f, 0.01f, l.per_channel ? mx::Shape{per} : mx::Shape{},
+                                         mx::float32, mx::random::key(seed++)))
         .initializer(p + "_w_zero", l.per_channel ? random_integers({per}, weight_type, seed++, -5, 5)
                                                   : random_integers({}, weight_type, seed++, -5, 5));
-    std::vector<std::string> inputs = {x, "act_scale", "act_zero", p + "_w", p + "_w_scale", p + "_w_zero",
+    std::vector<std::string> inputs = {x,
+                                       "act_scale",
+                                       "act_zero",
+                                       p + "_w",
+                                       p + "_w_scale",
+                                       p + "_w_zero",
                                        i + 1 == layers.size() ? "out_scale" : "act_scale",
                                        i + 1 == layers.size() ? "out_zero" : "act_zero"};
     if (l.bias) {
@@ -74,8 +79,10 @@ GraphBuilder qoperator_convs(const std::vector<Layer>& layers, mx::Dtype weight_
 
 TEST(QlinearConvAsConv, FloatConvolutionsGiveTheIntegerOperatorsBytes) {
   // A stem, a depthwise 3x3, a pointwise 1x1 with per-channel weights, a grouped strided conv.
-  const std::vector<Layer> layers = {
-      {16, 3, 1, 1, false, true}, {16, 3, 16, 1, true, true}, {24, 1, 1, 1, true, false}, {24, 3, 4, 2, true, true}};
+  const std::vector<Layer> layers = {{16, 3, 1, 1, false, true},
+                                     {16, 3, 16, 1, true, true},
+                                     {24, 1, 1, 1, true, false},
+                                     {24, 3, 4, 2, true, true}};
   for (mx::Dtype weight_type : {mx::int8, mx::uint8}) {
     Model converted = qoperator_convs(layers, weight_type).build();
     Model plain = qoperator_convs(layers, weight_type).build({.run_passes = false});
@@ -92,7 +99,8 @@ TEST(QlinearConvAsConv, FloatConvolutionsGiveTheIntegerOperatorsBytes) {
       EXPECT_TRUE(mx::array_equal(eager, want).item<bool>()) << weight_type << " seed " << seed;
       EXPECT_TRUE(mx::array_equal(compiled, want).item<bool>()) << weight_type << " seed " << seed;
       // Not a constant output: the layers keep the input's variation.
-      EXPECT_GT(mx::max(mx::astype(want, mx::int32)).item<int32_t>() - mx::min(mx::astype(want, mx::int32)).item<int32_t>(),
+      EXPECT_GT(mx::max(mx::astype(want, mx::int32)).item<int32_t>() -
+                    mx::min(mx::astype(want, mx::int32)).item<int32_t>(),
                 20);
     }
   }

@@ -57,7 +57,8 @@ void QuantizeRange(const float* x, int64_t n, float scale, int32_t zero, uint8_t
 }
 
 // y[i] = (clip(round(x[i] / scale) + zero, low, high) - zero) * scale for i in [0, n), in float32.
-void QuantizeDequantizeRange(const float* x, int64_t n, float scale, float zero, float low, float high, float* y) {
+void QuantizeDequantizeRange(const float* x, int64_t n, float scale, float zero, float low, float high,
+                             float* y) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const auto s = hn::Set(d, scale), z = hn::Set(d, zero), lo = hn::Set(d, low), hi = hn::Set(d, high);
@@ -98,7 +99,8 @@ void DequantizeRange(const void* x, bool is_signed, int64_t n, float scale, floa
 
 // y = saturate(round(v * m) + zero) for `rows` rows of `c` values, m one value (m_count 1) or c of them.
 template <typename T>
-void RequantizeRowsOf(const float* v, int64_t rows, int64_t c, const float* m, int64_t m_count, float zero, T* y) {
+void RequantizeRowsOf(const float* v, int64_t rows, int64_t c, const float* m, int64_t m_count, float zero,
+                      T* y) {
   const hn::ScalableTag<float> d;
   const hn::RebindToSigned<decltype(d)> di;
   const hn::Rebind<T, decltype(di)> d8;
@@ -192,7 +194,8 @@ class DynamicQuantizeKernel : public CpuKernel {
   }
 };
 
-// quantize_dequantize's kernel: inputs x, scale, zero (the scalars read in the task, where they are computed).
+// quantize_dequantize's kernel: inputs x, scale, zero (the scalars read in the task, where they are
+// computed).
 class QuantizeDequantizeKernel : public CpuKernel {
  public:
   QuantizeDequantizeKernel(mx::Stream stream, Reference reference, float low, float high)
@@ -225,8 +228,8 @@ class QuantizeDequantizeKernel : public CpuKernel {
   float low_, high_;
 };
 
-mx::array quantize_dequantize_reference(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,
-                                        float high, mx::StreamOrDevice s) {
+mx::array quantize_dequantize_reference(const mx::array& x, const mx::array& scale, const mx::array& zero,
+                                        float low, float high, mx::StreamOrDevice s) {
   mx::array q = mx::add(mx::round(mx::divide(x, scale, s), 0, s), zero, s);
   q = mx::clip(q, mx::array(low), mx::array(high), s);
   return mx::multiply(mx::subtract(q, zero, s), scale, s);
@@ -254,8 +257,8 @@ class DequantizeKernel : public CpuKernel {
       parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
         for (int64_t c = begin; c < end; ++c) {
           HWY_DYNAMIC_DISPATCH(DequantizeRange)
-          (static_cast<const char*>(x) + c * kChunk * width, is_signed, std::min(kChunk, n - c * kChunk), s, z,
-           y + c * kChunk);
+          (static_cast<const char*>(x) + c * kChunk * width, is_signed, std::min(kChunk, n - c * kChunk), s,
+           z, y + c * kChunk);
         }
       });
     };
@@ -308,14 +311,14 @@ mx::array dequantize_per_tensor(const mx::array& x, const mx::array& scale, cons
     return std::vector<mx::array>{
         mx::multiply(mx::subtract(mx::astype(in[0], mx::float32, stream), in[2], stream), in[1], stream)};
   };
-  const bool fits = is_cpu_stream(stream) && (x.dtype() == mx::uint8 || x.dtype() == mx::int8) && x.size() > 0 &&
-                    scale.size() == 1 && zero.size() == 1 && scale.dtype() == mx::float32 &&
+  const bool fits = is_cpu_stream(stream) && (x.dtype() == mx::uint8 || x.dtype() == mx::int8) &&
+                    x.size() > 0 && scale.size() == 1 && zero.size() == 1 && scale.dtype() == mx::float32 &&
                     zero.dtype() == mx::float32;
   if (!fits) return reference({x, scale, zero})[0];
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) { return std::make_shared<DequantizeKernel>(kernel_stream, reference); },
-      reference, {x, mx::reshape(scale, {}, stream), mx::reshape(zero, {}, stream)}, {x.shape()}, {mx::float32},
-      stream)[0];
+      reference, {x, mx::reshape(scale, {}, stream), mx::reshape(zero, {}, stream)}, {x.shape()},
+      {mx::float32}, stream)[0];
 }
 
 mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::array& zero, mx::Dtype type,
@@ -329,7 +332,8 @@ mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::
                                 (multiplier.ndim() == 0 || multiplier.shape(-1) == channels);
   const bool fits = is_cpu_stream(stream) && v.dtype() == mx::float32 && v.size() > 0 &&
                     multiplier.dtype() == mx::float32 && (multiplier.size() == 1 || per_channel_last) &&
-                    zero.size() == 1 && zero.dtype() == mx::float32 && (type == mx::uint8 || type == mx::int8);
+                    zero.size() == 1 && zero.dtype() == mx::float32 &&
+                    (type == mx::uint8 || type == mx::int8);
   if (!fits) return reference({v, multiplier, zero})[0];
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) { return std::make_shared<RequantizeKernel>(kernel_stream, reference); },
@@ -343,16 +347,16 @@ mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const 
   Reference reference = [low, high, stream](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{quantize_dequantize_reference(in[0], in[1], in[2], low, high, stream)};
   };
-  const bool scalars = scale.size() == 1 && zero.size() == 1 && scale.dtype() == mx::float32 &&
-                       zero.dtype() == mx::float32;
+  const bool scalars =
+      scale.size() == 1 && zero.size() == 1 && scale.dtype() == mx::float32 && zero.dtype() == mx::float32;
   if (!is_cpu_stream(stream) || x.dtype() != mx::float32 || x.size() == 0 || !scalars)
     return reference({x, scale, zero})[0];
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
         return std::make_shared<QuantizeDequantizeKernel>(kernel_stream, reference, low, high);
       },
-      reference, {x, mx::reshape(scale, {}, stream), mx::reshape(zero, {}, stream)}, {x.shape()}, {mx::float32},
-      stream)[0];
+      reference, {x, mx::reshape(scale, {}, stream), mx::reshape(zero, {}, stream)}, {x.shape()},
+      {mx::float32}, stream)[0];
 }
 
 std::vector<mx::array> dynamic_quantize_linear_reference(const mx::array& x, mx::StreamOrDevice s) {

@@ -891,8 +891,8 @@ mx::array routed_reference(const std::vector<mx::array>& in, int group_size, int
   const int pairs = experts.shape(0), rows = x.shape(0), k = x.shape(1);
   const mx::array per_pair = rows == pairs ? x : mx::repeat(x, pairs / rows, 0, s);
   const mx::array biases = in.size() > 4 ? in[4] : symmetric_biases(in[3], bits, s);
-  mx::array y = mx::gather_qmm(mx::reshape(per_pair, {pairs, 1, k}, s), in[2], in[3], biases, std::nullopt, experts,
-                               true, group_size, bits, "affine", std::nullopt, false, s);
+  mx::array y = mx::gather_qmm(mx::reshape(per_pair, {pairs, 1, k}, s), in[2], in[3], biases, std::nullopt,
+                               experts, true, group_size, bits, "affine", std::nullopt, false, s);
   return mx::reshape(y, {pairs, in[2].shape(1)}, s);
 }
 
@@ -984,7 +984,8 @@ class RoutedQuantizedMatmulKernel : public PartiallyDifferentiableKernel {
         const int64_t m = start[e + 1] - start[e];
         if (m < 2) continue;
         const int64_t* mine = order.data() + start[e];
-        for (int64_t i = 0; i < m; ++i) std::copy_n(results.data() + (offset + i) * a.n, a.n, y + mine[i] * a.n);
+        for (int64_t i = 0; i < m; ++i)
+          std::copy_n(results.data() + (offset + i) * a.n, a.n, y + mine[i] * a.n);
         offset += m;
       }
     };
@@ -1084,27 +1085,28 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 }
 
 bool routed_quantized_matmul_fits(const mx::array& x, const mx::array& experts, const mx::array& w,
-                                  const mx::array& scales, const std::optional<mx::array>& biases, int group_size,
-                                  int bits, mx::StreamOrDevice s) {
+                                  const mx::array& scales, const std::optional<mx::array>& biases,
+                                  int group_size, int bits, mx::StreamOrDevice s) {
   if (!is_cpu_stream(s) || (bits != 4 && bits != 8)) return false;
   if (group_size != 32 && group_size != 64 && group_size != 128) return false;
   if (x.dtype() != mx::float32 || x.ndim() != 2 || x.size() == 0) return false;
-  if (experts.dtype() != mx::uint32 || experts.ndim() != 1 || experts.shape(0) % x.shape(0) != 0) return false;
+  if (experts.dtype() != mx::uint32 || experts.ndim() != 1 || experts.shape(0) % x.shape(0) != 0)
+    return false;
   const int64_t k = x.shape(1);
   if (k % group_size != 0 || w.dtype() != mx::uint32 || w.ndim() != 3) return false;
   const int64_t count = w.shape(0), n = w.shape(1), words = k * bits / 32, groups = k / group_size;
   if (count < 1 || n < 1 || w.shape(2) != words) return false;
   for (const mx::array* t : {&scales, biases ? &*biases : &scales}) {
-    if (t->dtype() != mx::float32 || t->shape() != mx::Shape{static_cast<int>(count), static_cast<int>(n),
-                                                             static_cast<int>(groups)})
+    if (t->dtype() != mx::float32 ||
+        t->shape() != mx::Shape{static_cast<int>(count), static_cast<int>(n), static_cast<int>(groups)})
       return false;
   }
   return true;
 }
 
 mx::array routed_quantized_matmul(const mx::array& x, const mx::array& experts, const mx::array& w,
-                                  const mx::array& scales, const std::optional<mx::array>& biases, int group_size,
-                                  int bits, mx::StreamOrDevice s) {
+                                  const mx::array& scales, const std::optional<mx::array>& biases,
+                                  int group_size, int bits, mx::StreamOrDevice s) {
   const mx::Stream stream = mx::to_stream(s);
   Reference reference = [group_size, bits, stream](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{routed_reference(in, group_size, bits, stream)};

@@ -80,8 +80,8 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
  * 128 dividing K, x float32 [R, K] non-empty, experts uint32 [P] with P a multiple of R, w uint32
  * [E, N, K * bits / 32], scales and biases (when given) float32 [E, N, K / group_size]. */
 bool routed_quantized_matmul_fits(const mx::array& x, const mx::array& experts, const mx::array& w,
-                                  const mx::array& scales, const std::optional<mx::array>& biases, int group_size,
-                                  int bits, mx::StreamOrDevice s = {});
+                                  const mx::array& scales, const std::optional<mx::array>& biases,
+                                  int group_size, int bits, mx::StreamOrDevice s = {});
 
 /** A mixture of experts' routed products over experts' weights in the layout above, one weight per expert:
  *   y[p] = x[p / (P / R)] @ dequantize(w[e], scales[e], biases[e])^T,  e = experts[p],
@@ -92,8 +92,8 @@ bool routed_quantized_matmul_fits(const mx::array& x, const mx::array& experts, 
  * biases: those of the symmetric weight. Elsewhere (and for gradients) mx::gather_qmm. An expert index
  * out of range gives a row of NaN. */
 mx::array routed_quantized_matmul(const mx::array& x, const mx::array& experts, const mx::array& w,
-                                  const mx::array& scales, const std::optional<mx::array>& biases, int group_size,
-                                  int bits, mx::StreamOrDevice s = {});
+                                  const mx::array& scales, const std::optional<mx::array>& biases,
+                                  int group_size, int bits, mx::StreamOrDevice s = {});
 
 /** The biases of a symmetric weight: -2^(bits - 1) * scales. */
 mx::array symmetric_biases(const mx::array& scales, int bits, mx::StreamOrDevice s = {});

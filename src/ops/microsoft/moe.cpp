@@ -571,8 +571,8 @@ std::optional<PackedExperts> packed_experts(const NodeContext& ctx, int j, int e
   const int bits = static_cast<int>(ctx.attr_int(prefix + "_bits", 4));
   const int group = static_cast<int>(ctx.attr_int(prefix + "_group_size", 0));
   if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128)) {
-    throw ctx.error(prefix, "_bits must be 4 or 8 and ", prefix, "_group_size 32, 64 or 128, got ", bits, " and ",
-                    group);
+    throw ctx.error(prefix, "_bits must be 4 or 8 and ", prefix, "_group_size 32, 64 or 128, got ", bits,
+                    " and ", group);
   }
   const mx::array& w = ctx.input(base);
   if (w.dtype() != mx::uint32 || w.ndim() != 3 || w.shape(0) != e || w.shape(1) != n ||
@@ -631,7 +631,8 @@ OpOutputs packed_qmoe(NodeContext& ctx) {
   std::optional<mx::array> router_weights = float_input(ctx, kPackedRouterWeights, "router_weights", t,
                                                         {d.tokens, d.experts}, "[tokens, num_experts]");
   if (router_weights && a.sparse_mixer)
-    throw ctx.error("router_weights with use_sparse_mixer=1 is not supported (the sparse mixer makes the weights)");
+    throw ctx.error(
+        "router_weights with use_sparse_mixer=1 is not supported (the sparse mixer makes the weights)");
   if (d.tokens == 0) return {mx::zeros(ctx.input(0).shape(), t, s)};
 
   const Routing r = qmoe_routing(mx::astype(ctx.input(1), mx::float32, s), router_weights, a, s);
@@ -641,7 +642,8 @@ OpOutputs packed_qmoe(NodeContext& ctx) {
     return b ? mx::add(h, mx::take(*b, experts, 0, s), s) : h;
   };
   mx::array x = mx::reshape(mx::astype(ctx.input(0), mx::float32, s), {d.tokens, d.hidden}, s);
-  mx::array h1 = plus_bias(routed_product(x, experts, *fc1, s), b1);  // [P, F1]: a token's k pairs share its row
+  mx::array h1 =
+      plus_bias(routed_product(x, experts, *fc1, s), b1);  // [P, F1]: a token's k pairs share its row
   std::optional<mx::array> h3;
   if (fc3) h3 = plus_bias(routed_product(x, experts, *fc3, s), b3);
   mx::array y = plus_bias(routed_product(expert_activation(h1, h3, a, d.inter, s), experts, *fc2, s), b2);

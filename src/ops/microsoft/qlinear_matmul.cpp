@@ -192,7 +192,8 @@ mx::array gemm_operand(const NodeContext& ctx, size_t i, const char* what, bool 
 // alpha, transA, transB (what quantize_static's QOperator format makes of Gemm), as ONNX Runtime's CPU
 // kernel computes it:
 //   acc = (A' - a_zp) @ (B' - b_zp) + C        int32, exact; A' [M, K], B' [K, N] after the transposes;
-//                                              C int32 broadcast to [M, N] ((), [1], [N], [1, N], [M, 1], [M, N])
+//                                              C int32 broadcast to [M, N] ((), [1], [N], [1, N], [M, 1], [M,
+//                                              N])
 //   scale = alpha * a_scale * b_scale [/ y_scale]   float32, per tensor or per column of B', in that order
 //   Y = saturate(round_half_even(float(acc) * scale) + y_zp) of y_zp's type when y_zero_point is given,
 //   else float(acc) * scale (float32).
@@ -214,20 +215,25 @@ OpOutputs qgemm(NodeContext& ctx) {
   if (ctx.has_input(6)) {
     const mx::array& c = ctx.input(6);
     if (c.dtype() != mx::int32) throw ctx.error("C must be int32, got ", c.dtype());
-    const bool fits = c.size() == 1 || (c.ndim() == 1 && c.shape(0) == n) ||
-                      (c.ndim() == 2 && (c.shape(0) == 1 || c.shape(0) == m) && (c.shape(1) == 1 || c.shape(1) == n));
-    if (!fits || c.ndim() > 2) throw ctx.error("C of shape ", c.shape(), " does not broadcast to [", m, ", ", n, "]");
+    const bool fits =
+        c.size() == 1 || (c.ndim() == 1 && c.shape(0) == n) ||
+        (c.ndim() == 2 && (c.shape(0) == 1 || c.shape(0) == m) && (c.shape(1) == 1 || c.shape(1) == n));
+    if (!fits || c.ndim() > 2)
+      throw ctx.error("C of shape ", c.shape(), " does not broadcast to [", m, ", ", n, "]");
     acc = mx::add(acc, c.size() == 1 ? mx::reshape(c, {}, s) : c, s);
   }
   mx::array scale = mx::multiply(mx::multiply(mx::array(ctx.attr_float("alpha", 1.0f)), a_scale, s),
                                  per_column(ctx, float_input(ctx, 4, "b_scale"), b, "b_scale"), s);
-  if (ctx.has_input(7)) scale = mx::divide(scale, per_tensor(ctx, float_input(ctx, 7, "y_scale"), "y_scale"), s);
+  if (ctx.has_input(7))
+    scale = mx::divide(scale, per_tensor(ctx, float_input(ctx, 7, "y_scale"), "y_scale"), s);
   mx::array y = mx::multiply(mx::astype(acc, mx::float32, s), scale, s);
   if (!ctx.has_input(8)) return {y};
   const mx::array& y_zp = quantized_input(ctx, 8, "y_zero_point");
   const bool is_signed = y_zp.dtype() == mx::int8;
-  mx::array shifted = mx::add(mx::round(y, 0, s), mx::astype(per_tensor(ctx, y_zp, "y_zero_point"), mx::float32, s), s);
-  mx::array clipped = mx::clip(shifted, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f), s);
+  mx::array shifted =
+      mx::add(mx::round(y, 0, s), mx::astype(per_tensor(ctx, y_zp, "y_zero_point"), mx::float32, s), s);
+  mx::array clipped =
+      mx::clip(shifted, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f), s);
   return {mx::astype(clipped, y_zp.dtype(), s)};
 }
 

@@ -676,16 +676,19 @@ OpOutputs causal_conv_with_state(NodeContext& ctx) {
     throw ctx.error("state_window ", window, " is not supported (0 is; ONNX Runtime runs it on CUDA only)");
   }
   const int64_t dilation_attr = ctx.attr_int("dilation", 1);
-  if (dilation_attr < 1 || dilation_attr > (1 << 20)) throw ctx.error("dilation must be >= 1, got ", dilation_attr);
+  if (dilation_attr < 1 || dilation_attr > (1 << 20))
+    throw ctx.error("dilation must be >= 1, got ", dilation_attr);
   const int dilation = static_cast<int>(dilation_attr);
   const bool channels_last = ctx.attr_int("channels_last", 0) != 0;
 
   // The channels-first [B, C, L] view of the input.
   mx::array input = given;
   if (channels_last) {
-    if (rank_of(given) < 3) throw ctx.error("channels_last input must be [batch, length, d1, ...], got ", given.shape());
+    if (rank_of(given) < 3)
+      throw ctx.error("channels_last input must be [batch, length, d1, ...], got ", given.shape());
     const mx::Shape& shape = given.shape();
-    const int flat = static_cast<int>(std::accumulate(shape.begin() + 2, shape.end(), int64_t{1}, std::multiplies<>()));
+    const int flat =
+        static_cast<int>(std::accumulate(shape.begin() + 2, shape.end(), int64_t{1}, std::multiplies<>()));
     input = mx::transpose(mx::reshape(given, {shape[0], shape[1], flat}, s), {0, 2, 1}, s);
   } else if (rank_of(given) != 3) {
     throw ctx.error("input must be [batch, channels, length], got ", given.shape());

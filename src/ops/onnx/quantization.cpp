@@ -227,7 +227,8 @@ OpOutputs dequantize_linear(NodeContext& ctx) {
   const Granularity g = read_granularity(ctx);
   // One scale and zero point over 8-bit x (the QDQ format's activations): one kernel pass, the same floats.
   const bool plain_output = ctx.attr_int("output_dtype", 0) == 0 && scale.dtype() == mx::float32;
-  if (plain_output && g.block_size == 0 && scale.size() == 1 && (x_type == OnnxType::kUint8 || x_type == OnnxType::kInt8) &&
+  if (plain_output && g.block_size == 0 && scale.size() == 1 &&
+      (x_type == OnnxType::kUint8 || x_type == OnnxType::kInt8) &&
       (!ctx.has_input(2) || (ctx.input(2).size() == 1 && input_type(ctx, 2) == x_type))) {
     const mx::array zero = ctx.has_input(2) ? mx::astype(ctx.input(2), mx::float32, s) : mx::array(0.0f);
     return {kernels::dequantize_per_tensor(x, scale, zero, s)};

@@ -41,7 +41,8 @@ OpOutputs swiglu(NodeContext& ctx) {
 
 template <typename T>
 std::pair<float, float> range_of() {
-  return {static_cast<float>(std::numeric_limits<T>::min()), static_cast<float>(std::numeric_limits<T>::max())};
+  return {static_cast<float>(std::numeric_limits<T>::min()),
+          static_cast<float>(std::numeric_limits<T>::max())};
 }
 
 OpOutputs quantize_dequantize(NodeContext& ctx) {
@@ -82,7 +83,8 @@ OpOutputs requantize(NodeContext& ctx) {
   bool broadcasts = multiplier.ndim() <= v.ndim();
   for (int i = 1; broadcasts && i <= static_cast<int>(multiplier.ndim()); ++i)
     broadcasts = multiplier.shape(-i) == 1 || multiplier.shape(-i) == v.shape(-i);
-  if (!broadcasts) throw ctx.error("multiplier of shape ", multiplier.shape(), " does not broadcast to V's ", v.shape());
+  if (!broadcasts)
+    throw ctx.error("multiplier of shape ", multiplier.shape(), " does not broadcast to V's ", v.shape());
   return {kernels::requantize(v, multiplier, mx::astype(zero, mx::float32, s), zero.dtype(), s)};
 }
 

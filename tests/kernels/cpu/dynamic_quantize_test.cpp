@@ -42,7 +42,8 @@ TEST(QuantizeDequantizeKernel, EqualsTheOperatorsComposition) {
   auto composition = [](const mx::array& x, float scale, float zero, mx::Dtype type) {
     mx::array q = mx::add(mx::round(mx::divide(x, mx::array(scale)), 0), mx::array(zero));
     const bool is_signed = type == mx::int8;
-    q = mx::astype(mx::clip(q, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f)), type);
+    q = mx::astype(mx::clip(q, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f)),
+                   type);
     return mx::multiply(mx::subtract(mx::astype(q, mx::float32), mx::array(zero)), mx::array(scale));
   };
   const float scale = 0.05f;
@@ -81,7 +82,8 @@ TEST(RequantizeKernels, EqualTheCompositions) {
         ASSERT_EQ(got.dtype(), type);
         EXPECT_TRUE(mx::array_equal(got, want).item<bool>()) << c << (per_channel ? " per channel" : "");
         mx::array back = dequantize_per_tensor(got, mx::array(0.25f), mx::array(zero), mx::Device::cpu);
-        mx::array back_want = mx::multiply(mx::subtract(mx::astype(got, mx::float32), mx::array(zero)), mx::array(0.25f));
+        mx::array back_want =
+            mx::multiply(mx::subtract(mx::astype(got, mx::float32), mx::array(zero)), mx::array(0.25f));
         EXPECT_TRUE(mx::array_equal(back, back_want).item<bool>()) << c;
       }
     }

@@ -330,7 +330,8 @@ float routed_error(const mx::array& x, const std::vector<uint32_t>& experts, con
   for (int p = 0; p < pairs; ++p) {
     mx::array row = mx::slice(x, {p / share, 0}, {p / share + 1, k});
     mx::array mine = mx::slice(got, {p, 0}, {p + 1, got.shape(1)});
-    worst = std::max(worst, relative_error(row, e.each[experts[static_cast<size_t>(p)]], mine, group_size, bits));
+    worst =
+        std::max(worst, relative_error(row, e.each[experts[static_cast<size_t>(p)]], mine, group_size, bits));
   }
   return worst;
 }
@@ -340,7 +341,8 @@ TEST(RoutedQuantizedMatmul, EachPairIsItsExpertsProduct) {
   for (int bits : {4, 8}) {
     for (int group_size : {32, 128}) {
       const int k = 2 * group_size, n = 37;
-      const ExpertWeights e = expert_weights(experts, n, k, group_size, bits, static_cast<uint64_t>(bits * 10));
+      const ExpertWeights e =
+          expert_weights(experts, n, k, group_size, bits, static_cast<uint64_t>(bits * 10));
       // A decode step (one token, k = 2 routes: one GEMV per expert), a token whose two routes pick one
       // expert, unused experts; many pairs on one expert (its rows take the dequantized GEMM).
       std::vector<std::pair<int, std::vector<uint32_t>>> routings = {
@@ -355,8 +357,8 @@ TEST(RoutedQuantizedMatmul, EachPairIsItsExpertsProduct) {
           const std::optional<mx::array> biases = with_biases ? std::optional(e.biases) : std::nullopt;
           ASSERT_TRUE(routed_quantized_matmul_fits(x, indices, e.w, e.scales, biases, group_size, bits,
                                                    mx::Device::cpu));
-          mx::array got = routed_quantized_matmul(x, indices, e.w, e.scales, biases, group_size, bits,
-                                                  mx::Device::cpu);
+          mx::array got =
+              routed_quantized_matmul(x, indices, e.w, e.scales, biases, group_size, bits, mx::Device::cpu);
           ASSERT_EQ(got.shape(), (mx::Shape{static_cast<int>(routes.size()), n}));
           ExpertWeights reference = e;
           if (!with_biases) {
@@ -393,16 +395,17 @@ TEST(RoutedQuantizedMatmul, LayoutsItDoesNotTakeRunMlxAndGradientsAreMlxs) {
   mx::array x = random_array({2, 64}, 81);
   mx::array indices = mx::array({1u, 0u, 0u, 1u}, {4}, mx::uint32);
   // 3 pairs for 2 rows: not a whole number of pairs per row.
-  EXPECT_FALSE(routed_quantized_matmul_fits(x, mx::array({1u, 0u, 0u}, {3}, mx::uint32), e.w, e.scales, e.biases,
-                                            32, 4, mx::Device::cpu));
+  EXPECT_FALSE(routed_quantized_matmul_fits(x, mx::array({1u, 0u, 0u}, {3}, mx::uint32), e.w, e.scales,
+                                            e.biases, 32, 4, mx::Device::cpu));
   EXPECT_FALSE(routed_quantized_matmul_fits(x, indices, e.w, e.scales, e.biases, 32, 2, mx::Device::cpu));
   // Gradient with respect to x through the kernel equals gather_qmm's.
   auto through = [&](bool kernel) {
     return [&, kernel](const std::vector<mx::array>& in) {
-      mx::array y = kernel ? routed_quantized_matmul(in[0], indices, e.w, e.scales, e.biases, 32, 4, mx::Device::cpu)
-                           : mx::reshape(mx::gather_qmm(mx::reshape(mx::repeat(in[0], 2, 0), {4, 1, 64}), e.w,
-                                                        e.scales, e.biases, std::nullopt, indices, true, 32, 4),
-                                         {4, 16});
+      mx::array y =
+          kernel ? routed_quantized_matmul(in[0], indices, e.w, e.scales, e.biases, 32, 4, mx::Device::cpu)
+                 : mx::reshape(mx::gather_qmm(mx::reshape(mx::repeat(in[0], 2, 0), {4, 1, 64}), e.w, e.scales,
+                                              e.biases, std::nullopt, indices, true, 32, 4),
+                               {4, 16});
       return std::vector<mx::array>{mx::sum(mx::multiply(y, y))};
     };
   };

@@ -91,17 +91,21 @@ TEST(MicrosoftFusedConv, BadAttributesAndInputsAreNamed) {
 // scripts/contrib_cases/causal_conv.py; here what ORT's CPU kernel refuses, and bad shapes.
 
 std::string causal_conv_error(const std::vector<Value>& inputs, std::vector<Attribute> attributes) {
-  return error_of<OpError>([&] { run_domain_op("com.microsoft", "CausalConvWithState", 1, inputs, attributes, 2); });
+  return error_of<OpError>(
+      [&] { run_domain_op("com.microsoft", "CausalConvWithState", 1, inputs, attributes, 2); });
 }
 
 TEST(MicrosoftCausalConvWithState, NamesWhatItDoesNotTake) {
   mx::array x = random_array({1, 4, 5}, 1), w = random_array({4, 1, 3}, 2);
   EXPECT_NE(causal_conv_error({x, w}, {int_attr("ndim", 2)}).find("ndim 2"), std::string::npos);
-  EXPECT_NE(causal_conv_error({x, w}, {int_attr("state_window", 2)}).find("state_window 2"), std::string::npos);
+  EXPECT_NE(causal_conv_error({x, w}, {int_attr("state_window", 2)}).find("state_window 2"),
+            std::string::npos);
   EXPECT_NE(causal_conv_error({x, w}, {int_attr("dilation", 0)}).find("dilation"), std::string::npos);
-  EXPECT_NE(causal_conv_error({x, w}, {string_attr("activation", "gelu")}).find("activation"), std::string::npos);
+  EXPECT_NE(causal_conv_error({x, w}, {string_attr("activation", "gelu")}).find("activation"),
+            std::string::npos);
   // The state holds (k - 1) * dilation columns: [1, 4, 4] for k 3, dilation 2.
-  const std::string past = causal_conv_error({x, w, Value(), mx::zeros({1, 4, 2})}, {int_attr("dilation", 2)});
+  const std::string past =
+      causal_conv_error({x, w, Value(), mx::zeros({1, 4, 2})}, {int_attr("dilation", 2)});
   EXPECT_NE(past.find("past_state must be (1,4,4)"), std::string::npos) << past;
   // Channels last: the state is [batch, (k - 1) * dilation, d1...].
   mx::array last = random_array({1, 5, 2, 2}, 3);
@@ -121,9 +125,10 @@ TEST(MicrosoftCausalConvWithState, ChannelsLastEqualsChannelsFirst) {
   std::vector<Attribute> dilated = {int_attr("dilation", 2), string_attr("activation", "silu")};
   std::vector<Attribute> dilated_last = dilated;
   dilated_last.push_back(int_attr("channels_last", 1));
-  auto by_last = run_domain_op("com.microsoft", "CausalConvWithState", 1, {last, w, b, past_last}, dilated_last, 2);
-  auto by_first =
-      run_domain_op("com.microsoft", "CausalConvWithState", 1, {first_of(last), w, b, first_of(past_last)}, dilated, 2);
+  auto by_last =
+      run_domain_op("com.microsoft", "CausalConvWithState", 1, {last, w, b, past_last}, dilated_last, 2);
+  auto by_first = run_domain_op("com.microsoft", "CausalConvWithState", 1,
+                                {first_of(last), w, b, first_of(past_last)}, dilated, 2);
   EXPECT_EQ(by_last[0].tensor().shape(), last.shape());
   EXPECT_EQ(by_last[1].tensor().shape(), past_last.shape());
   EXPECT_LT(max_abs_diff(first_of(by_last[0].tensor()), by_first[0].tensor()), kTolerance);
