@@ -11,6 +11,10 @@ come in (names below, all by default):
                                         MatMulInteger -> Cast -> Mul -> Add, what
                                         every `*_quantized.onnx` on the Hub has
     resnet_int8_dynamic                 quantize_dynamic of a CNN: ConvInteger
+    mobilenet_tiny_int8_static_qdq,     quantize_static of a MobileNetV2-style CNN built here
+    mobilenet_tiny_int8_static_qoperator  (make_mobilenet_tiny, also written as the float fixture
+                                          tests/models/mobilenet_tiny): depthwise convolutions, a
+                                          shortcut Add, Gemm (QGemm in the QOperator form)
     bert_int8_static_qdq,               quantize_static, QDQ format: float ops
     resnet_int8_static_qdq                between QuantizeLinear/DequantizeLinear
                                           pairs (Optimum's and ORT's default)
@@ -42,7 +46,8 @@ the next tensor's calibrated scale (static), which 1e-4 would not absorb.
 Measured with the tests' seeded inputs (2026-12-06, ORT 1.31.1): no flips in any
 variant; worst differences bert_int8 7.2e-7, bert_int8_per_channel 4.8e-7,
 bert_int8_static_qdq 6.0e-8, bert_int8_static_qoperator 4.8e-7, the ResNet
-variants 1.2e-7 or exactly 0. If other inputs or machines produce a flip, the
+variants 1.2e-7 or exactly 0, the mobilenet_tiny ones exactly 0 (the QOperator
+one through qlinear_conv_as_conv, QGemm and the Requantize kernel). If other inputs or machines produce a flip, the
 right fix is a documented, model-specific tolerance ("tolerance" and
 "tolerance_reason" in its inputs.json, which regenerating keeps), not a looser
 global one.
@@ -100,6 +105,66 @@ def static(quant_format: QuantFormat):
     return quantize
 
 
+def make_mobilenet_tiny() -> None:
+    """tests/models/mobilenet_tiny: a MobileNetV2-style float CNN built here with onnx.helper (a stem, an
+    inverted residual block: 1x1 expand, Relu6-style Clip, depthwise 3x3, 1x1 project, shortcut Add; a strided
+    depthwise block; GlobalAveragePool, Flatten, Gemm), the source of the int8 variants whose QOperator form
+    has QGemm and QLinearAdd beside QLinearConv. Seeded, so rewriting it gives the same bytes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = np.random.default_rng(2026)
+    weights = {}
+
+    def conv(name, x, cin, cout, k, stride=1, group=1, clip=True):
+        weights[f"{name}_w"] = (g.standard_normal((cout, cin // group, k, k)) * np.sqrt(2.0 / (cin // group * k * k))
+                                ).astype(np.float32)
+        weights[f"{name}_b"] = (g.standard_normal(cout) * 0.1).astype(np.float32)
+        pad = k // 2
+        nodes = [helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_c"], group=group,
+                                  strides=[stride, stride], pads=[pad] * 4, kernel_shape=[k, k])]
+        if clip:
+            nodes.append(helper.make_node("Clip", [f"{name}_c", "zero", "six"], [f"{name}_y"]))
+            return nodes, f"{name}_y"
+        return nodes, f"{name}_c"
+
+    nodes = []
+    for spec in [("stem", "pixel_values", 3, 16, 3, 2, 1, True), ("expand", None, 16, 48, 1, 1, 1, True),
+                 ("depthwise", None, 48, 48, 3, 1, 48, True), ("project", None, 48, 16, 1, 1, 1, False)]:
+        name, x, cin, cout, k, stride, group, clip = spec
+        made, out = conv(name, x or last, cin, cout, k, stride, group, clip)
+        nodes += made
+        last = out
+    nodes.append(helper.make_node("Add", ["stem_y", last], ["block1"]))
+    for spec in [("expand2", "block1", 16, 64, 1, 1, 1, True), ("depthwise2", None, 64, 64, 3, 2, 64, True),
+                 ("project2", None, 64, 24, 1, 1, 1, False)]:
+        name, x, cin, cout, k, stride, group, clip = spec
+        made, out = conv(name, x or last, cin, cout, k, stride, group, clip)
+        nodes += made
+        last = out
+    weights["fc_w"] = (g.standard_normal((10, 24)) * 0.3).astype(np.float32)
+    weights["fc_b"] = (g.standard_normal(10) * 0.1).astype(np.float32)
+    nodes += [helper.make_node("GlobalAveragePool", [last], ["pooled"]),
+              helper.make_node("Flatten", ["pooled"], ["flat"]),
+              helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], transB=1)]
+    initializers = [numpy_helper.from_array(v, k) for k, v in weights.items()]
+    initializers += [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                     numpy_helper.from_array(np.array(6.0, np.float32), "six")]
+    graph = helper.make_graph(
+        nodes, "mobilenet_tiny", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    out = MODELS_DIR / "mobilenet_tiny"
+    out.mkdir(exist_ok=True)
+    onnx.save(model, str(out / "model.onnx"))
+    spec = {"model": "mobilenet_tiny", "opset": 17, "dims": {"batch": 2},
+            "inputs": [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, 32, 32], "kind": "float"}],
+            "outputs": ["logits"], "generated_by": SCRIPT,
+            "about": "a MobileNetV2-style float CNN built with onnx.helper (make_mobilenet_tiny)"}
+    (out / "inputs.json").write_text(json.dumps(spec, indent=2) + "\n")
+    (out / "ops.txt").write_text("".join(f"{op} {n}\n" for op, n in sorted(op_counts(model).items())))
+    print(f"{out}: float source")
+
+
 # name: (source fixture, how to quantize it)
 VARIANTS = {
     "bert_int8": ("bert", dynamic(per_channel=False)),
@@ -109,6 +174,8 @@ VARIANTS = {
     "resnet_int8_static_qdq": ("resnet", static(QuantFormat.QDQ)),
     "bert_int8_static_qoperator": ("bert", static(QuantFormat.QOperator)),
     "resnet_int8_static_qoperator": ("resnet", static(QuantFormat.QOperator)),
+    "mobilenet_tiny_int8_static_qdq": ("mobilenet_tiny", static(QuantFormat.QDQ)),
+    "mobilenet_tiny_int8_static_qoperator": ("mobilenet_tiny", static(QuantFormat.QOperator)),
 }
 
 
@@ -162,6 +229,8 @@ def main(names: list[str]) -> int:
     if unknown:
         print(f"unknown variants {unknown}; known: {list(VARIANTS)}", file=sys.stderr)
         return 2
+    if not names or any(VARIANTS[n][0] == "mobilenet_tiny" for n in names):
+        make_mobilenet_tiny()
     for name in names or VARIANTS:
         make(name, *VARIANTS[name])
     return 0
