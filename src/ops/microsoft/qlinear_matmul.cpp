@@ -206,7 +206,8 @@ OpOutputs qgemm(NodeContext& ctx) {
                     ") do not multiply (after transA/transB)");
   const int m = a.shape(0), n = b.shape(1);
   const mx::array a_scale = per_tensor(ctx, float_input(ctx, 1, "a_scale"), "a_scale");
-  const mx::array a_zp = per_tensor(ctx, *zero_point(ctx, 2, a.dtype(), "a_zero_point"), "a_zero_point");
+  const std::optional<mx::array> a_zero = zero_point(ctx, 2, a.dtype(), "a_zero_point");
+  const mx::array a_zp = a_zero ? per_tensor(ctx, *a_zero, "a_zero_point") : mx::array(0.0f);
   const std::optional<mx::array> b_zp = zero_point(ctx, 5, b.dtype(), "b_zero_point");
   mx::array ca = mx::subtract(mx::astype(a, mx::float32, s), mx::astype(a_zp, mx::float32, s), s);
   mx::array cb = mx::astype(b, mx::float32, s);

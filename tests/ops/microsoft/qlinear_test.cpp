@@ -173,6 +173,42 @@ TEST(MicrosoftQLinear, MatMulsCheckShapesAndTypes) {
       "MatMulIntegerToFloat", "b_zero_point must have its tensor's type");
 }
 
+// QGemm's values are checked against ORT (scripts/contrib_cases/qlinear.py); here its bad inputs, and the
+// zero points that may be left out (0).
+TEST(MicrosoftQLinear, QGemmChecksShapesTypesAndBroadcasts) {
+  mx::array a = u8({130, 120, 128, 140, 110, 128}, {2, 3});
+  mx::array b = s8({1, -2, 3, 4, -5, 6}, {3, 2});
+  auto qgemm = [&](std::vector<Value> inputs, std::vector<Attribute> attributes = {}) {
+    return out0(run_ms("QGemm", inputs, attributes));
+  };
+  // a_zero_point and b_zero_point left out: 0; float output.
+  mx::array y = qgemm({a, f32(1.0f), Value(), b, f32(1.0f)});
+  EXPECT_EQ(to_ints(mx::astype(y, mx::int32)),
+            (std::vector<int64_t>{130 + 120 * 3 - 128 * 5, -130 * 2 + 120 * 4 + 128 * 6,
+                                  140 + 110 * 3 - 128 * 5, -140 * 2 + 110 * 4 + 128 * 6}));
+  expect_error([&] { qgemm({mx::astype(a, mx::float32), f32(1.0f), Value(), b, f32(1.0f)}); }, "QGemm",
+               "A must be int8 or uint8");
+  expect_error([&] { qgemm({u8({1, 2, 3}, {3}), f32(1.0f), Value(), b, f32(1.0f)}); }, "QGemm",
+               "A must be 2-D");
+  expect_error([&] { qgemm({a, f32(1.0f), Value(), s8({1, 2}, {2, 1}), f32(1.0f)}); }, "QGemm",
+               "do not multiply");
+  expect_error([&] { qgemm({a, f32(1.0f), Value(), b, f32(1.0f)}, {int_attr("transA", 1)}); }, "QGemm",
+               "do not multiply");
+  expect_error([&] { qgemm({a, mx::array({1.0f, 2.0f}), Value(), b, f32(1.0f)}); }, "QGemm",
+               "a_scale must be a scalar");
+  expect_error([&] { qgemm({a, f32(1.0f), s8({0}, {}), b, f32(1.0f)}); }, "QGemm",
+               "a_zero_point must have its tensor's type");
+  expect_error([&] { qgemm({a, f32(1.0f), Value(), b, mx::array({1.0f, 2.0f, 3.0f})}); }, "QGemm",
+               "b_scale must be a scalar or 1-D of B's column count 2");
+  expect_error([&] { qgemm({a, f32(1.0f), Value(), b, f32(1.0f), Value(), mx::array({1, 2, 3}, {3})}); },
+               "QGemm", "does not broadcast to [2, 2]");
+  expect_error([&] { qgemm({a, f32(1.0f), Value(), b, f32(1.0f), Value(), mx::array({1.0f, 2.0f})}); },
+               "QGemm", "C must be int32");
+  expect_error(
+      [&] { qgemm({a, f32(1.0f), Value(), b, f32(1.0f), Value(), Value(), f32(0.1f), mx::array({1.0f})}); },
+      "QGemm", "y_zero_point must be int8 or uint8");
+}
+
 TEST(MicrosoftQLinear, QuantizeLinearIsOnnxsForFloat32) {
   mx::array x = mx::array({0.5f, 1.5f, -2.5f, 300.0f}, {4});
   EXPECT_EQ(to_ints(out0(run_ms("QuantizeLinear", {x, f32(1.0f), u8({10}, {})}))),
