@@ -239,9 +239,8 @@ bool is_per_tensor_quantization(const Graph& graph, const Node& node) {
     return false;
   for (size_t i = 1; i < node.inputs.size(); ++i) {
     if (node.inputs[i].empty()) continue;
-    auto it = graph.initializers.find(node.inputs[i]);
-    if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.tensor().size() != 1)
-      return false;
+    const mx::array* parameter = stored_initializer(graph, node.inputs[i]);
+    if (parameter == nullptr || parameter->size() != 1) return false;
   }
   return true;
 }

@@ -29,13 +29,6 @@ namespace transmuter {
 
 namespace {
 
-const mx::array* initializer(const Graph& graph, const Node& node, size_t i) {
-  if (node.inputs.size() <= i || node.inputs[i].empty()) return nullptr;
-  auto it = graph.initializers.find(node.inputs[i]);
-  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.is_widened()) return nullptr;
-  return &it->second.tensor();
-}
-
 bool is_dequantize(const Node& node) {
   return node.op_type == "DequantizeLinear" &&
          (node.domain.empty() || node.domain == "ai.onnx" || node.domain == "com.microsoft");
@@ -66,12 +59,12 @@ std::optional<mx::array> folded(const Graph& graph, const GraphIndex& index, con
     return std::nullopt;
   if (int_attribute_or(node, "block_size", 0) != 0 || int_attribute_or(node, "output_dtype", 0) != 0)
     return std::nullopt;
-  const mx::array* x = initializer(graph, node, 0);
-  const mx::array* scale = initializer(graph, node, 1);
+  const mx::array* x = stored_input(graph, node, 0);
+  const mx::array* scale = stored_input(graph, node, 1);
   if (x == nullptr || scale == nullptr || !foldable_integer(x->dtype()) || !is_float(scale->dtype()))
     return std::nullopt;
-  const bool has_zero_point = node.inputs.size() > 2 && !node.inputs[2].empty();
-  const mx::array* zero_point = has_zero_point ? initializer(graph, node, 2) : nullptr;
+  const bool has_zero_point = has_input(node, 2);
+  const mx::array* zero_point = has_zero_point ? stored_input(graph, node, 2) : nullptr;
   if (has_zero_point &&
       (zero_point == nullptr || zero_point->dtype() != x->dtype() || zero_point->size() != scale->size()))
     return std::nullopt;

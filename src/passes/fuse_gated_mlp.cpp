@@ -48,8 +48,6 @@ bool is_quantized_matmul(const Node& node) {
   return node.domain == kDomain && node.op_type == "QuantizedMatMul";
 }
 
-bool has_input(const Node& node, size_t i) { return node.inputs.size() > i && !node.inputs[i].empty(); }
-
 bool is_constant(const Graph& graph, const std::string& name) {
   auto it = graph.initializers.find(name);
   return it != graph.initializers.end() && it->second.is_tensor() && !it->second.is_widened();

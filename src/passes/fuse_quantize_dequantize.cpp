@@ -32,10 +32,8 @@ namespace {
 constexpr const char* kDomain = "ai.transmuter";
 
 const mx::array* scalar_initializer(const Graph& graph, const std::string& name) {
-  auto it = graph.initializers.find(name);
-  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.is_widened()) return nullptr;
-  const mx::array& value = it->second.tensor();
-  return value.size() == 1 ? &value : nullptr;
+  const mx::array* value = stored_initializer(graph, name);
+  return value != nullptr && value->size() == 1 ? value : nullptr;
 }
 
 bool plain_quantization_node(const Node& node, const char* op_type) {
@@ -46,7 +44,7 @@ bool plain_quantization_node(const Node& node, const char* op_type) {
 
 // The input at `i` as a scalar initializer, or nullptr (also when absent: `present` false then).
 const mx::array* parameter(const Graph& graph, const Node& node, size_t i, bool& present) {
-  present = node.inputs.size() > i && !node.inputs[i].empty();
+  present = has_input(node, i);
   return present ? scalar_initializer(graph, node.inputs[i]) : nullptr;
 }
 
@@ -92,10 +90,9 @@ std::optional<Node> requantization(const Graph& graph, const GraphIndex& index, 
   if (one == nullptr || one->dtype() != mx::float32 || one->item<float>() != 1.0f || zero == nullptr ||
       (zero->dtype() != mx::uint8 && zero->dtype() != mx::int8))
     return std::nullopt;
-  auto it = graph.initializers.find(mul.inputs[1]);
-  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.tensor().dtype() != mx::float32)
-    return std::nullopt;
-  const mx::array& m = it->second.tensor();
+  const mx::array* multiplier = stored_initializer(graph, mul.inputs[1]);
+  if (multiplier == nullptr || multiplier->dtype() != mx::float32) return std::nullopt;
+  const mx::array& m = *multiplier;
   for (int axis = 0; axis + 1 < static_cast<int>(m.ndim()); ++axis) {
     if (m.shape(axis) != 1) return std::nullopt;  // per channel only along the last axis
   }
@@ -140,7 +137,7 @@ size_t fuse_quantize_dequantize(Graph& graph) {
       fused.opset = 1;
       fused.name = (dq.name.empty() ? dq.outputs[0] : dq.name) + "/quantize_dequantize";
       fused.inputs = {q.inputs[0], q.inputs[1]};
-      if (q.inputs.size() > 2 && !q.inputs[2].empty()) fused.inputs.push_back(q.inputs[2]);
+      if (has_input(q, 2)) fused.inputs.push_back(q.inputs[2]);
       fused.outputs = dq.outputs;
       dq = std::move(fused);  // at the DequantizeLinear's place: after whatever made x
       removed[i] = true;

@@ -167,6 +167,18 @@ Attribute string_attribute(const std::string& name, std::string value) {
   return a;
 }
 
+bool has_input(const Node& node, size_t i) { return node.inputs.size() > i && !node.inputs[i].empty(); }
+
+const mx::array* stored_initializer(const Graph& graph, const std::string& name) {
+  auto it = graph.initializers.find(name);
+  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.is_widened()) return nullptr;
+  return &it->second.tensor();
+}
+
+const mx::array* stored_input(const Graph& graph, const Node& node, size_t i) {
+  return has_input(node, i) ? stored_initializer(graph, node.inputs[i]) : nullptr;
+}
+
 std::string fresh_initializer_name(const Graph& graph, const std::string& base) {
   std::string name = base;
   for (int i = 1; graph.initializers.contains(name); ++i) name = str(base, "_", i);

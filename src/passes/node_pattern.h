@@ -59,6 +59,14 @@ Attribute float_attribute(const std::string& name, float value);
 Attribute floats_attribute(const std::string& name, std::vector<float> values);
 Attribute string_attribute(const std::string& name, std::string value);
 
+/** True when input `i` of `node` is given (present and not ""). */
+bool has_input(const Node& node, size_t i);
+
+/** The initializer `name` as stored (a tensor, not a narrow type held widened), or nullptr. */
+const mx::array* stored_initializer(const Graph& graph, const std::string& name);
+/** stored_initializer of input `i` of `node`; nullptr when the input is absent or not one. */
+const mx::array* stored_input(const Graph& graph, const Node& node, size_t i);
+
 /** `base`, or `base_1`, `base_2`... : the first name no initializer has. */
 std::string fresh_initializer_name(const Graph& graph, const std::string& base);
 

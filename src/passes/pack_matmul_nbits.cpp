@@ -54,15 +54,7 @@ struct NBitsMatch {
   std::string b, scales, zero_points;  // zero_points empty: absent
 };
 
-const mx::array* initializer(const Graph& graph, const std::string& name) {
-  auto it = graph.initializers.find(name);
-  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.is_widened()) return nullptr;
-  return &it->second.tensor();
-}
-
 bool is_float(mx::Dtype t) { return t == mx::float32 || t == mx::float16 || t == mx::bfloat16; }
-
-bool has_input(const Node& node, size_t i) { return node.inputs.size() > i && !node.inputs[i].empty(); }
 
 std::optional<NBitsMatch> match_nbits(const Graph& graph, size_t i) {
   const Node& node = graph.nodes[i];
@@ -86,8 +78,8 @@ std::optional<NBitsMatch> match_nbits(const Graph& graph, size_t i) {
                node.inputs[2],
                has_input(node, 3) ? node.inputs[3] : ""};
   const int blocks = m.k / m.block_size;
-  const mx::array* b = initializer(graph, m.b);
-  const mx::array* scales = initializer(graph, m.scales);
+  const mx::array* b = stored_initializer(graph, m.b);
+  const mx::array* scales = stored_initializer(graph, m.scales);
   if (b == nullptr || b->dtype() != mx::uint8 ||
       b->shape() != mx::Shape{m.n, blocks, m.block_size * m.bits / 8}) {
     return std::nullopt;
@@ -97,7 +89,7 @@ std::optional<NBitsMatch> match_nbits(const Graph& graph, size_t i) {
     return std::nullopt;
   }
   if (!m.zero_points.empty()) {
-    const mx::array* zp = initializer(graph, m.zero_points);
+    const mx::array* zp = stored_initializer(graph, m.zero_points);
     if (zp == nullptr) return std::nullopt;
     // Packed uint8 [N, ceil(blocks * bits / 8)], or scales' dtype [N, blocks] (1-D allowed).
     const int columns = zp->dtype() == mx::uint8 ? (blocks * m.bits + 7) / 8 : blocks;
@@ -112,7 +104,7 @@ std::optional<NBitsMatch> match_nbits(const Graph& graph, size_t i) {
 // The given zero points as float32 [N, blocks].
 mx::array zero_points_of(const Graph& graph, const NBitsMatch& m) {
   const int blocks = m.k / m.block_size;
-  const mx::array& zp = *initializer(graph, m.zero_points);
+  const mx::array& zp = *stored_initializer(graph, m.zero_points);
   if (zp.dtype() != mx::uint8) return mx::astype(mx::reshape(zp, {m.n, blocks}), mx::float32);
   mx::array fields = unpack_bit_fields(mx::reshape(zp, {m.n, -1}), m.bits, {});
   return mx::astype(mx::slice(fields, {0, 0}, {m.n, blocks}), mx::float32);
@@ -153,9 +145,10 @@ size_t pack_matmul_nbits(Graph& graph) {
     if (it == converted.end()) {
       const int blocks = m.k / m.block_size;
       // A copy, so that the uint32 words are aligned (B may alias the file at any offset).
-      mx::array bytes = mx::copy(mx::reshape(*initializer(graph, m.b), {m.n, m.k * m.bits / 8}));
+      mx::array bytes = mx::copy(mx::reshape(*stored_initializer(graph, m.b), {m.n, m.k * m.bits / 8}));
       mx::array w = mx::view(bytes, mx::uint32);
-      mx::array scales = mx::astype(mx::reshape(*initializer(graph, m.scales), {m.n, blocks}), mx::float32);
+      mx::array scales =
+          mx::astype(mx::reshape(*stored_initializer(graph, m.scales), {m.n, blocks}), mx::float32);
       mx::eval({w, scales});
       const std::string w_name = fresh_initializer_name(graph, m.b + "/mlx_affine");
       graph.initializers[w_name] = Value(w);
@@ -175,7 +168,7 @@ size_t pack_matmul_nbits(Graph& graph) {
     }
     const auto& [w_name, scales_name, biases_name] = it->second;
     const bool float_zero_points =
-        !m.zero_points.empty() && initializer(graph, m.zero_points)->dtype() != mx::uint8;
+        !m.zero_points.empty() && stored_initializer(graph, m.zero_points)->dtype() != mx::uint8;
     graph.nodes[m.node] =
         quantized_node(graph.nodes[m.node], m, w_name, scales_name, biases_name, float_zero_points);
   }

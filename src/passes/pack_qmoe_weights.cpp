@@ -47,15 +47,6 @@ struct ProjectionInputs {
 constexpr ProjectionInputs kProjections[] = {
     {2, 3, 4, 11, "fc1"}, {5, 6, 7, 12, "fc2"}, {8, 9, 10, 13, "fc3"}};
 
-bool has_input(const Node& node, size_t i) { return node.inputs.size() > i && !node.inputs[i].empty(); }
-
-const mx::array* initializer(const Graph& graph, const Node& node, size_t i) {
-  if (!has_input(node, i)) return nullptr;
-  auto it = graph.initializers.find(node.inputs[i]);
-  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.is_widened()) return nullptr;
-  return &it->second.tensor();
-}
-
 bool is_float(mx::Dtype t) { return t == mx::float32 || t == mx::float16 || t == mx::bfloat16; }
 
 std::string string_attribute_of(const Node& node, const std::string& name, const std::string& fallback) {
@@ -81,8 +72,8 @@ int group_for(int block_size, int k) {
 // fcJ's weight, scales and zero points when they are initializers the layout can take.
 std::optional<Projection> match_projection(const Graph& graph, const Node& node, const ProjectionInputs& in,
                                            int bits, int block_size) {
-  const mx::array* w = initializer(graph, node, in.weights);
-  const mx::array* scales = initializer(graph, node, in.scales);
+  const mx::array* w = stored_input(graph, node, in.weights);
+  const mx::array* scales = stored_input(graph, node, in.scales);
   if (w == nullptr || scales == nullptr || w->dtype() != mx::uint8 || w->ndim() != 3) return std::nullopt;
   Projection p{in,   w->shape(0), w->shape(1), static_cast<int>(int64_t{w->shape(2)} * 8 / bits),
                bits, 0,           block_size};
@@ -95,7 +86,7 @@ std::optional<Projection> match_projection(const Graph& graph, const Node& node,
       block_size > 0 ? mx::Shape{p.experts, p.n, blocks} : mx::Shape{p.experts, p.n};
   if (!is_float(scales->dtype()) || scales->shape() != scale_shape) return std::nullopt;
   if (has_input(node, in.zero_points)) {
-    const mx::array* zp = initializer(graph, node, in.zero_points);
+    const mx::array* zp = stored_input(graph, node, in.zero_points);
     const mx::Shape zp_shape = block_size > 0 ? mx::Shape{p.experts, p.n, (blocks * bits + 7) / 8}
                                               : mx::Shape{p.experts, (p.n * bits + 7) / 8};
     if (zp == nullptr || zp->dtype() != mx::uint8 || zp->shape() != zp_shape) return std::nullopt;
@@ -143,14 +134,14 @@ PackedNames pack_projection(Graph& graph, const Node& node, const Projection& p)
   const int groups = p.k / p.group, blocks = p.block_size > 0 ? p.k / p.block_size : 1;
   const std::string base = node.inputs[p.inputs.weights];
   // A copy, so that the uint32 words are aligned (the weight may alias the file at any offset).
-  mx::array w = mx::view(mx::copy(*initializer(graph, node, p.inputs.weights)), mx::uint32);
-  mx::array block_scales = mx::reshape(mx::astype(*initializer(graph, node, p.inputs.scales), mx::float32),
+  mx::array w = mx::view(mx::copy(*stored_input(graph, node, p.inputs.weights)), mx::uint32);
+  mx::array block_scales = mx::reshape(mx::astype(*stored_input(graph, node, p.inputs.scales), mx::float32),
                                        {p.experts, p.n, blocks});
   // Column-wise: the row's one scale repeated over its groups.
   mx::array scales = mx::copy(mx::broadcast_to(block_scales, {p.experts, p.n, groups}));
   std::optional<mx::array> biases;
   if (has_input(node, p.inputs.zero_points)) {
-    mx::array fields = unpack_bit_fields(*initializer(graph, node, p.inputs.zero_points), p.bits, {});
+    mx::array fields = unpack_bit_fields(*stored_input(graph, node, p.inputs.zero_points), p.bits, {});
     mx::array zp = p.block_size > 0
                        ? mx::slice(fields, {0, 0, 0}, {p.experts, p.n, blocks})
                        : mx::reshape(mx::slice(fields, {0, 0}, {p.experts, p.n}), {p.experts, p.n, 1});

@@ -35,15 +35,6 @@ namespace {
 
 enum Input : size_t { kX, kXScale, kXZero, kW, kWScale, kWZero, kYScale, kYZero, kBias };
 
-const mx::array* initializer(const Graph& graph, const Node& node, size_t i) {
-  if (node.inputs.size() <= i || node.inputs[i].empty()) return nullptr;
-  auto it = graph.initializers.find(node.inputs[i]);
-  if (it == graph.initializers.end() || !it->second.is_tensor() || it->second.is_widened()) return nullptr;
-  return &it->second.tensor();
-}
-
-bool has_input(const Node& node, size_t i) { return node.inputs.size() > i && !node.inputs[i].empty(); }
-
 bool is_8bit(mx::Dtype t) { return t == mx::int8 || t == mx::uint8; }
 
 // One value, or one per output channel ([M]).
@@ -53,28 +44,28 @@ bool per_tensor_or_channel(const mx::array& p, int channels) {
 
 bool fits(const Graph& graph, const Node& node) {
   if (!is_onnx_op(node, "QLinearConv") || node.outputs.size() != 1 || !has_input(node, kYZero)) return false;
-  const mx::array* w = initializer(graph, node, kW);
+  const mx::array* w = stored_input(graph, node, kW);
   if (w == nullptr || !is_8bit(w->dtype()) || w->ndim() < 3) return false;
   const int channels = w->shape(0);
   for (size_t i : {kXScale, kYScale}) {
-    const mx::array* scale = initializer(graph, node, i);
+    const mx::array* scale = stored_input(graph, node, i);
     if (scale == nullptr || scale->dtype() != mx::float32 || scale->size() != 1) return false;
   }
   for (size_t i : {kXZero, kYZero}) {
     if (!has_input(node, i)) continue;
-    const mx::array* zero = initializer(graph, node, i);
+    const mx::array* zero = stored_input(graph, node, i);
     if (zero == nullptr || !is_8bit(zero->dtype()) || zero->size() != 1) return false;
   }
-  const mx::array* w_scale = initializer(graph, node, kWScale);
+  const mx::array* w_scale = stored_input(graph, node, kWScale);
   if (w_scale == nullptr || w_scale->dtype() != mx::float32 || !per_tensor_or_channel(*w_scale, channels))
     return false;
   if (has_input(node, kWZero)) {
-    const mx::array* w_zero = initializer(graph, node, kWZero);
+    const mx::array* w_zero = stored_input(graph, node, kWZero);
     if (w_zero == nullptr || w_zero->dtype() != w->dtype() || !per_tensor_or_channel(*w_zero, channels))
       return false;
   }
   if (has_input(node, kBias)) {
-    const mx::array* bias = initializer(graph, node, kBias);
+    const mx::array* bias = stored_input(graph, node, kBias);
     if (bias == nullptr || bias->dtype() != mx::int32 || bias->shape() != mx::Shape{channels}) return false;
   }
   return true;
@@ -90,7 +81,7 @@ mx::array against_weight(const mx::array& p, const mx::array& w) {
 
 // The float nodes and initializers replacing one QLinearConv, in order.
 std::vector<Node> float_convolution(Graph& graph, ValueNames& names, const Node& q) {
-  const mx::array& w = *initializer(graph, q, kW);
+  const mx::array& w = *stored_input(graph, q, kW);
   const std::string base = q.name.empty() ? q.outputs[0] : q.name;
   const int opset = static_cast<int>(graph.opsets.at(""));
   auto constant = [&](const std::string& suffix, mx::array value) {
@@ -118,10 +109,11 @@ std::vector<Node> float_convolution(Graph& graph, ValueNames& names, const Node&
   out.push_back(node("DequantizeLinear", dequantize_inputs, x));
   mx::array weight = mx::astype(w, mx::float32);
   if (has_input(q, kWZero))
-    weight = mx::subtract(weight, mx::astype(against_weight(*initializer(graph, q, kWZero), w), mx::float32));
+    weight =
+        mx::subtract(weight, mx::astype(against_weight(*stored_input(graph, q, kWZero), w), mx::float32));
   std::vector<std::string> conv_inputs = {x, constant("/w_centered", weight)};
   if (has_input(q, kBias))
-    conv_inputs.push_back(constant("/bias", mx::astype(*initializer(graph, q, kBias), mx::float32)));
+    conv_inputs.push_back(constant("/bias", mx::astype(*stored_input(graph, q, kBias), mx::float32)));
   const std::string accumulator = names.fresh(base + "/accumulator");
   Node conv = node("Conv", conv_inputs, accumulator);
   conv.attributes =
@@ -129,8 +121,8 @@ std::vector<Node> float_convolution(Graph& graph, ValueNames& names, const Node&
   out.push_back(std::move(conv));
   // m = x_scale * w_scale / y_scale, per output channel [1, M, 1...] or per tensor.
   mx::array multiplier = mx::divide(
-      mx::multiply(mx::reshape(*initializer(graph, q, kXScale), {}), *initializer(graph, q, kWScale)),
-      mx::reshape(*initializer(graph, q, kYScale), {}));
+      mx::multiply(mx::reshape(*stored_input(graph, q, kXScale), {}), *stored_input(graph, q, kWScale)),
+      mx::reshape(*stored_input(graph, q, kYScale), {}));
   if (multiplier.size() == 1) {
     multiplier = mx::reshape(multiplier, {});
   } else {

@@ -609,10 +609,7 @@ OpOutputs packed_qmoe(NodeContext& ctx) {
   MoeShape d{};
   check_input_and_router(ctx, d);
   const MoeAttributes a = moe_attributes(ctx, d.experts);
-  const bool has_fc3 = ctx.has_input(kPackedFirst + 2 * kPackedPerProjection);
-  if (a.activation == MoeActivation::kSwiGlu && a.fusion == 0 && !has_fc3)
-    throw ctx.error("swiglu with swiglu_fusion=0 needs fc3 (the linear half)");
-  if (a.fused() && has_fc3) throw ctx.error("fc3 must be absent with swiglu_fusion=", a.fusion);
+  check_fc3_presence(ctx, a, kPackedFirst + 2 * kPackedPerProjection);
   std::optional<PackedExperts> fc2 = packed_experts(ctx, 1, d.experts, d.hidden, 0);
   if (!fc2) throw ctx.error("fc2's packed weights are required");
   d.inter = fc2->w.shape(2) * 32 / fc2->bits;
