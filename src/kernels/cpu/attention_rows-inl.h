@@ -54,7 +54,8 @@ inline void ScoreRowInPlace(const float* q, const float* k, int64_t keys, int64_
   }
 }
 
-// out[r, c..c + V * lanes) = sum_j p[r, j] * v[j, c..]: R x V accumulators. Accumulate adds the sum to
+// out[r, c..c + V * lanes) = sum_j p[r, j] * v[j, c..]: R x V accumulators (independent chains of
+// multiply-adds: R x V of at least 8 keeps both FMA units busy). Accumulate adds the sum to
 // what `out` holds (the values of a second run of keys).
 template <int R, int V, bool Accumulate = false>
 HWY_INLINE void ValueTile(const float* p, int64_t ld, int64_t keys, const float* v, int64_t dim, int64_t c0,
@@ -80,11 +81,14 @@ HWY_INLINE void ValueTile(const float* p, int64_t ld, int64_t keys, const float*
   }
 }
 
-template <int R, bool Accumulate = false>
+template <int R, bool Accumulate = false, int V = 2>
 HWY_INLINE void ValueRows(const float* p, int64_t ld, int64_t keys, const float* v, int64_t dim, float* out) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   int64_t c = 0;
-  for (; c + 2 * lanes <= dim; c += 2 * lanes) ValueTile<R, 2, Accumulate>(p, ld, keys, v, dim, c, out);
+  for (; c + V * lanes <= dim; c += V * lanes) ValueTile<R, V, Accumulate>(p, ld, keys, v, dim, c, out);
+  if constexpr (V > 2) {
+    for (; c + 2 * lanes <= dim; c += 2 * lanes) ValueTile<R, 2, Accumulate>(p, ld, keys, v, dim, c, out);
+  }
   for (; c + lanes <= dim; c += lanes) ValueTile<R, 1, Accumulate>(p, ld, keys, v, dim, c, out);
   for (; c < dim; ++c) {  // a head size that is not a whole number of vectors
     for (int r = 0; r < R; ++r) {

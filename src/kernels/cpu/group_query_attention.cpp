@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/attention_rows-inl.h"
@@ -103,10 +104,74 @@ struct GqaArgs {
   float scale, softcap;
 };
 
-// Per-thread scratch: the rotated query and one row of scores (+ the sink), padded to whole vectors.
-struct GqaScratch {
-  std::vector<float> query, scores;
+// The keys split into blocks (flash decoding): a work item is one block of one (batch row, kv head)
+// for all the query rows that share that kv head, so each key and value is read once per step and
+// both threads stream the cache even when there are fewer kv heads than threads.
+struct KeyBlocks {
+  int64_t first = 0;       // the first key any query may see
+  int64_t size = 0;        // keys per block
+  int64_t count = 0;       // blocks per (batch row, kv head)
+  int64_t group_rows = 0;  // query rows per kv head: (heads / kv_heads) x sequence
 };
+
+// Each item's results, per row of its group: the block's largest scaled score and the sum of
+// exp(score - that max) (`stats`, 2 floats; max = kNoKeys when the row saw no key of the block), and
+// sum_j exp(score_j - max) v_j (`values`, head_size floats). Item-major, then row.
+struct Partials {
+  float* stats;
+  float* values;
+};
+
+// The keys [lo, hi) that query i of batch row b may see in the present buffer.
+struct KeySpan {
+  int64_t lo = 0, hi = 0;
+};
+
+inline KeySpan keys_of(const GqaArgs& a, int64_t b, int64_t i) {
+  const int64_t position = a.rows.first_position(b) + i;
+  int64_t hi = std::min(a.rows.valid_keys(b), a.capacity);
+  if (a.causal) hi = std::min(hi, position + 1);
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, position - a.window + 1) : 0;
+  return {lo, hi};
+}
+
+// Row r of a kv head's query rows: head kv_head * (heads / kv_heads) + r / S, query r % S.
+struct GroupRow {
+  int64_t head = 0, query = 0;
+};
+
+inline GroupRow group_row(const GqaArgs& a, int64_t kv_head, int64_t r) {
+  return {kv_head * (a.heads / a.kv_heads) + r / a.rows.sequence, r % a.rows.sequence};
+}
+
+// A partial result's max when its row saw no keys in the block.
+constexpr float kNoKeys = -std::numeric_limits<float>::infinity();
+
+// Query row r of (batch row x kv head) `group`: its blocks' partial results merged into its output, the
+// sink's logit (if any) in the denominator; zeros when it saw no keys, as the composition's fully
+// masked rows.
+inline void MergeRow(const GqaArgs& a, const KeyBlocks& blocks, const Partials& partials, int64_t group,
+                     int64_t r) {
+  const int64_t dim = a.head_size, b = group / a.kv_heads;
+  const auto [h, i] = group_row(a, group % a.kv_heads, r);
+  float* out = a.out + ((b * a.rows.sequence + i) * a.heads + h) * dim;
+  auto row_of_block = [&](int64_t k) { return (group * blocks.count + k) * blocks.group_rows + r; };
+  float top = kNoKeys;
+  for (int64_t k = 0; k < blocks.count; ++k) top = std::max(top, partials.stats[2 * row_of_block(k)]);
+  std::fill(out, out + dim, 0.0f);
+  if (top == kNoKeys) return;
+  if (a.sink != nullptr) top = std::max(top, a.sink[h]);
+  float denominator = a.sink != nullptr ? std::exp(a.sink[h] - top) : 0.0f;
+  for (int64_t k = 0; k < blocks.count; ++k) {
+    const float* stats = partials.stats + 2 * row_of_block(k);
+    if (stats[0] == kNoKeys) continue;
+    const float weight = std::exp(stats[0] - top);
+    denominator += weight * stats[1];
+    const float* values = partials.values + row_of_block(k) * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d] += weight * values[d];
+  }
+  for (int64_t d = 0; d < dim; ++d) out[d] /= denominator;
+}
 
 }  // namespace transmuter::kernels
 #endif
@@ -115,47 +180,169 @@ HWY_BEFORE_NAMESPACE();
 namespace transmuter::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Query i of head h in batch row b, over the keys [lo, hi) it may see in the present buffer.
-void AttendQuery(const GqaArgs& a, int64_t b, int64_t h, int64_t i, GqaScratch& scratch) {
-  const int64_t dim = a.head_size;
-  const int64_t token = b * a.rows.sequence + i;
-  float* out = a.out + (token * a.heads + h) * dim;
-  const int64_t position = a.rows.first_position(b) + i;
-  int64_t hi = std::min(a.rows.valid_keys(b), a.capacity);
-  if (a.causal) hi = std::min(hi, position + 1);
-  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, position - a.window + 1) : 0;
-  if (hi <= lo) {  // nothing to attend: zeros, as the composition's fully masked rows
-    std::fill(out, out + dim, 0.0f);
-    return;
-  }
-  const int64_t keys = hi - lo;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
-  scratch.query.resize(static_cast<size_t>(dim));
-  scratch.scores.resize(static_cast<size_t>(keys + 1 + lanes));
-  float* q = scratch.query.data();
-  float* scores = scratch.scores.data();
-  a.rotary.rotate(a.q + token * a.q_stride + a.q_column + h * dim, dim, position, q);
+// The sums across the lanes of a0..a3, in lanes 0-3 of one 128-bit vector: pairs interleaved and added
+// within each 128-bit block (the four sums of a block's lanes side by side), then the blocks added. About
+// a third of the instructions of four separate reductions.
+#if HWY_TARGET != HWY_SCALAR
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE hn::Vec<hn::Full128<float>> SumsOfFour(D d, V a0, V a1, V a2, V a3) {
+  const hn::Repartition<uint64_t, D> du;
+  const V t0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const V t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto w0 = hn::BitCast(du, t0), w1 = hn::BitCast(du, t1);
+  const V u = hn::Add(hn::BitCast(d, hn::InterleaveLower(du, w0, w1)),
+                      hn::BitCast(d, hn::InterleaveUpper(du, w0, w1)));
+  const hn::Full128<float> d4;
+  HWY_ALIGN float blocks[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(u, d, blocks);
+  auto sums = hn::Load(d4, blocks);
+  for (size_t b = 4; b < hn::Lanes(d); b += 4) sums = hn::Add(sums, hn::Load(d4, blocks + b));
+  return sums;
+}
+#endif
 
-  const int64_t g = h / (a.heads / a.kv_heads);
-  const int64_t head_rows = (b * a.kv_heads + g) * a.capacity;
-  ScoreRowInPlace(q, a.key_cache + (head_rows + lo) * dim, keys, dim, scores);
-  for (int64_t j = 0; j < keys; ++j) {
+// scores[r * ld + j] = q_r . k_j for R query rows (head_size apart in q) over keys [0, n): each key row
+// is loaded once for every row, four keys at a time.
+template <int R>
+HWY_INLINE void ScoreRows(const float* q, const float* k, int64_t n, int64_t dim, float* scores, int64_t ld) {
+#if HWY_TARGET == HWY_SCALAR
+  for (int r = 0; r < R; ++r) ScoreRowInPlace(q + r * dim, k, n, dim, scores + r * ld);
+#else
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t whole = dim / lanes * lanes;
+  using Vec = hn::Vec<decltype(df)>;
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* key = k + j * dim;
+    Vec acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < 4; ++t) acc[r][t] = hn::Zero(df);
+    for (int64_t d = 0; d < whole; d += lanes) {
+      Vec kv[4];
+      for (int t = 0; t < 4; ++t) kv[t] = hn::LoadU(df, key + t * dim + d);
+      for (int r = 0; r < R; ++r) {
+        const Vec qv = hn::LoadU(df, q + r * dim + d);
+        for (int t = 0; t < 4; ++t) acc[r][t] = hn::MulAdd(qv, kv[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float* out = scores + r * ld + j;
+      hn::StoreU(SumsOfFour(df, acc[r][0], acc[r][1], acc[r][2], acc[r][3]), hn::Full128<float>(), out);
+      for (int64_t d = whole; d < dim; ++d) {  // a head size that is not a whole number of vectors
+        for (int t = 0; t < 4; ++t) out[t] += q[r * dim + d] * key[t * dim + d];
+      }
+    }
+  }
+  if (j < n) {
+    for (int r = 0; r < R; ++r) ScoreRowInPlace(q + r * dim, k + j * dim, n - j, dim, scores + r * ld + j);
+  }
+#endif
+}
+
+// Rows this target scores (and weighs values) at once: four where there are 32 vector registers.
+constexpr int kRowsAtOnce = HWY_MAX_BYTES >= 64 ? 4 : 2;
+
+// ScoreRows over any number of rows.
+void ScoreAllRows(const float* q, const float* k, int64_t rows, int64_t n, int64_t dim, float* scores,
+                  int64_t ld) {
+  int64_t r = 0;
+  for (; r + kRowsAtOnce <= rows; r += kRowsAtOnce)
+    ScoreRows<kRowsAtOnce>(q + r * dim, k, n, dim, scores + r * ld, ld);
+  for (; r + 2 <= rows; r += 2) ScoreRows<2>(q + r * dim, k, n, dim, scores + r * ld, ld);
+  if (r < rows) ScoreRows<1>(q + r * dim, k, n, dim, scores + r * ld, ld);
+}
+
+// scores[0, n) = softcap(scores * scale), -inf outside [lo, hi); returns their max.
+float ScaleScores(const GqaArgs& a, float* scores, int64_t n, int64_t lo, int64_t hi) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < lo; ++j) scores[j] = kNoKeys;
+  for (int64_t j = hi; j < n; ++j) scores[j] = kNoKeys;
+  int64_t j = lo;
+  float top = kNoKeys;
+  if (a.softcap <= 0) {
+    const auto scale = hn::Set(df, a.scale);
+    auto vmax = hn::Set(df, kNoKeys);
+    for (; j + lanes <= hi; j += lanes) {
+      const auto v = hn::Mul(hn::LoadU(df, scores + j), scale);
+      hn::StoreU(v, df, scores + j);
+      vmax = hn::Max(vmax, v);
+    }
+    top = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  }
+  for (; j < hi; ++j) {
     float score = scores[j] * a.scale;
     if (a.softcap > 0) score = a.softcap * std::tanh(score / a.softcap);
     scores[j] = score;
+    top = std::max(top, score);
   }
-  int64_t logits = keys;
-  if (a.sink != nullptr) scores[logits++] = a.sink[h];  // weight for the sink, no value
-  SoftmaxRow(scores, nullptr, 1.0f, logits, logits, EmptyRow::kZeros, scores);
-  ValueRows<1>(scores, 0, keys, a.value_cache + (head_rows + lo) * dim, dim, out);
+  return top;
 }
 
-void AttendQueries(const GqaArgs& a, int64_t begin, int64_t end) {
-  thread_local GqaScratch scratch;
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t i = item % a.rows.sequence, head = item / a.rows.sequence;
-    AttendQuery(a, head / a.heads, head % a.heads, i, scratch);
+// sum_j p[r, j] v[j, :] for rows [0, rows) of p (leading dimension ld) into out[r, :] (head_size apart):
+// up to 4 rows at once, so each value row loaded serves every row's accumulators, and wider column tiles
+// for one or two rows, so that there are enough independent multiply-adds in flight.
+void ValuesOfRows(const float* p, int64_t ld, int64_t rows, int64_t keys, const float* v, int64_t dim,
+                  float* out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) ValueRows<4>(p + r * ld, ld, keys, v, dim, out + r * dim);
+  if (rows - r == 3) ValueRows<3>(p + r * ld, ld, keys, v, dim, out + r * dim);
+  if (rows - r == 2) ValueRows<2, false, 4>(p + r * ld, ld, keys, v, dim, out + r * dim);
+  if (rows - r == 1) ValueRows<1, false, 4>(p + r * ld, ld, keys, v, dim, out + r * dim);
+}
+
+// Work item `item` = (batch row x kv head) x blocks.count + block, for every query row of the group:
+// the scores over the block's keys that any row sees (the others' -inf), their exponentials, and the
+// products with the values.
+void AttendBlock(const GqaArgs& a, const KeyBlocks& blocks, const float* queries, const Partials& partials,
+                 int64_t item, std::vector<float>& scores) {
+  const int64_t dim = a.head_size, rows = blocks.group_rows;
+  const int64_t group = item / blocks.count, b = group / a.kv_heads, g = group % a.kv_heads;
+  const int64_t start = blocks.first + item % blocks.count * blocks.size;
+  const int64_t end = std::min(start + blocks.size, a.capacity);
+  // The keys of the block that some row sees.
+  int64_t lo = end, hi = start;
+  for (int64_t i = 0; i < a.rows.sequence; ++i) {
+    const KeySpan seen = keys_of(a, b, i);
+    lo = std::min(lo, std::max(seen.lo, start));
+    hi = std::max(hi, std::min(seen.hi, end));
   }
+  float* stats = partials.stats + 2 * item * rows;
+  for (int64_t r = 0; r < rows; ++r) stats[2 * r] = kNoKeys, stats[2 * r + 1] = 0.0f;
+  if (hi <= lo) return;
+  const int64_t keys = hi - lo;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  const int64_t ld = (keys + lanes - 1) / lanes * lanes;
+  scores.resize(static_cast<size_t>(rows * ld + lanes));
+  const int64_t head_rows = (b * a.kv_heads + g) * a.capacity;
+  ScoreAllRows(queries + group * rows * dim, a.key_cache + (head_rows + lo) * dim, rows, keys, dim,
+               scores.data(), ld);
+  bool any = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = scores.data() + r * ld;
+    const KeySpan seen = keys_of(a, b, group_row(a, g, r).query);
+    const int64_t row_lo = std::clamp(seen.lo, lo, hi) - lo, row_hi = std::clamp(seen.hi, lo, hi) - lo;
+    const float top = row_hi > row_lo ? ScaleScores(a, row, keys, row_lo, row_hi) : kNoKeys;
+    if (top == kNoKeys) {  // no key of the block for this row (or every score -inf): zero weights
+      std::fill(row, row + keys, 0.0f);
+      continue;
+    }
+    stats[2 * r] = top;
+    stats[2 * r + 1] = ExpInPlace(row, keys, top);
+    any = true;
+  }
+  if (any)
+    ValuesOfRows(scores.data(), ld, rows, keys, a.value_cache + (head_rows + lo) * dim, dim,
+                 partials.values + item * rows * dim);
+}
+
+// Work items [begin, end) (AttendBlock); `queries`: the step's rotated queries, each kv head's rows
+// together [B, Kv, (N / Kv) x S, H] (rows as group_row numbers them).
+void AttendBlocks(const GqaArgs& a, const KeyBlocks& blocks, const float* queries, const Partials& partials,
+                  int64_t begin, int64_t end) {
+  thread_local std::vector<float> scores;
+  for (int64_t item = begin; item < end; ++item) AttendBlock(a, blocks, queries, partials, item, scores);
 }
 
 }  // namespace transmuter::kernels::HWY_NAMESPACE
@@ -168,7 +355,7 @@ HWY_AFTER_NAMESPACE();
 
 namespace transmuter::kernels {
 
-HWY_EXPORT(AttendQueries);
+HWY_EXPORT(AttendBlocks);
 
 namespace {
 
@@ -177,6 +364,25 @@ namespace {
 int64_t grain_for(int64_t work_per_item) {
   constexpr int64_t kChunkWork = int64_t{1} << 16;
   return std::max<int64_t>(1, kChunkWork / std::max<int64_t>(1, work_per_item));
+}
+
+// The blocks a step's keys split into: about 8 items per thread over all (batch row, kv head) pairs, so
+// the threads share the cache's reads evenly, in blocks of at least 64 keys (whole vectors): below that
+// the per-block costs (scores' set-up, the exponentials' tail, the merge) outweigh the balance.
+KeyBlocks key_blocks(const GqaArgs& a) {
+  int64_t first = a.capacity, end = 0;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    first = std::min(first, keys_of(a, b, 0).lo);
+    for (int64_t i = 0; i < a.rows.sequence; ++i) end = std::max(end, keys_of(a, b, i).hi);
+  }
+  const int64_t span = std::max<int64_t>(end - first, 1);
+  const int64_t groups = a.batch * a.kv_heads;
+  const int64_t wanted = std::max<int64_t>(1, (8 * kernel_threads() + groups - 1) / groups);
+  const int64_t size = std::max<int64_t>(64, ((span + wanted - 1) / wanted + 15) / 16 * 16);
+  return {.first = std::min(first, end),
+          .size = size,
+          .count = (span + size - 1) / size,
+          .group_rows = a.heads / a.kv_heads * a.rows.sequence};
 }
 
 Rotary rotary_of(bool rotate, bool interleaved, const mx::array& cos, const mx::array& sin) {
@@ -248,10 +454,32 @@ class GroupQueryAttentionKernel : public CpuKernel {
     a.scale = spec_.scale;
     a.softcap = spec_.softcap;
     return [a] {
-      const int64_t work = 2 * a.capacity * a.head_size;
-      parallel_for(a.batch * a.heads * a.rows.sequence, grain_for(work), [&](int64_t begin, int64_t end) {
-        HWY_DYNAMIC_DISPATCH(AttendQueries)(a, begin, end);
+      const KeyBlocks blocks = key_blocks(a);
+      // The calling thread's buffer, passed by pointer (each pool thread has its own thread_local):
+      // the rotated queries, then the partial results.
+      thread_local std::vector<float> buffer;
+      const int64_t groups = a.batch * a.kv_heads, query_rows = a.batch * a.rows.sequence * a.heads;
+      const int64_t partial_rows = groups * blocks.count * blocks.group_rows;
+      buffer.resize(static_cast<size_t>((query_rows + partial_rows) * a.head_size + 2 * partial_rows));
+      float* queries = buffer.data();
+      float* stats = queries + query_rows * a.head_size;
+      const Partials partials{stats, stats + 2 * partial_rows};
+      for (int64_t row = 0; row < query_rows; ++row) {  // group-major: AttendBlocks' layout
+        const int64_t group = row / blocks.group_rows, b = group / a.kv_heads;
+        const auto [h, i] = group_row(a, group % a.kv_heads, row % blocks.group_rows);
+        const int64_t token = b * a.rows.sequence + i;
+        a.rotary.rotate(a.q + token * a.q_stride + a.q_column + h * a.head_size, a.head_size,
+                        a.rows.first_position(b) + i, queries + row * a.head_size);
+      }
+      const int64_t work = 2 * blocks.group_rows * blocks.size * a.head_size;
+      parallel_for(groups * blocks.count, grain_for(work), [&](int64_t begin, int64_t end) {
+        HWY_DYNAMIC_DISPATCH(AttendBlocks)(a, blocks, queries, partials, begin, end);
       });
+      parallel_for(groups * blocks.group_rows, grain_for(blocks.count * a.head_size),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t item = begin; item < end; ++item)
+                       MergeRow(a, blocks, partials, item / blocks.group_rows, item % blocks.group_rows);
+                   });
     };
   }
 

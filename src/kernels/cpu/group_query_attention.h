@@ -18,10 +18,13 @@
 // outputs are the input's sole holders (a primitive's sibling outputs each hold its inputs).
 // The composition does this in ~40 MLX ops per layer (slices, rotary halves, masks, selects); a
 // decode step of a 30-layer model replays all of them on the calling thread, which measured as the
-// step's bottleneck (docs/llm_performance.md). Work items are (batch, head, query) rows; each row
-// reads its keys where they are in the present buffer (ScoreRowInPlace), so the kernel suits the
-// few queries of a decode step; long prompts go through the composition and the tiled attention
-// kernel instead (the caller chooses).
+// step's bottleneck (docs/llm_performance.md). The attention splits the keys into blocks (flash
+// decoding): a work item is one block of one (batch row, kv head) for all the query rows that share the
+// kv head, which read its keys and values once, where they are in the present buffer, and leave a
+// partial softmax (max, sum, weighted values) that a second pass merges per row. So the threads share
+// the cache's reads evenly however few kv heads there are; the kernel suits the few queries of a
+// decode step, and long prompts go through the composition and the tiled attention kernel instead (the
+// caller chooses). bench/gqa_bench times it by cache length.
 #pragma once
 
 #include <cstdint>

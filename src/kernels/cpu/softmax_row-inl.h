@@ -20,6 +20,7 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -32,42 +33,14 @@ namespace hn = hwy::HWY_NAMESPACE;
 // -inf) gives).
 enum class EmptyRow { kZeros, kNaN };
 
-// y[0, n) = softmax over x[0, allowed) * scale + mask (mask may be null), and
-// zeros over [allowed, n). y may alias x.
-inline void SoftmaxRow(const float* x, const float* mask, float scale, int64_t n, int64_t allowed,
-                       EmptyRow empty, float* y) {
+// y[0, n) = exp(y - row_max) in place, row_max finite and >= every y; returns their sum. Two
+// accumulators for latency; a partial last vector goes through a buffer padded with -inf (exp(-inf) = 0).
+inline float ExpInPlace(float* y, int64_t n, float row_max) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  // A partial last vector goes through this buffer, padded with -inf (which
-  // leaves the max alone and adds exp(-inf) = 0 to the sum).
   HWY_ALIGN float tail[HWY_MAX_BYTES / sizeof(float)];
-  const int64_t full = allowed - allowed % lanes;
-  const int64_t rest = allowed - full;
-
-  // Pass 1: v = x * scale + mask, written to y; the running max.
-  const auto k = hn::Set(df, scale);
-  auto vmax = hn::Set(df, kNegInf);
-  for (int64_t j = 0; j < full; j += lanes) {
-    auto v = hn::Mul(hn::LoadU(df, x + j), k);
-    if (mask != nullptr) v = hn::Add(v, hn::LoadU(df, mask + j));
-    vmax = hn::Max(vmax, v);
-    hn::StoreU(v, df, y + j);
-  }
-  if (rest > 0) {
-    for (int64_t i = 0; i < lanes; ++i) {
-      tail[i] = i < rest ? x[full + i] * scale + (mask != nullptr ? mask[full + i] : 0.0f) : kNegInf;
-    }
-    vmax = hn::Max(vmax, hn::Load(df, tail));
-  }
-  const float row_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
-  if (row_max == kNegInf) {
-    const float fill = empty == EmptyRow::kZeros ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-    for (int64_t j = 0; j < n; ++j) y[j] = fill;  // the composition's -inf row: all NaN
-    return;
-  }
-
-  // Pass 2: e = exp(v - max) over y; the sum (two accumulators for latency).
+  const int64_t full = n - n % lanes;
+  const int64_t rest = n - full;
   const auto m = hn::Set(df, row_max);
   auto sum0 = hn::Zero(df), sum1 = hn::Zero(df);
   int64_t j = 0;
@@ -85,12 +58,48 @@ inline void SoftmaxRow(const float* x, const float* mask, float scale, int64_t n
     hn::StoreU(e, df, y + j);
   }
   if (rest > 0) {
+    for (int64_t i = 0; i < lanes; ++i)
+      tail[i] = i < rest ? y[full + i] : -std::numeric_limits<float>::infinity();
     const auto e = hn::Exp(df, hn::Sub(hn::Load(df, tail), m));
     sum1 = hn::Add(sum1, e);
     hn::Store(e, df, tail);
     for (int64_t i = 0; i < rest; ++i) y[full + i] = tail[i];
   }
-  const float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(sum0, sum1)));
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(sum0, sum1)));
+}
+
+// y[0, n) = softmax over x[0, allowed) * scale + mask (mask may be null), and
+// zeros over [allowed, n). y may alias x.
+inline void SoftmaxRow(const float* x, const float* mask, float scale, int64_t n, int64_t allowed,
+                       EmptyRow empty, float* y) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t full = allowed - allowed % lanes;
+
+  // Pass 1: v = x * scale + mask, written to y; the running max.
+  const auto k = hn::Set(df, scale);
+  auto vmax = hn::Set(df, kNegInf);
+  int64_t j = 0;
+  for (; j < full; j += lanes) {
+    auto v = hn::Mul(hn::LoadU(df, x + j), k);
+    if (mask != nullptr) v = hn::Add(v, hn::LoadU(df, mask + j));
+    vmax = hn::Max(vmax, v);
+    hn::StoreU(v, df, y + j);
+  }
+  float row_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  for (; j < allowed; ++j) {
+    y[j] = x[j] * scale + (mask != nullptr ? mask[j] : 0.0f);
+    row_max = std::max(row_max, y[j]);
+  }
+  if (row_max == kNegInf) {
+    const float fill = empty == EmptyRow::kZeros ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    for (j = 0; j < n; ++j) y[j] = fill;  // the composition's -inf row: all NaN
+    return;
+  }
+
+  // Pass 2: e = exp(v - max) over y; the sum.
+  const float sum = ExpInPlace(y, allowed, row_max);
 
   // Pass 3: normalize (sum >= 1: the max contributes exp(0)).
   const auto inv = hn::Set(df, 1.0f / sum);

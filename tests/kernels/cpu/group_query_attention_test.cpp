@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/random_arrays.h"
+#include "support/simd_targets.h"
 
 namespace transmuter::kernels {
 namespace {
@@ -228,27 +229,54 @@ TEST(GroupQueryAttentionKernel, MatchesOrtsContract) {
        -1,
        0.0f,
        true},
+      // A long cache: the keys split into several blocks per kv head (ragged rows: some blocks of the
+      // shorter row see no keys).
+      {"decode_long_ragged", 2, 1, 9, 3, 64, 400, 400, {390, 250}, false, true, true, 32},
+      // Qwen2.5-0.5B's groups of 7 query heads (scored 4 + 2 + 1 at a time), a head size off the lanes.
+      {"decode_groups_of_seven", 1, 1, 14, 2, 20, 150, 150, {149}, false, false, true, 8},
+      // Several steps' queries over a long cache, a window that starts inside a block, softcap, sink.
+      {"steps_long_window_softcap_sink",
+       1,
+       4,
+       4,
+       2,
+       16,
+       300,
+       300,
+       {280},
+       false,
+       false,
+       true,
+       8,
+       false,
+       100,
+       2.0f,
+       true},
       // A length past the buffer (a traced bad seqlens_k): nothing is written outside.
       {"length_past_buffer", 1, 1, 2, 1, 8, 4, 4, {9}, false, false, true, 4},
   };
-  uint64_t seed = 100;
-  for (const Case& c : cases) {
-    GroupQueryAttentionSpec spec;
-    const Inputs in = make_inputs(c, spec, seed += 10);
-    bool reference_ran = false;
-    Reference reference = [&](const std::vector<mx::array>& x) {
-      reference_ran = true;
-      return std::vector<mx::array>{x[0]};
-    };
-    std::vector<mx::array> got = step(in, spec, reference);
-    ASSERT_FALSE(reference_ran) << c.name << ": the kernel did not take these inputs";
-    std::vector<mx::array> want = expected(in, spec);
-    ASSERT_EQ(got.size(), 3u) << c.name;
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_EQ(got[i].shape(), want[i].shape()) << c.name << " output " << i;
-      EXPECT_LT(max_abs_diff(got[i], want[i]), kTolerance) << c.name << " output " << i;
+  // Every SIMD target's code: the rows scored four, two or one at a time, vectors of 16, 8 or 4 lanes.
+  const int targets = testing::for_each_simd_target([&](const std::string& target) {
+    uint64_t seed = 100;
+    for (const Case& c : cases) {
+      GroupQueryAttentionSpec spec;
+      const Inputs in = make_inputs(c, spec, seed += 10);
+      bool reference_ran = false;
+      Reference reference = [&](const std::vector<mx::array>& x) {
+        reference_ran = true;
+        return std::vector<mx::array>{x[0]};
+      };
+      std::vector<mx::array> got = step(in, spec, reference);
+      ASSERT_FALSE(reference_ran) << c.name << ": the kernel did not take these inputs";
+      std::vector<mx::array> want = expected(in, spec);
+      ASSERT_EQ(got.size(), 3u) << c.name;
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(got[i].shape(), want[i].shape()) << target << " " << c.name << " output " << i;
+        EXPECT_LT(max_abs_diff(got[i], want[i]), kTolerance) << target << " " << c.name << " output " << i;
+      }
     }
-  }
+  });
+  EXPECT_GE(targets, 1);
 }
 
 // Views (a transposed source) are copied dense before the kernel reads them.

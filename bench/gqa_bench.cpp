@@ -1,0 +1,111 @@
+// The GroupQueryAttention kernel (src/kernels/cpu/group_query_attention.h) at a decode step, on its
+// own: one query token over a cache of K keys, as a decoder's layers call it.
+//
+// usage: gqa_bench [--runs N] [--layers L] [--heads N] [--kv-heads KV] [--head-size H] [KEYS ...]
+// --layers L: L distinct caches used in turn (a 30-layer model's caches do not stay in the caches of
+// the CPU between one layer's step and the next), default 30; shapes default to SmolLM2-135M's
+// (9 heads on 3, head size 64, rotary halves).
+// Prints one JSON object per KEYS: median and fastest microseconds of one call (mx::eval of
+// kernels::group_query_attention on the CPU stream), and the cache bytes it reads.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "kernels/cpu/group_query_attention.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace mx = mlx::core;
+namespace tk = transmuter::kernels;
+
+namespace {
+
+struct Options {
+  int runs = 300, layers = 30, heads = 9, kv_heads = 3, head_size = 64;
+  std::vector<int> keys;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&] {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "gqa_bench: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return std::atoi(argv[++i]);
+    };
+    if (arg == "--runs")
+      o.runs = value();
+    else if (arg == "--layers")
+      o.layers = value();
+    else if (arg == "--heads")
+      o.heads = value();
+    else if (arg == "--kv-heads")
+      o.kv_heads = value();
+    else if (arg == "--head-size")
+      o.head_size = value();
+    else
+      o.keys.push_back(std::atoi(arg.c_str()));
+  }
+  if (o.keys.empty()) o.keys = {128, 512, 2048};
+  return o;
+}
+
+void bench(const Options& o, int keys) {
+  const int capacity = keys, h = o.head_size;
+  tk::GroupQueryAttentionSpec spec{.heads = o.heads,
+                                   .kv_heads = o.kv_heads,
+                                   .head_size = h,
+                                   .capacity = capacity,
+                                   .scale = 0.125f,
+                                   .rotary = true};
+  mx::array q = mx::random::normal({1, 1, o.heads * h});
+  mx::array seqlens = mx::array({keys - 1}, mx::int32);
+  mx::array cos = mx::cos(mx::random::normal({capacity, h / 2}));
+  mx::array sin = mx::sin(mx::random::normal({capacity, h / 2}));
+  mx::array sink = mx::array(0.0f);
+  std::vector<mx::array> key_caches, value_caches;
+  for (int l = 0; l < o.layers; ++l) {
+    key_caches.push_back(mx::random::normal({1, o.kv_heads, capacity, h}));
+    value_caches.push_back(mx::random::normal({1, o.kv_heads, capacity, h}));
+  }
+  mx::eval({q, seqlens, cos, sin});
+  mx::eval(key_caches);
+  mx::eval(value_caches);
+  tk::Reference no_reference = [](const std::vector<mx::array>&) -> std::vector<mx::array> {
+    std::fprintf(stderr, "gqa_bench: the kernel did not take these inputs\n");
+    std::exit(1);
+  };
+  std::vector<double> us;
+  for (int run = 0; run < o.runs + 10; ++run) {
+    const int l = run % o.layers;
+    mx::array y = tk::group_query_attention({q, key_caches[l], value_caches[l], seqlens, cos, sin, sink},
+                                            spec, no_reference, mx::Device::cpu);
+    const auto t0 = std::chrono::steady_clock::now();
+    mx::eval(y);
+    const double elapsed =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    if (run >= 10) us.push_back(elapsed);  // the first calls warm the pool and the allocator
+  }
+  std::sort(us.begin(), us.end());
+  std::printf(
+      "{\"keys\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_size\": %d, \"threads\": %d, \"layers\": %d, "
+      "\"cache_bytes\": %lld, \"median_us\": %.2f, \"best_us\": %.2f}\n",
+      keys, o.heads, o.kv_heads, h, tk::kernel_threads(), o.layers, 2LL * o.kv_heads * keys * h * 4,
+      us[us.size() / 2], us.front());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  for (int keys : o.keys) bench(o, keys);
+  return 0;
+}
