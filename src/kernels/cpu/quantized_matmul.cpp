@@ -194,7 +194,7 @@ struct ChunkGroups {
 // y[row0 + r, col0 + c] for r < R, c < C: one pass over C rows of w, each
 // vector of words unpacked once and multiplied into R rows of x.
 template <int kBits, int R, int C>
-HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
+HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0, const ChunkGroups& split) {
   const D d;
   const DU du;
   constexpr int kPlanes = 32 / kBits;
@@ -232,7 +232,6 @@ HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
     }
   } else {
     // A chunk spans several groups: lane i's scale is that of group i / words_per_group of the chunk.
-    const ChunkGroups split(words_per_group);
     const int64_t chunks = (words + lanes - 1) / lanes;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const int64_t valid = std::min(lanes, words - chunk * lanes);
@@ -267,9 +266,10 @@ HWY_INLINE void Columns(const QuantizedArgs& a, int64_t row0, int64_t col0) {
 
 template <int kBits, int R, int C>
 void ColumnRange(const QuantizedArgs& a, int64_t row0, int64_t col0, int64_t cols) {
+  const ChunkGroups split(a.group_size * kBits / 32);
   int64_t c = col0;
-  for (; c + C <= col0 + cols; c += C) Columns<kBits, R, C>(a, row0, c);
-  for (; c < col0 + cols; ++c) Columns<kBits, R, 1>(a, row0, c);
+  for (; c + C <= col0 + cols; c += C) Columns<kBits, R, C>(a, row0, c, split);
+  for (; c < col0 + cols; ++c) Columns<kBits, R, 1>(a, row0, c, split);
 }
 
 // Columns [col0, col0 + cols) of y for every row: tiles of up to kGemvRows
@@ -437,7 +437,8 @@ HWY_INLINE void ByteRunProducts(const uint32_t* w, const float* scales, const in
 // in Columns (biases[col, g] * xsum[g]). kRun: the words of a group when a chunk holds several groups
 // and whole runs of groups are scaled a run at a time (ByteRunProducts), else 0.
 template <int kBits, int kRun>
-HWY_INLINE void ByteColumn(const QuantizedArgs& a, int64_t row, int64_t col, const RunTables<kRun>& tables) {
+HWY_INLINE void ByteColumn(const QuantizedArgs& a, int64_t row, int64_t col, const RunTables<kRun>& tables,
+                           const ChunkGroups& split) {
   const D d;
   const DI di;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -467,7 +468,6 @@ HWY_INLINE void ByteColumn(const QuantizedArgs& a, int64_t row, int64_t col, con
       ByteRunProducts<kBits, kRun>(w, scales, x, xscale, runs, tables, acc);
       chunk = runs * kRun;
     }
-    const ChunkGroups split(words_per_group);
     const int64_t chunks = (words + lanes - 1) / lanes;
     for (; chunk < chunks; ++chunk) {
       const int64_t valid = std::min(lanes, words - chunk * lanes);
@@ -495,11 +495,15 @@ HWY_INLINE void ByteColumn(const QuantizedArgs& a, int64_t row, int64_t col, con
 // whenever the weights came from memory, as in a decode step (quantized_matmul_bench --int8, 2 threads,
 // 24-32 weights in turn: 4-bit 4096x4096 1.01 -> 0.66 ms, 4864x896 0.36 -> 0.20; 8-bit 4096x4096
 // 1.15 -> 0.88, 896x9728 0.89 -> 0.51), for a few percent more time with the weights in cache.
+// The lane tables are built once per block of columns, not per column: building one is a row of scalar
+// stores read back as one vector, a store-forwarding stall that measured ~28 % of the GEMV's samples at
+// K = 576 (perf annotate, quantized_matmul_bench 1x576x576).
 template <int kBits, int kRun>
 void ByteGemvColumns(const QuantizedArgs& a, int64_t col0, int64_t cols) {
   const RunTables<kRun> tables;
+  const ChunkGroups split(a.group_size * kBits / 32);
   for (int64_t r = 0; r < a.m; ++r) {
-    for (int64_t c = col0; c < col0 + cols; ++c) ByteColumn<kBits, kRun>(a, r, c, tables);
+    for (int64_t c = col0; c < col0 + cols; ++c) ByteColumn<kBits, kRun>(a, r, c, tables, split);
   }
 }
 
