@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_rows-inl.h"
+#include "kernels/cpu/lane_sums-inl.h"
 #include "kernels/cpu/softmax_row-inl.h"
 
 #ifndef TRANSMUTER_KERNELS_CPU_GROUP_QUERY_ATTENTION_ARGS
@@ -183,24 +184,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 // The sums across the lanes of a0..a3, in lanes 0-3 of one 128-bit vector: pairs interleaved and added
 // within each 128-bit block (the four sums of a block's lanes side by side), then the blocks added. About
 // a third of the instructions of four separate reductions.
-#if HWY_TARGET != HWY_SCALAR
-template <class D, class V = hn::Vec<D>>
-HWY_INLINE hn::Vec<hn::Full128<float>> SumsOfFour(D d, V a0, V a1, V a2, V a3) {
-  const hn::Repartition<uint64_t, D> du;
-  const V t0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
-  const V t1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
-  const auto w0 = hn::BitCast(du, t0), w1 = hn::BitCast(du, t1);
-  const V u = hn::Add(hn::BitCast(d, hn::InterleaveLower(du, w0, w1)),
-                      hn::BitCast(d, hn::InterleaveUpper(du, w0, w1)));
-  const hn::Full128<float> d4;
-  HWY_ALIGN float blocks[HWY_MAX_BYTES / sizeof(float)];
-  hn::Store(u, d, blocks);
-  auto sums = hn::Load(d4, blocks);
-  for (size_t b = 4; b < hn::Lanes(d); b += 4) sums = hn::Add(sums, hn::Load(d4, blocks + b));
-  return sums;
-}
-#endif
-
 // scores[r * ld + j] = q_r . k_j for R query rows (head_size apart in q) over keys [0, n): each key row
 // is loaded once for every row, four keys at a time.
 template <int R>
