@@ -21,6 +21,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BLAS_THREADING_DIR = REPO_ROOT / "bench/results/blas_threading"
+Q4_DIR = REPO_ROOT / "bench/results/q4"
+LLM_DIR = REPO_ROOT / "bench/results/llm"
 BLAS_SUMMARY = REPO_ROOT / "bench/results/summary.md"
 # Issue 8's targets ("How it is checked").
 TARGETS = {"encoder": 0.9, "vit": 0.9, "cnn": 1.0}
@@ -192,7 +194,10 @@ def agreement_section(data: dict) -> list[str]:
              "`transmuter run --output-dir` in each mode on the benchmark's inputs. Flagged when it exceeds "
              f"{AGREEMENT_TOL:g} × max(1, max |ORT|) for a float output (integer outputs must match exactly): "
              "the engines sum in different orders, which costs a few ulps per op in fp32, not more. "
-             "max |ORT| is over the float outputs.", "",
+             "max |ORT| is over the float outputs. A statically quantized export in QDQ form computes in float "
+             "between its QuantizeLinear nodes, so a sum in another order can flip one rounding to int8 and move "
+             "the output by a step of its quantization scale (mobilenetv2_int8_qdq: ~0.014, with the passes on "
+             "or off; its QOperator form, integer throughout, matches exactly).", "",
              "| case | eager | compiled | max \\|ORT\\| | agrees |", "|---|---:|---:|---:|---|"]
     for c in ok_cases(data):
         eager, ref, eager_ok = worst_diff(c, "eager")
@@ -333,6 +338,60 @@ def blas_threading_section() -> list[str]:
     return lines
 
 
+def newest_llm_runs() -> dict[str, tuple[Path, dict]]:
+    """The newest bench/llm_bench.py run per model (the SmolLM2 and Qwen2.5 shapes), by the doc it wrote."""
+    runs: dict[str, tuple[Path, dict]] = {}
+    for path in sorted(LLM_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        model = data["builds"][0].get("model") if data.get("builds") else None
+        if isinstance(model, dict):  # runs before 2026-12-03 did not record the model
+            runs[model["name"]] = (path, data)
+    return runs
+
+
+def quantized_section() -> list[str]:
+    """Issue 7's figures: the q4 GEMV against the memory bandwidth and the LLM decode against ORT, from the
+    newest bench/q4_bench.py and bench/llm_bench.py runs (their own pages have every column)."""
+    lines = ["## Quantized products and LLM decoding (bench/q4_bench.py, bench/llm_bench.py)", "",
+             "Summaries of the newest runs of the two LLM benchmarks; every column, the method and the per-round "
+             "figures are in [quantized_performance.md](quantized_performance.md), "
+             "[llm_performance.md](llm_performance.md) and "
+             "[llm_performance_qwen2_5_0_5b.md](llm_performance_qwen2_5_0_5b.md). Targets (issue 7): the q4 GEMV "
+             "at M = 1 from memory at >= 70 % of the measured read bandwidth; int8 and q4 decode <= 1.0x ORT's "
+             "per token; the q4 decoder's peak RSS <= 1.2x (file + KV cache)."]
+    q4_runs = sorted(Q4_DIR.glob("*.json"))
+    if q4_runs:
+        data = json.loads(q4_runs[-1].read_text())
+        load = data["load_before"].split("load average:")[-1].strip()
+        lines += ["", f"q4 GEMV, run `{relative(q4_runs[-1])}` ({data['cpu']}, load average {load} before): "
+                  f"read bandwidth {data['bandwidth']['read_gbps']:.1f} GB/s.", "",
+                  "| shape | weights | Transmuter level 0 | Transmuter level 4 | ORT level 0 | ORT level 4 |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for case in data["cases"]:
+            engines = case["engines"]
+            where = "from memory" if case["layers"] > 1 else "in cache"
+
+            def cell(name: str) -> str:
+                e = engines[name]
+                return f"{e['median_ms']:.3f} ms, {100 * e['share_of_bandwidth']:.0f} %"
+            lines.append(f"| {case['m']}x{case['k']}x{case['n']} | {where} | {cell('transmuter')} | "
+                         f"{cell('transmuter_int8')} | {cell('ort_fp32')} | {cell('ort_int8')} |")
+        lines += ["", "(% of the read bandwidth; at M = 128 the products are compute-bound and the share means little.)"]
+    for model, (path, data) in newest_llm_runs().items():
+        machine = data["machine_before"]
+        lines += ["", f"Decode, {model}: run `{relative(path)}`, {data['rounds']} rounds, {machine['cpu']}, load "
+                  f"{machine['loadavg'][0]:.2f} before and {data['machine_after']['loadavg'][0]:.2f} after, "
+                  f"prompt {data['prompt_tokens']} tokens + {data['new_tokens']} new, {data['threads']} threads.", "",
+                  "| build | decode ms/token (T / ORT) | ratio | prefill ratio | peak RSS / (file + KV) |",
+                  "|---|---:|---:|---:|---:|"]
+        for build in data["builds"]:
+            summary = build["summary"]
+            lines.append(f"| {build['build']} | {summary['transmuter']['decode_ms']:.2f} / "
+                         f"{summary['ort']['decode_ms']:.2f} | **{summary['decode_ratio']:.2f}** | "
+                         f"{summary['prefill_ratio']:.2f} | {summary['rss_over_file_plus_kv']:.2f} |")
+    return lines + [""]
+
+
 def method_section() -> list[str]:
     return ["## Method and models", "",
             "- **Threads**: ORT `intra_op_num_threads = 2`, `inter_op_num_threads = 1`; Transmuter "
@@ -424,7 +483,8 @@ def render(data: dict, source: Path | str | None = None) -> str:
     if "runs" not in data:
         data = merge([(data, source or "(unsaved)")])
     sections = [header(data), targets_section(data), latency_section(data), agreement_section(data),
-                first_call_section(data), load_section(data), rss_section(data), method_section(), profile_section(),
+                first_call_section(data), load_section(data), rss_section(data), quantized_section(), method_section(),
+                profile_section(),
                 blas_section(), blas_threading_section(), reproduce_section()]
     return "\n".join(line for section in sections for line in section)
 

@@ -26,6 +26,8 @@ what a PyTorch (opset 17) export produces, so the same patterns reach Transmuter
            Erf GELU, layer scale, residual; used for the first-compile latency.
   minilm_l6_int8  minilm_l6 through ONNX Runtime's quantize_dynamic (int8 weights), as the Hub's
            `model_quantized.onnx` exports are made.
+  mobilenetv2_int8_qdq, mobilenetv2_int8_qoperator  mobilenetv2 through ONNX Runtime's
+           quantize_static (QDQ and QOperator formats), as its tools write an int8 CNN.
 
     .venv/bin/python bench/make_bench_models.py [NAME ...] [--out-dir .cache/bench-models]
 Writes <out-dir>/<NAME>.onnx (skips existing files unless --force); prints the paths.
@@ -343,6 +345,32 @@ def dynamic_int8(float_model: str):
         return onnx.load(str(target))
 
 
+def static_int8(float_model: str, quant_format: str):
+    """ONNX Runtime's quantize_static of an image bench model, in the QDQ or QOperator format (uint8
+    activations, int8 per-channel weights, calibrated on 4 seeded random batch-1 images): what ORT's
+    tools write for an int8 CNN (QuantizeLinear/DequantizeLinear pairs around float ops, or QLinearConv)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    import tempfile
+
+    source = ensure_model(float_model)
+    graph_input = onnx.load(str(source), load_external_data=False).graph.input[0]
+    shape = [1 if not d.dim_value else d.dim_value for d in graph_input.type.tensor_type.shape.dim]
+
+    class SeededImages(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter({graph_input.name: np.random.default_rng(100 + i).standard_normal(shape)
+                                 .astype(np.float32)} for i in range(4))
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "quantized.onnx"
+        quantize_static(str(source), str(target), SeededImages(), quant_format=getattr(QuantFormat, quant_format),
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
+        return onnx.load(str(target))
+
+
 MODELS = {
     "tiny_encoder": lambda: bert_encoder(layers=2, hidden=64, heads=4, ffn_dim=256, vocab=1000, max_positions=128),
     "minilm_l6": lambda: bert_encoder(layers=6, hidden=384, heads=12, ffn_dim=1536),
@@ -351,6 +379,8 @@ MODELS = {
     "vit_base": vit,
     "resnet50": resnet50,
     "mobilenetv2": mobilenetv2,
+    "mobilenetv2_int8_qdq": lambda: static_int8("mobilenetv2", "QDQ"),
+    "mobilenetv2_int8_qoperator": lambda: static_int8("mobilenetv2", "QOperator"),
     "pplcnet_cls": lambda: pplcnet("cls"),
     "pplcnet_rec": lambda: pplcnet("rec"),
     "convnext_atto": convnext,

@@ -85,6 +85,8 @@ CASES = [
     Case("bert_base_b8_s128", "bert_base", "encoder", {"batch": 8, "sequence": 128}, optional=True),
     *image_cases("resnet50", "cnn", [1, 8]),
     *image_cases("mobilenetv2", "cnn", [1, 8], quick_batches=[1]),
+    *image_cases("mobilenetv2_int8_qdq", "cnn", [1]),  # quantize_static's int8 exports (issue 7)
+    *image_cases("mobilenetv2_int8_qoperator", "cnn", [1]),
     *image_cases("pplcnet_cls", "cnn", [8], quick_batches=[8]),
     *image_cases("pplcnet_rec", "cnn", [1]),
     *image_cases("convnext_atto", "cnn", [1], first_compile=True),
