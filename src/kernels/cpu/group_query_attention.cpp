@@ -181,11 +181,8 @@ HWY_BEFORE_NAMESPACE();
 namespace transmuter::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// The sums across the lanes of a0..a3, in lanes 0-3 of one 128-bit vector: pairs interleaved and added
-// within each 128-bit block (the four sums of a block's lanes side by side), then the blocks added. About
-// a third of the instructions of four separate reductions.
 // scores[r * ld + j] = q_r . k_j for R query rows (head_size apart in q) over keys [0, n): each key row
-// is loaded once for every row, four keys at a time.
+// is loaded once for every row, four keys at a time (their sums across lanes reduced together: SumsOfFour).
 template <int R>
 HWY_INLINE void ScoreRows(const float* q, const float* k, int64_t n, int64_t dim, float* scores, int64_t ld) {
 #if HWY_TARGET == HWY_SCALAR
