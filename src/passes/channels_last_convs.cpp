@@ -27,7 +27,10 @@
 //                                  =>  Transpose(0,3,1,2)(B(A, A2))
 //   B(T, K), K a constant          =>  Transpose(0,3,1,2)(B(A, K')), K' = K
 //                                      padded to rank 4 and transposed
+//   QLinearAdd / QLinearMul (com.microsoft, per-tensor parameters) over T and T2 or a constant:
+//                                      as B above
 //   GlobalAveragePool(T)           =>  Transpose(0,3,1,2)(ai.transmuter GlobalAveragePoolNhwc(A))
+//   QLinearGlobalAveragePool(T)    =>  Transpose(0,3,1,2)(QLinearGlobalAveragePool(A, channels_last 1))
 //   MaxPool(T) (no Indices)        =>  Transpose(0,3,1,2)(ai.transmuter MaxPoolNhwc(A))
 //   Concat(T1, T2, ..., axis 1)    =>  Transpose(0,3,1,2)(Concat(A1, A2, ..., axis 3))
 //   Reduce*(T, axes, keepdims 1)   =>  Transpose(0,3,1,2)(Reduce*(A, the axes renumbered))
@@ -245,6 +248,20 @@ bool is_per_tensor_quantization(const Graph& graph, const Node& node) {
   return true;
 }
 
+// com.microsoft QLinearAdd / QLinearMul with one scale and zero point per operand and for the output:
+// elementwise over the two quantized tensors (inputs 0 and 3), whatever the layout.
+bool is_per_tensor_qlinear_binary(const Graph& graph, const Node& node) {
+  if (node.domain != "com.microsoft" || (node.op_type != "QLinearAdd" && node.op_type != "QLinearMul") ||
+      node.outputs.size() != 1 || node.inputs.size() < 7)
+    return false;
+  for (size_t i : {1, 2, 4, 5, 6, 7}) {
+    if (i >= node.inputs.size() || node.inputs[i].empty()) continue;
+    const mx::array* parameter = stored_initializer(graph, node.inputs[i]);
+    if (parameter == nullptr || parameter->size() != 1) return false;
+  }
+  return true;
+}
+
 bool is_binary_elementwise(const Node& node) {
   static const std::unordered_set<std::string> ops = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum",
                                                       "PRelu"};
@@ -341,10 +358,11 @@ Rewrite rewrite_reader(Graph& graph, const GraphIndex& index, Node& node, const 
     node.inputs[0] = channels_last;
     return Rewrite::kMoved;
   }
-  if (is_binary_elementwise(node)) {
+  // The operands of an elementwise binary op (inputs 0 and 1, or QLinearAdd's 0 and 3) moved together.
+  auto move_operands = [&](std::array<size_t, 2> operands) {
     std::array<std::optional<std::string>, 2> moved;
     for (size_t k = 0; k < 2; ++k) {
-      const std::string& in = node.inputs[k];
+      const std::string& in = node.inputs[operands[k]];
       if (in == value) {
         moved[k] = channels_last;
       } else if (std::optional<size_t> p = index.producer(in);
@@ -355,7 +373,18 @@ Rewrite rewrite_reader(Graph& graph, const GraphIndex& index, Node& node, const 
       }
     }
     if (!moved[0] || !moved[1]) return Rewrite::kNone;
-    node.inputs = {*moved[0], *moved[1]};
+    node.inputs[operands[0]] = *moved[0];
+    node.inputs[operands[1]] = *moved[1];
+    return Rewrite::kMoved;
+  };
+  if (is_binary_elementwise(node)) return move_operands({0, 1});
+  if (is_per_tensor_qlinear_binary(graph, node)) return move_operands({0, 3});
+  if (node.domain == "com.microsoft" && node.op_type == "QLinearGlobalAveragePool" &&
+      node.inputs[0] == value && reads == 1 && node.outputs.size() == 1 &&
+      int_attribute_or(node, "channels_last", 0) == 0) {
+    std::erase_if(node.attributes, [](const Attribute& a) { return a.name == "channels_last"; });
+    node.attributes.push_back(int_attribute("channels_last", 1));
+    node.inputs[0] = channels_last;
     return Rewrite::kMoved;
   }
   if (is_onnx_op(node, "Concat") && node.outputs.size() == 1) {

@@ -106,6 +106,56 @@ TEST(QlinearConvAsConv, FloatConvolutionsGiveTheIntegerOperatorsBytes) {
   }
 }
 
+// quantize_static's QOperator block ends: a shortcut QLinearAdd of two convolutions' outputs, then
+// QLinearGlobalAveragePool. Both follow the channels-last layout (channels_last_convs), so the transposes
+// left are x's into each convolution and the pooled [1, 1, 1, C] back to [1, C, 1, 1] (without the move, the
+// two convolutions' outputs went back to channels-first: 4); the bytes equal the unrewritten graph's.
+TEST(QlinearConvAsConv, QLinearAddAndGlobalPoolStayChannelsLast) {
+  GraphBuilder b(13);
+  b.input("x", OnnxType::kUint8, {1, 8, 10, 10})
+      .initializer("act_scale", mx::array(0.05f))
+      .initializer("act_zero", mx::array(static_cast<uint8_t>(120)))
+      .initializer("conv_scale", mx::array(0.08f))
+      .initializer("conv_zero", mx::array(static_cast<uint8_t>(131)))
+      .initializer("sum_scale", mx::array(0.1f))
+      .initializer("sum_zero", mx::array(static_cast<uint8_t>(125)))
+      .initializer("pool_scale", mx::array(0.03f))
+      .initializer("pool_zero", mx::array(static_cast<uint8_t>(110)))
+      .initializer("w", random_integers({8, 8, 3, 3}, mx::int8, 70, -64, 64))
+      .initializer("w_scale", mx::random::uniform(0.002f, 0.01f, {8}, mx::float32, mx::random::key(71)))
+      .initializer("w_zero", random_integers({8}, mx::int8, 72, -5, 5))
+      .initializer("s", random_integers({8, 8, 1, 1}, mx::int8, 73, -64, 64))
+      .initializer("s_scale", mx::array(0.004f))
+      .initializer("s_zero", mx::array(static_cast<int8_t>(0)))
+      .node("QLinearConv",
+            {"x", "act_scale", "act_zero", "w", "w_scale", "w_zero", "conv_scale", "conv_zero"}, {"conv"},
+            {ints_attr("pads", {1, 1, 1, 1}), ints_attr("kernel_shape", {3, 3})})
+      .node("QLinearConv",
+            {"x", "act_scale", "act_zero", "s", "s_scale", "s_zero", "conv_scale", "conv_zero"}, {"shortcut"})
+      .domain_node(
+          "com.microsoft", 1, "QLinearAdd",
+          {"conv", "conv_scale", "conv_zero", "shortcut", "conv_scale", "conv_zero", "sum_scale", "sum_zero"},
+          {"sum"})
+      .domain_node("com.microsoft", 1, "QLinearGlobalAveragePool",
+                   {"sum", "sum_scale", "sum_zero", "pool_scale", "pool_zero"}, {"pooled"})
+      .output("pooled");
+  Model converted = b.build();
+  Model plain = b.build({.run_passes = false});
+  EXPECT_EQ(converted.op_histogram().at("Transpose"), 3u);
+  for (uint64_t seed : {1, 2}) {
+    const Inputs in = {{"x", Value(random_integers({1, 8, 10, 10}, mx::uint8, seed))}};
+    mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor("pooled");
+    mx::array eager = run(converted, converted.params(), in, {mx::Device::cpu}).tensor("pooled");
+    mx::array compiled = compile(converted, in, {.device = mx::Device::cpu})(in).tensor("pooled");
+    ASSERT_EQ(eager.shape(), (mx::Shape{1, 8, 1, 1}));
+    EXPECT_TRUE(mx::array_equal(eager, want).item<bool>()) << "seed " << seed;
+    EXPECT_TRUE(mx::array_equal(compiled, want).item<bool>()) << "seed " << seed;
+    EXPECT_GT(mx::max(mx::astype(want, mx::int32)).item<int32_t>() -
+                  mx::min(mx::astype(want, mx::int32)).item<int32_t>(),
+              2);
+  }
+}
+
 TEST(QlinearConvAsConv, ComputedWeightsStayQLinearConv) {
   GraphBuilder b(13);
   b.input("x", OnnxType::kUint8, {1, 2, 4, 4})
