@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +61,32 @@ TEST(QuantizeDequantizeKernel, EqualsTheOperatorsComposition) {
     mx::array got = quantize_dequantize(ties, mx::array(0.5f), mx::array(zero), low, high, mx::Device::cpu);
     EXPECT_TRUE(mx::array_equal(got, composition(ties, 0.5f, zero, type)).item<bool>());
   }
+}
+
+// An input nothing else holds (a convolution's output in a model) is rounded in place: the result takes its
+// buffer and has the same values; an input the caller still holds is left as it was.
+TEST(QuantizeDequantizeKernel, RoundsAnInputNothingElseHoldsInPlace) {
+  auto want_of = [](const mx::array& x) {  // QuantizeLinear (uint8, zero point 128) -> DequantizeLinear
+    mx::array q = mx::clip(mx::add(mx::round(mx::divide(x, mx::array(0.05f)), 0), mx::array(128.0f)),
+                           mx::array(0.0f), mx::array(255.0f));
+    return mx::multiply(mx::subtract(q, mx::array(128.0f)), mx::array(0.05f));
+  };
+  mx::array x = mx::multiply(testing::random_array({4, 1000}, 5, 10.0f), mx::array(1.0f));
+  mx::array want = want_of(x);
+  mx::eval(x, want);
+  const float* buffer = x.data<float>();
+  const std::vector<float> before(buffer, buffer + x.size());
+  mx::array kept = quantize_dequantize(x, mx::array(0.05f), mx::array(128.0f), 0.0f, 255.0f, mx::Device::cpu);
+  mx::eval(kept);
+  EXPECT_NE(kept.data<float>(), buffer);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), x.data<float>()));
+  EXPECT_TRUE(mx::array_equal(kept, want).item<bool>());
+  mx::array taken =
+      quantize_dequantize(x, mx::array(0.05f), mx::array(128.0f), 0.0f, 255.0f, mx::Device::cpu);
+  x = mx::array(0.0f);  // the graph now holds the input's only reference
+  mx::eval(taken);
+  EXPECT_EQ(taken.data<float>(), buffer) << "the result should take the input's buffer";
+  EXPECT_TRUE(mx::array_equal(taken, want).item<bool>());
 }
 
 // dequantize_per_tensor and requantize against their compositions (QuantizeLinear with scale 1 after a
