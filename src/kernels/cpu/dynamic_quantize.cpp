@@ -134,6 +134,45 @@ void RequantizeRows(const float* v, int64_t rows, int64_t c, const float* m, int
   }
 }
 
+// QLinearAdd over n elements: y = saturate(round(fma(a, ra, fma(b, rb, fixed)))), the float32 fused
+// multiply-adds of ONNX Runtime's kernel (each rounded once), round half to even. Targets without FMA
+// instructions take the scalar std::fma, exact too.
+template <typename T>
+void QLinearAddRangeOf(const T* a, const T* b, int64_t n, float ra, float rb, float fixed, T* y) {
+  const float low = static_cast<float>(std::numeric_limits<T>::min());
+  const float high = static_cast<float>(std::numeric_limits<T>::max());
+  int64_t j = 0;
+#if HWY_NATIVE_FMA && HWY_TARGET != HWY_SCALAR
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<T, decltype(di)> d8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, ra), vb = hn::Set(d, rb), vfixed = hn::Set(d, fixed);
+  const auto lo = hn::Set(d, low), hi = hn::Set(d, high);
+  for (; j + lanes <= n; j += lanes) {
+    const auto av = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, a + j)));
+    const auto bv = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, b + j)));
+    const auto q = hn::Min(hn::Max(hn::Round(hn::MulAdd(av, va, hn::MulAdd(bv, vb, vfixed))), lo), hi);
+    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, q)), d8, y + j);
+  }
+#endif
+  for (; j < n; ++j) {
+    const float sum = std::fma(static_cast<float>(a[j]), ra, std::fma(static_cast<float>(b[j]), rb, fixed));
+    y[j] = static_cast<T>(std::clamp(std::nearbyint(sum), low, high));
+  }
+}
+
+void QLinearAddRange(const void* a, const void* b, int64_t n, float ra, float rb, float fixed, bool is_signed,
+                     void* y) {
+  if (is_signed) {
+    QLinearAddRangeOf(static_cast<const int8_t*>(a), static_cast<const int8_t*>(b), n, ra, rb, fixed,
+                      static_cast<int8_t*>(y));
+  } else {
+    QLinearAddRangeOf(static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b), n, ra, rb, fixed,
+                      static_cast<uint8_t*>(y));
+  }
+}
+
 }  // namespace transmuter::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -150,6 +189,7 @@ HWY_EXPORT(QuantizeRange);
 HWY_EXPORT(QuantizeDequantizeRange);
 HWY_EXPORT(DequantizeRange);
 HWY_EXPORT(RequantizeRows);
+HWY_EXPORT(QLinearAddRange);
 
 namespace {
 
@@ -306,7 +346,54 @@ mx::array requantize_reference(const mx::array& v, const mx::array& multiplier, 
   return mx::astype(q, type, s);
 }
 
+class QLinearAddKernel : public CpuKernel {
+ public:
+  QLinearAddKernel(mx::Stream stream, Reference reference, QLinearAddRatios ratios)
+      : CpuKernel(stream, std::move(reference)), ratios_(ratios) {}
+  const char* name() const override { return "transmuter::QLinearAdd"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const QLinearAddKernel*>(&other);
+    return o != nullptr && o->ratios_.a == ratios_.a && o->ratios_.b == ratios_.b &&
+           o->ratios_.fixed == ratios_.fixed;
+  }
+
+ protected:
+  // In place when nothing else holds A (elementwise: each element read before its result is written).
+  int donor_of(size_t) const override { return 0; }
+
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const char* a = in[0].data<char>();
+    const char* b = in[1].data<char>();
+    const int64_t n = static_cast<int64_t>(in[0].size());
+    const bool is_signed = out[0].dtype() == mx::int8;
+    char* y = out[0].data<char>();
+    return [a, b, n, is_signed, y, r = ratios_] {
+      parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+        const int64_t first = begin * kChunk, count = std::min(end * kChunk, n) - first;
+        HWY_DYNAMIC_DISPATCH(QLinearAddRange)(a + first, b + first, count, r.a, r.b, r.fixed, is_signed,
+                                              y + first);
+      });
+    };
+  }
+
+ private:
+  QLinearAddRatios ratios_;
+};
+
 }  // namespace
+
+mx::array qlinear_add(const mx::array& a, const mx::array& b, QLinearAddRatios ratios,
+                      const Reference& reference, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  const bool fits = is_cpu_stream(stream) && (a.dtype() == mx::uint8 || a.dtype() == mx::int8) &&
+                    b.dtype() == a.dtype() && a.shape() == b.shape() && a.size() > 0;
+  if (!fits) return reference({a, b})[0];
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<QLinearAddKernel>(kernel_stream, reference, ratios);
+      },
+      reference, {a, b}, {a.shape()}, {a.dtype()}, stream)[0];
+}
 
 mx::array dequantize_per_tensor(const mx::array& x, const mx::array& scale, const mx::array& zero,
                                 mx::StreamOrDevice s) {

@@ -16,6 +16,8 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/cpu_kernel.h"
+
 namespace transmuter::kernels {
 
 namespace mx = mlx::core;
@@ -47,5 +49,17 @@ mx::array dequantize_per_tensor(const mx::array& x, const mx::array& scale, cons
  * streams: the MLX composition. */
 mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::array& zero, mx::Dtype type,
                      mx::StreamOrDevice s = {});
+
+/** com.microsoft QLinearAdd's ratios: a = sA / sC, b = sB / sC, fixed = zC - (a zA + b zB). */
+struct QLinearAddRatios {
+  float a = 0, b = 0, fixed = 0;
+};
+
+/** com.microsoft QLinearAdd of two uint8 or int8 tensors of one shape, as ONNX Runtime's kernel computes it:
+ *   c = saturate(round(fma(A, r.a, fma(B, r.b, r.fixed))))     (float32 fused multiply-adds, each rounded
+ * once; round half to even), one pass. The result takes A's buffer when nothing else holds A. Other shapes,
+ * types and streams (and gradients, which integers have none of): reference({A, B}). */
+mx::array qlinear_add(const mx::array& a, const mx::array& b, QLinearAddRatios ratios,
+                      const Reference& reference, mx::StreamOrDevice s = {});
 
 }  // namespace transmuter::kernels

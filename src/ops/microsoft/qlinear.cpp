@@ -51,6 +51,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/dynamic_quantize.h"
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/registry.h"
@@ -167,40 +168,48 @@ OpOutputs qlinear_binary(NodeContext& ctx, bool multiply) {
   } catch (const std::invalid_argument&) {
     throw ctx.error("A of shape ", a.shape(), " and B of shape ", b.shape(), " do not broadcast");
   }
-  mx::array af = mx::astype(a, mx::float32, s);
-  mx::array bf = mx::astype(b, mx::float32, s);
   if (multiply) {
     // (a - zA) * (b - zB) is an exact integer in float32 (|.| <= 255^2).
     const float ratio = sa * sb / sc;
-    mx::array product = mx::multiply(mx::subtract(af, mx::array(static_cast<float>(za)), s),
-                                     mx::subtract(bf, mx::array(static_cast<float>(zb)), s), s);
+    mx::array product =
+        mx::multiply(mx::subtract(mx::astype(a, mx::float32, s), mx::array(static_cast<float>(za)), s),
+                     mx::subtract(mx::astype(b, mx::float32, s), mx::array(static_cast<float>(zb)), s), s);
     return {saturate_round(mx::multiply(product, mx::array(ratio), s), static_cast<float>(zc), type, s)};
   }
   const float ra = sa / sc, rb = sb / sc;
   const float ka = ra * static_cast<float>(za);
   const float kb = rb * static_cast<float>(zb);
-  const mx::array fixed(static_cast<float>(zc) - (ka + kb));
-  // ORT's kernel computes v * r + t as one fused multiply-add, rounded once.
-  // On the CPU that is exact in float64 (v * r, an 8-bit integer times a
-  // float32, has at most 33 significant bits) and rounded once to float32;
-  // elsewhere (no float64 on GPUs) it is a float32 multiply and add, which
-  // can leave a sum within an ulp of n + 0.5 one step apart.
+  const float fixed_value = static_cast<float>(zc) - (ka + kb);
+  // ORT's kernel computes v * r + t as one fused multiply-add, rounded once. The CPU kernel
+  // (kernels::qlinear_add, operands of one shape) does so in float32. The composition, for the other
+  // cases: on the CPU exact in float64 (v * r, an 8-bit integer times a float32, has at most 33
+  // significant bits) and rounded once to float32; elsewhere (no float64 on GPUs) a float32 multiply and
+  // add, which can leave a sum within an ulp of n + 0.5 one step apart.
   const bool fused = mx::to_stream(s).device == mx::Device::cpu;
-  auto fma = [&](const mx::array& v, float ratio, const mx::array& t) {
-    if (!fused) return mx::add(mx::multiply(v, mx::array(ratio), s), t, s);
-    mx::array wide = mx::add(
-        mx::multiply(mx::astype(v, mx::float64, s), mx::array(static_cast<double>(ratio), mx::float64), s),
-        mx::astype(t, mx::float64, s), s);
-    return mx::astype(wide, mx::float32, s);
+  auto composition = [s, ra, rb, fixed_value, fused, type](const mx::array& a, const mx::array& b) {
+    const mx::array fixed(fixed_value);
+    mx::array af = mx::astype(a, mx::float32, s);
+    mx::array bf = mx::astype(b, mx::float32, s);
+    auto fma = [&](const mx::array& v, float ratio, const mx::array& t) {
+      if (!fused) return mx::add(mx::multiply(v, mx::array(ratio), s), t, s);
+      mx::array wide = mx::add(
+          mx::multiply(mx::astype(v, mx::float64, s), mx::array(static_cast<double>(ratio), mx::float64), s),
+          mx::astype(t, mx::float64, s), s);
+      return mx::astype(wide, mx::float32, s);
+    };
+    auto term = [&](const mx::array& v, float ratio) { return mx::multiply(v, mx::array(ratio), s); };
+    mx::array sum = [&] {
+      // A run-scalar operand joins the constant first (a multiply and an add).
+      if (is_run_scalar(a.shape(), b.shape())) return fma(bf, rb, mx::add(fixed, term(af, ra), s));
+      if (is_run_scalar(b.shape(), a.shape())) return fma(af, ra, mx::add(fixed, term(bf, rb), s));
+      return fma(af, ra, fma(bf, rb, fixed));
+    }();
+    return saturate_round(sum, 0.0f, type, s);
   };
-  auto term = [&](const mx::array& v, float ratio) { return mx::multiply(v, mx::array(ratio), s); };
-  mx::array sum = [&] {
-    // A run-scalar operand joins the constant first (a multiply and an add).
-    if (is_run_scalar(a.shape(), b.shape())) return fma(bf, rb, mx::add(fixed, term(af, ra), s));
-    if (is_run_scalar(b.shape(), a.shape())) return fma(af, ra, mx::add(fixed, term(bf, rb), s));
-    return fma(af, ra, fma(bf, rb, fixed));
-  }();
-  return {saturate_round(sum, 0.0f, type, s)};
+  const kernels::Reference reference = [composition](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{composition(in[0], in[1])};
+  };
+  return {kernels::qlinear_add(a, b, {ra, rb, fixed_value}, reference, s)};
 }
 
 OpOutputs qlinear_add(NodeContext& ctx) { return qlinear_binary(ctx, false); }

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "support/random_arrays.h"
+#include "support/simd_targets.h"
 
 namespace transmuter::kernels {
 namespace {
@@ -87,6 +89,73 @@ TEST(QuantizeDequantizeKernel, RoundsAnInputNothingElseHoldsInPlace) {
   mx::eval(taken);
   EXPECT_EQ(taken.data<float>(), buffer) << "the result should take the input's buffer";
   EXPECT_TRUE(mx::array_equal(taken, want).item<bool>());
+}
+
+// qlinear_add against ONNX Runtime's arithmetic computed here, element by element (std::fma: each fused
+// multiply-add rounded once, then round half to even and saturation): the same bytes under every SIMD target
+// (targets without FMA instructions take the scalar path), both 8-bit types, lengths that end inside a
+// vector, sums far past the range; an operand nothing else holds gives its buffer; other shapes run the
+// reference.
+TEST(QLinearAddKernel, EqualsOrtsFusedMultiplyAdds) {
+  const int targets = testing::for_each_simd_target([](const std::string& target) {
+    for (mx::Dtype type : {mx::uint8, mx::int8}) {
+      const bool is_signed = type == mx::int8;
+      const int lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
+      for (int n : {1, 17, 1000, 40001}) {
+        auto integers = [&](uint64_t seed) {
+          return mx::astype(mx::random::randint(lo, hi + 1, {n}, mx::int32, mx::random::key(seed)), type);
+        };
+        mx::array a = integers(static_cast<uint64_t>(n)), b = integers(static_cast<uint64_t>(n) + 1);
+        mx::eval(a, b);
+        // sA 0.05, sB 0.08, sC 0.07, zero points 3, -7 (or 131, 120) and 10 (or 125): sums that saturate.
+        const float ra = 0.05f / 0.07f, rb = 0.08f / 0.07f;
+        const float za = is_signed ? 3.0f : 131.0f, zb = is_signed ? -7.0f : 120.0f,
+                    zc = is_signed ? 10.0f : 125.0f;
+        const QLinearAddRatios r{ra, rb, zc - (ra * za + rb * zb)};
+        std::vector<int> want(static_cast<size_t>(n));
+        mx::array a32 = mx::astype(a, mx::int32), b32 = mx::astype(b, mx::int32);
+        mx::eval(a32, b32);
+        for (int i = 0; i < n; ++i) {
+          const float sum = std::fma(static_cast<float>(a32.data<int32_t>()[i]), r.a,
+                                     std::fma(static_cast<float>(b32.data<int32_t>()[i]), r.b, r.fixed));
+          want[static_cast<size_t>(i)] = static_cast<int>(
+              std::clamp(std::nearbyint(sum), static_cast<float>(lo), static_cast<float>(hi)));
+        }
+        bool reference_ran = false;
+        Reference reference = [&](const std::vector<mx::array>& in) {
+          reference_ran = true;
+          return std::vector<mx::array>{in[0]};
+        };
+        mx::array got = qlinear_add(a, b, r, reference, mx::Device::cpu);
+        mx::eval(got);
+        ASSERT_FALSE(reference_ran) << target;
+        ASSERT_EQ(got.dtype(), type);
+        mx::array got32 = mx::astype(got, mx::int32);
+        mx::eval(got32);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got32.data<int32_t>())) << target << " n " << n;
+      }
+    }
+  });
+  EXPECT_GE(targets, 1);
+
+  // Broadcast operands and float inputs are not the kernel's: the reference runs.
+  bool reference_ran = false;
+  Reference reference = [&](const std::vector<mx::array>& in) {
+    reference_ran = true;
+    return std::vector<mx::array>{in[0]};
+  };
+  mx::array a = mx::zeros({4, 3}, mx::uint8), row = mx::zeros({3}, mx::uint8);
+  mx::eval(qlinear_add(a, row, {1, 1, 0}, reference, mx::Device::cpu));
+  EXPECT_TRUE(reference_ran);
+
+  // In place: A nothing else holds gives its buffer.
+  mx::array x = mx::astype(mx::random::randint(0, 256, {5000}, mx::int32, mx::random::key(3)), mx::uint8);
+  mx::eval(x);
+  const uint8_t* buffer = x.data<uint8_t>();
+  mx::array y = qlinear_add(x, mx::ones({5000}, mx::uint8), {0.5f, 0.5f, 1.0f}, reference, mx::Device::cpu);
+  x = mx::array(0.0f);
+  mx::eval(y);
+  EXPECT_EQ(y.data<uint8_t>(), buffer);
 }
 
 // dequantize_per_tensor and requantize against their compositions (QuantizeLinear with scale 1 after a
