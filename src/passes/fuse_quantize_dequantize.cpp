@@ -12,7 +12,11 @@
 //
 // Also Mul(V, multiplier) -> QuantizeLinear(scale 1, zero point) -> ai.transmuter Requantize (what
 // qlinear_conv_as_conv writes after each convolution), the multiplier one value or per channel along the
-// last axis.
+// last axis; and when the integers are read by one DequantizeLinear alone (the next convolution's input),
+// that DequantizeLinear joins it as Requantize's inputs 3 and 4, which then returns its floats:
+//
+//   Requantize(V, m, zero) -> q -> DequantizeLinear(q, scale, zero2)   =>   Requantize(V, m, zero, scale,
+//   zero2)
 //
 // Both nodes of the default domain with the same scale and zero point (the same initializers, or
 // initializers of equal values), one element each, float32 scale, an 8- or 16-bit integer zero point, no
@@ -106,6 +110,19 @@ std::optional<Node> requantization(const Graph& graph, const GraphIndex& index, 
   return fused;
 }
 
+// dq a plain per-tensor DequantizeLinear of requantize's integers: a float32 scale, and a zero point of the
+// requantization's own type (or none).
+bool dequantizes(const Graph& graph, const Node& dq, const Node& requantize) {
+  if (!plain_quantization_node(dq, "DequantizeLinear") || dq.inputs[0] != requantize.outputs[0]) return false;
+  bool present = false;
+  const mx::array* scale = parameter(graph, dq, 1, present);
+  if (scale == nullptr || scale->dtype() != mx::float32) return false;
+  const mx::array* zero = parameter(graph, dq, 2, present);
+  const mx::array* requantize_zero = stored_initializer(graph, requantize.inputs[2]);
+  return !present ||
+         (zero != nullptr && requantize_zero != nullptr && zero->dtype() == requantize_zero->dtype());
+}
+
 }  // namespace
 
 size_t fuse_quantize_dequantize(Graph& graph) {
@@ -124,6 +141,19 @@ size_t fuse_quantize_dequantize(Graph& graph) {
         removed[i] = true;
         ++count;
       }
+    }
+    // A requantization whose integers one DequantizeLinear alone reads returns that node's floats.
+    for (size_t i = 0; i < graph.nodes.size(); ++i) {
+      Node& requantize = graph.nodes[i];
+      if (removed[i] || requantize.op_type != "Requantize" || requantize.domain != kDomain) continue;
+      std::optional<size_t> reader = sole_consumer(index, requantize.outputs[0]);
+      if (!reader || removed[*reader] || !dequantizes(graph, graph.nodes[*reader], requantize)) continue;
+      Node& dq = graph.nodes[*reader];
+      requantize.inputs.push_back(dq.inputs[1]);
+      if (has_input(dq, 2)) requantize.inputs.push_back(dq.inputs[2]);
+      requantize.outputs = dq.outputs;
+      removed[*reader] = true;
+      ++count;
     }
     for (size_t i = 0; i < graph.nodes.size(); ++i) {
       const Node& q = graph.nodes[i];

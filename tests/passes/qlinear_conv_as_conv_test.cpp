@@ -89,6 +89,9 @@ TEST(QlinearConvAsConv, FloatConvolutionsGiveTheIntegerOperatorsBytes) {
     const auto& applied = converted.passes_applied();
     ASSERT_NE(std::find(applied.begin(), applied.end(), "qlinear_conv_as_conv"), applied.end());
     EXPECT_EQ(converted.op_histogram().count("QLinearConv"), 0u);
+    // Each layer's requantization returns the next layer's dequantized input (fuse_quantize_dequantize):
+    // x's DequantizeLinear is the only one left.
+    EXPECT_EQ(converted.op_histogram().at("DequantizeLinear"), 1u);
     for (uint64_t seed : {1, 2}) {
       const Inputs in = {{"x", Value(random_integers({1, 8, 10, 10}, mx::uint8, seed))}};
       const std::string out = "l" + std::to_string(layers.size() - 1) + "_y";

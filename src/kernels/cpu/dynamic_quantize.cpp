@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
 HWY_BEFORE_NAMESPACE();
@@ -98,9 +99,11 @@ void DequantizeRange(const void* x, bool is_signed, int64_t n, float scale, floa
 }
 
 // y = saturate(round(v * m) + zero) for `rows` rows of `c` values, m one value (m_count 1) or c of them.
-template <typename T>
+// y = saturate(round(v * m) + zero) as T; with `dequantized`, (that integer - dq_zero) * dq_scale as float32
+// instead (the DequantizeLinear that reads it), the integer never stored.
+template <typename T, bool kDequantize>
 void RequantizeRowsOf(const float* v, int64_t rows, int64_t c, const float* m, int64_t m_count, float zero,
-                      T* y) {
+                      float dq_scale, float dq_zero, void* y_out) {
   const hn::ScalableTag<float> d;
   const hn::RebindToSigned<decltype(d)> di;
   const hn::Rebind<T, decltype(di)> d8;
@@ -108,30 +111,40 @@ void RequantizeRowsOf(const float* v, int64_t rows, int64_t c, const float* m, i
   const float low = static_cast<float>(std::numeric_limits<T>::min());
   const float high = static_cast<float>(std::numeric_limits<T>::max());
   const auto z = hn::Set(d, zero), lo = hn::Set(d, low), hi = hn::Set(d, high);
+  const auto dz = hn::Set(d, dq_zero), ds = hn::Set(d, dq_scale);
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = v + r * c;
-    T* out = y + r * c;
     int64_t j = 0;
     for (; j + lanes <= c; j += lanes) {
       const auto mv = m_count == 1 ? hn::Set(d, m[0]) : hn::LoadU(d, m + j);
       // Round in float (ties to even, no integer overflow), clip, then the exact integer conversion.
       const auto q = hn::Min(hn::Max(hn::Add(hn::Round(hn::Mul(hn::LoadU(d, row + j), mv)), z), lo), hi);
-      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, q)), d8, out + j);
+      if constexpr (kDequantize) {
+        hn::StoreU(hn::Mul(hn::Sub(q, dz), ds), d, static_cast<float*>(y_out) + r * c + j);
+      } else {
+        hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, q)), d8, static_cast<T*>(y_out) + r * c + j);
+      }
     }
     for (; j < c; ++j) {
       const float q = std::clamp(std::nearbyint(row[j] * m[m_count == 1 ? 0 : j]) + zero, low, high);
-      out[j] = static_cast<T>(q);
+      if constexpr (kDequantize) {
+        static_cast<float*>(y_out)[r * c + j] = (q - dq_zero) * dq_scale;
+      } else {
+        static_cast<T*>(y_out)[r * c + j] = static_cast<T>(q);
+      }
     }
   }
 }
 
 void RequantizeRows(const float* v, int64_t rows, int64_t c, const float* m, int64_t m_count, float zero,
-                    bool is_signed, void* y) {
-  if (is_signed) {
-    RequantizeRowsOf(v, rows, c, m, m_count, zero, static_cast<int8_t*>(y));
-  } else {
-    RequantizeRowsOf(v, rows, c, m, m_count, zero, static_cast<uint8_t*>(y));
+                    bool is_signed, const float* dequantize, void* y) {
+  if (dequantize != nullptr) {  // {scale, zero point} of the DequantizeLinear that reads the integers
+    if (is_signed)
+      return RequantizeRowsOf<int8_t, true>(v, rows, c, m, m_count, zero, dequantize[0], dequantize[1], y);
+    return RequantizeRowsOf<uint8_t, true>(v, rows, c, m, m_count, zero, dequantize[0], dequantize[1], y);
   }
+  if (is_signed) return RequantizeRowsOf<int8_t, false>(v, rows, c, m, m_count, zero, 0, 0, y);
+  RequantizeRowsOf<uint8_t, false>(v, rows, c, m, m_count, zero, 0, 0, y);
 }
 
 // QLinearAdd over n elements: y = saturate(round(fma(a, ra, fma(b, rb, fixed)))), the float32 fused
@@ -309,33 +322,47 @@ class DequantizeKernel : public CpuKernel {
   }
 };
 
+// inputs: v, multiplier, zero [, dequantize's scale, zero]; with the last two the output is float32.
 class RequantizeKernel : public CpuKernel {
  public:
-  using CpuKernel::CpuKernel;
+  RequantizeKernel(mx::Stream stream, Reference reference, bool is_signed)
+      : CpuKernel(stream, std::move(reference)), is_signed_(is_signed) {}
   const char* name() const override { return "transmuter::Requantize"; }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return dynamic_cast<const RequantizeKernel*>(&other) != nullptr;
+    const auto* o = dynamic_cast<const RequantizeKernel*>(&other);
+    return o != nullptr && o->is_signed_ == is_signed_;
   }
 
  protected:
+  // The dequantized float32 output takes V's buffer when nothing else holds V (elementwise, read first).
+  int donor_of(size_t) const override { return 0; }
+
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
     const float* v = in[0].data<float>();
     const float* m = in[1].data<float>();
     const int64_t m_count = static_cast<int64_t>(in[1].size());
     const float* zero = in[2].data<float>();
+    const float* dq_scale = in.size() > 3 ? in[3].data<float>() : nullptr;
+    const float* dq_zero = in.size() > 3 ? in[4].data<float>() : nullptr;
     const int64_t c = in[0].shape(-1);
     const int64_t rows = c == 0 ? 0 : static_cast<int64_t>(in[0].size()) / c;
-    const bool is_signed = out[0].dtype() == mx::int8;
+    const size_t out_bytes = out[0].itemsize();
     void* y = out[0].data<void>();
-    return [v, m, m_count, zero, c, rows, is_signed, y] {
+    return [v, m, m_count, zero, dq_scale, dq_zero, c, rows, is_signed = is_signed_, out_bytes, y] {
       const float z = *zero;
+      const float dequantize[2] = {dq_scale != nullptr ? *dq_scale : 0.0f,
+                                   dq_zero != nullptr ? *dq_zero : 0.0f};
       const int64_t grain = std::max<int64_t>(1, kChunk / std::max<int64_t>(c, 1));
       parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
         HWY_DYNAMIC_DISPATCH(RequantizeRows)
-        (v + begin * c, end - begin, c, m, m_count, z, is_signed, static_cast<char*>(y) + begin * c);
+        (v + begin * c, end - begin, c, m, m_count, z, is_signed, dq_scale != nullptr ? dequantize : nullptr,
+         static_cast<char*>(y) + begin * c * static_cast<int64_t>(out_bytes));
       });
     };
   }
+
+ private:
+  bool is_signed_;
 };
 
 mx::array requantize_reference(const mx::array& v, const mx::array& multiplier, const mx::array& zero,
@@ -413,10 +440,13 @@ mx::array dequantize_per_tensor(const mx::array& x, const mx::array& scale, cons
 }
 
 mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::array& zero, mx::Dtype type,
-                     mx::StreamOrDevice s) {
+                     mx::StreamOrDevice s, const std::optional<Dequantization>& then) {
   const mx::Stream stream = mx::to_stream(s);
   Reference reference = [type, stream](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{requantize_reference(in[0], in[1], in[2], type, stream)};
+    mx::array q = requantize_reference(in[0], in[1], in[2], type, stream);
+    if (in.size() == 3) return std::vector<mx::array>{q};
+    return std::vector<mx::array>{
+        mx::multiply(mx::subtract(mx::astype(q, mx::float32, stream), in[4], stream), in[3], stream)};
   };
   const int64_t channels = v.ndim() > 0 ? v.shape(-1) : 0;
   const bool per_channel_last = multiplier.size() == static_cast<size_t>(channels) &&
@@ -425,11 +455,22 @@ mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::
                     multiplier.dtype() == mx::float32 && (multiplier.size() == 1 || per_channel_last) &&
                     zero.size() == 1 && zero.dtype() == mx::float32 &&
                     (type == mx::uint8 || type == mx::int8);
-  if (!fits) return reference({v, multiplier, zero})[0];
+  std::vector<mx::array> inputs = {v, multiplier, zero};
+  if (then) inputs.insert(inputs.end(), {then->scale, then->zero});
+  const bool dequantize_fits = !then || (then->scale.dtype() == mx::float32 && then->scale.size() == 1 &&
+                                         then->zero.dtype() == mx::float32 && then->zero.size() == 1);
+  if (!fits || !dequantize_fits) return reference(inputs)[0];
+  inputs[1] = mx::flatten(multiplier, stream);
+  inputs[2] = mx::reshape(zero, {}, stream);
+  if (then) {
+    inputs[3] = mx::reshape(then->scale, {}, stream);
+    inputs[4] = mx::reshape(then->zero, {}, stream);
+  }
   return make_cpu_kernel_outputs(
-      [&](mx::Stream kernel_stream) { return std::make_shared<RequantizeKernel>(kernel_stream, reference); },
-      reference, {v, mx::flatten(multiplier, stream), mx::reshape(zero, {}, stream)}, {v.shape()}, {type},
-      stream)[0];
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<RequantizeKernel>(kernel_stream, reference, type == mx::int8);
+      },
+      reference, inputs, {v.shape()}, {then ? mx::float32 : type}, stream)[0];
 }
 
 mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,

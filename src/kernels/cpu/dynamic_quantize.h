@@ -12,6 +12,7 @@
 // the result means nothing.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -43,12 +44,19 @@ mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const 
 mx::array dequantize_per_tensor(const mx::array& x, const mx::array& scale, const mx::array& zero,
                                 mx::StreamOrDevice s = {});
 
+/** A DequantizeLinear with one scale and zero point (float32 scalars, the zero holding an integer). */
+struct Dequantization {
+  mx::array scale, zero;
+};
+
 /** The requantization that ends a quantized layer, y = saturate(round(v * multiplier) + zero) to `type`
  * (uint8 or int8; round half to even), one pass: v float32 [..., C], multiplier float32 one value or [C]
- * (per channel along the last axis), zero a float32 scalar holding an integer. Other shapes and
- * streams: the MLX composition. */
+ * (per channel along the last axis), zero a float32 scalar holding an integer. With `then`, the
+ * DequantizeLinear that reads y follows in the same pass, (y - then.zero) * then.scale in float32 (as
+ * dequantize_per_tensor computes it), the integers never stored; the float32 result takes v's buffer when
+ * nothing else holds v. Other shapes and streams: the MLX composition. */
 mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::array& zero, mx::Dtype type,
-                     mx::StreamOrDevice s = {});
+                     mx::StreamOrDevice s = {}, const std::optional<Dequantization>& then = std::nullopt);
 
 /** com.microsoft QLinearAdd's ratios: a = sA / sC, b = sB / sC, fixed = zC - (a zA + b zB). */
 struct QLinearAddRatios {

@@ -19,7 +19,11 @@
 //
 //   Y = saturate(round(V * multiplier) + zero_point)      multiplier one value or per channel (broadcast),
 //                                                         Y of zero_point's type (int8/uint8)
+//
+// with optional inputs 3 and 4 (dequantize_scale, dequantize_zero_point: the DequantizeLinear that read Y,
+// fused by the same pass) Y = (that integer - dequantize_zero_point) * dequantize_scale, float32.
 #include <limits>
+#include <optional>
 
 #include <mlx/mlx.h>
 
@@ -85,7 +89,22 @@ OpOutputs requantize(NodeContext& ctx) {
     broadcasts = multiplier.shape(-i) == 1 || multiplier.shape(-i) == v.shape(-i);
   if (!broadcasts)
     throw ctx.error("multiplier of shape ", multiplier.shape(), " does not broadcast to V's ", v.shape());
-  return {kernels::requantize(v, multiplier, mx::astype(zero, mx::float32, s), zero.dtype(), s)};
+  std::optional<kernels::Dequantization> then;
+  if (ctx.has_input(3)) {  // the DequantizeLinear that read Y, fused by the pass: Y dequantized, float32
+    const mx::array& dq_scale = ctx.input(3);
+    if (dq_scale.dtype() != mx::float32 || dq_scale.size() != 1)
+      throw ctx.error("dequantize_scale must be one float32, got ", dq_scale.dtype(), " ", dq_scale.shape());
+    mx::array dq_zero = mx::array(0.0f);
+    if (ctx.has_input(4)) {
+      const mx::array& z = ctx.input(4);
+      if (z.size() != 1 || z.dtype() != zero.dtype())
+        throw ctx.error("dequantize_zero_point must be one ", zero.dtype(), ", got ", z.dtype(), " ",
+                        z.shape());
+      dq_zero = mx::astype(z, mx::float32, s);
+    }
+    then = kernels::Dequantization{dq_scale, dq_zero};
+  }
+  return {kernels::requantize(v, multiplier, mx::astype(zero, mx::float32, s), zero.dtype(), s, then)};
 }
 
 }  // namespace
@@ -104,7 +123,7 @@ void register_transmuter_activation(OpRegistry& r) {
        .since = 1,
        .until = kOpen,
        .fn = requantize,
-       .restrictions = "float32 V and multiplier, an 8-bit zero point"},
+       .restrictions = "float32 V and multiplier, an 8-bit zero point; optional dequantization inputs 3-4"},
   });
 }
 

@@ -181,9 +181,26 @@ TEST(RequantizeKernels, EqualTheCompositions) {
         mx::array back_want =
             mx::multiply(mx::subtract(mx::astype(got, mx::float32), mx::array(zero)), mx::array(0.25f));
         EXPECT_TRUE(mx::array_equal(back, back_want).item<bool>()) << c;
+        // The DequantizeLinear fused in (fuse_quantize_dequantize): the same floats, in one pass.
+        mx::array fused = requantize(v, m, mx::array(zero), type, mx::Device::cpu,
+                                     Dequantization{mx::array(0.25f), mx::array(zero + 3.0f)});
+        mx::array fused_want = mx::multiply(
+            mx::subtract(mx::astype(want, mx::float32), mx::array(zero + 3.0f)), mx::array(0.25f));
+        ASSERT_EQ(fused.dtype(), mx::float32);
+        EXPECT_TRUE(mx::array_equal(fused, fused_want).item<bool>())
+            << c << (per_channel ? " per channel" : "");
       }
     }
   }
+  // The float32 result takes the buffer of a V nothing else holds.
+  mx::array v = testing::random_array({4, 64}, 9, 300.0f);
+  mx::eval(v);
+  const float* buffer = v.data<float>();
+  mx::array y = requantize(v, mx::array(0.5f), mx::array(128.0f), mx::uint8, mx::Device::cpu,
+                           Dequantization{mx::array(0.1f), mx::array(128.0f)});
+  v = mx::array(0.0f);
+  mx::eval(y);
+  EXPECT_EQ(y.data<float>(), buffer);
 }
 
 }  // namespace
