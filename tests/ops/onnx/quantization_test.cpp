@@ -16,6 +16,7 @@ using testing::error_of;
 using testing::int_attr;
 using testing::ints_attr;
 using testing::run_compiled;
+using testing::run_domain_op;
 using testing::run_op;
 using testing::to_doubles;
 using testing::to_ints;
@@ -339,6 +340,27 @@ TEST(QLinearConv, AddsTheBiasAndRequantizesPerChannel) {
   in[8] = mx::array({1, 2, 3});
   std::string m = op_error([&] { run_op("QLinearConv", 10, in); });
   EXPECT_TRUE(contains(m, "B must be int32 of shape [2]")) << m;
+}
+
+// ai.transmuter Requantize (fuse_quantize_dequantize's node) with the DequantizeLinear it absorbed: the
+// dequantized floats; a malformed node in a file gets an error naming the input.
+TEST(Requantize, ReturnsTheDequantizedFloatsWithItsOptionalInputs) {
+  const std::vector<Value> in = {f32({1.0f, 2.6f, -3.0f, 300.0f}), f32({2.0f}), u8({10}, {}), f32({0.5f}),
+                                 u8({12}, {})};
+  // round(v * 2) + 10 = 12, 15, 4, 265 -> saturated 255; then (q - 12) * 0.5.
+  mx::array y = run_domain_op("ai.transmuter", "Requantize", 1, in)[0].tensor();
+  EXPECT_EQ(y.dtype(), mx::float32);
+  EXPECT_TRUE(mx::array_equal(y, f32({0.0f, 1.5f, -4.0f, 121.5f}, {4})).item<bool>());
+  mx::array q = run_domain_op("ai.transmuter", "Requantize", 1, {in[0], in[1], in[2]})[0].tensor();
+  EXPECT_EQ(to_ints(q), (std::vector<int64_t>{12, 15, 4, 255}));
+  std::vector<Value> bad = in;
+  bad[4] = i8({12}, {});
+  std::string m = op_error([&] { run_domain_op("ai.transmuter", "Requantize", 1, bad); });
+  EXPECT_TRUE(contains(m, "dequantize_zero_point must be one uint8")) << m;
+  bad = in;
+  bad[3] = f32({0.5f, 1.0f});
+  m = op_error([&] { run_domain_op("ai.transmuter", "Requantize", 1, bad); });
+  EXPECT_TRUE(contains(m, "dequantize_scale must be one float32")) << m;
 }
 
 // --- BitCast ------------------------------------------------------------------------------
