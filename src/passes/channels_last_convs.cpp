@@ -240,12 +240,7 @@ bool is_per_tensor_quantization(const Graph& graph, const Node& node) {
   if (!node.domain.empty() || (node.op_type != "QuantizeLinear" && node.op_type != "DequantizeLinear") ||
       node.outputs.size() != 1 || node.inputs.size() < 2 || int_attribute_or(node, "block_size", 0) != 0)
     return false;
-  for (size_t i = 1; i < node.inputs.size(); ++i) {
-    if (node.inputs[i].empty()) continue;
-    const mx::array* parameter = stored_initializer(graph, node.inputs[i]);
-    if (parameter == nullptr || parameter->size() != 1) return false;
-  }
-  return true;
+  return present_inputs_are_scalars(graph, node, {1, 2});
 }
 
 // com.microsoft QLinearAdd / QLinearMul with one scale and zero point per operand and for the output:
@@ -254,12 +249,7 @@ bool is_per_tensor_qlinear_binary(const Graph& graph, const Node& node) {
   if (node.domain != "com.microsoft" || (node.op_type != "QLinearAdd" && node.op_type != "QLinearMul") ||
       node.outputs.size() != 1 || node.inputs.size() < 7)
     return false;
-  for (size_t i : {1, 2, 4, 5, 6, 7}) {
-    if (i >= node.inputs.size() || node.inputs[i].empty()) continue;
-    const mx::array* parameter = stored_initializer(graph, node.inputs[i]);
-    if (parameter == nullptr || parameter->size() != 1) return false;
-  }
-  return true;
+  return present_inputs_are_scalars(graph, node, {1, 2, 4, 5, 6, 7});
 }
 
 bool is_binary_elementwise(const Node& node) {

@@ -35,11 +35,6 @@ namespace {
 
 constexpr const char* kDomain = "ai.transmuter";
 
-const mx::array* scalar_initializer(const Graph& graph, const std::string& name) {
-  const mx::array* value = stored_initializer(graph, name);
-  return value != nullptr && value->size() == 1 ? value : nullptr;
-}
-
 bool plain_quantization_node(const Node& node, const char* op_type) {
   return is_onnx_op(node, op_type) && node.outputs.size() == 1 && node.inputs.size() >= 2 &&
          int_attribute_or(node, "block_size", 0) == 0 && int_attribute_or(node, "output_dtype", 0) == 0 &&

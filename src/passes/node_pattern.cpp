@@ -179,6 +179,18 @@ const mx::array* stored_input(const Graph& graph, const Node& node, size_t i) {
   return has_input(node, i) ? stored_initializer(graph, node.inputs[i]) : nullptr;
 }
 
+const mx::array* scalar_initializer(const Graph& graph, const std::string& name) {
+  const mx::array* value = stored_initializer(graph, name);
+  return value != nullptr && value->size() == 1 ? value : nullptr;
+}
+
+bool present_inputs_are_scalars(const Graph& graph, const Node& node, std::initializer_list<size_t> indices) {
+  for (size_t i : indices) {
+    if (has_input(node, i) && scalar_initializer(graph, node.inputs[i]) == nullptr) return false;
+  }
+  return true;
+}
+
 std::string fresh_initializer_name(const Graph& graph, const std::string& base) {
   std::string name = base;
   for (int i = 1; graph.initializers.contains(name); ++i) name = str(base, "_", i);

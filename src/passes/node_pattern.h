@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,6 +67,10 @@ bool has_input(const Node& node, size_t i);
 const mx::array* stored_initializer(const Graph& graph, const std::string& name);
 /** stored_initializer of input `i` of `node`; nullptr when the input is absent or not one. */
 const mx::array* stored_input(const Graph& graph, const Node& node, size_t i);
+/** stored_initializer when it holds one element (a per-tensor scale or zero point), else nullptr. */
+const mx::array* scalar_initializer(const Graph& graph, const std::string& name);
+/** Whether each of `node`'s inputs at `indices` that is present is a one-element initializer. */
+bool present_inputs_are_scalars(const Graph& graph, const Node& node, std::initializer_list<size_t> indices);
 
 /** `base`, or `base_1`, `base_2`... : the first name no initializer has. */
 std::string fresh_initializer_name(const Graph& graph, const std::string& base);
