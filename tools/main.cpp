@@ -11,12 +11,14 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 
 #include <mlx/mlx.h>
 
 #include "cli.h"
+#include "node_inspection.h"
 #include "npy.h"
 #include "transmuter/transmuter.h"
 
@@ -52,6 +54,8 @@ int Args::get_int(const std::string& name, int fallback) const {
 namespace {
 
 using cli::Args;
+using cli::NodePerturbation;
+using cli::ValueDump;
 
 // Options that take no value; they parse as "--name true".
 bool is_flag(const std::string& name) {
@@ -282,11 +286,17 @@ struct Runner {
   std::shared_ptr<CompiledModel> compiled;  // null in eager mode
 };
 
-Runner make_runner(const Model& model, const PreparedInputs& prepared, const Args& args) {
+Runner make_runner(const Model& model, const PreparedInputs& prepared, const Args& args,
+                   NodeHook hook = nullptr) {
   mx::Device device = parse_device(args);
   if (parse_mode(args) == "eager") {
-    return {[model, prepared, device]() { return run(model, model.params(), prepared.inputs, {device}); }, nullptr};
+    RunOptions options;
+    options.device = device;
+    options.node_hook = std::move(hook);
+    return {[model, prepared, options]() { return run(model, model.params(), prepared.inputs, options); },
+            nullptr};
   }
+  if (hook) throw Error("--dump-all and --perturb-node need --mode eager: compiled plans run no node hooks");
   CompileOptions options;
   options.static_inputs = prepared.static_names;
   options.device = device;
@@ -311,10 +321,24 @@ int run_main(const Args& args) {
   if (args.positional.size() != 1) throw Error("usage: transmuter run MODEL [--input NAME=FILE.npy]... [--output-dir DIR]");
   Model model = load(args.positional[0], parse_load_options(args));
   PreparedInputs prepared = prepare_inputs(model, args);
-  Runner runner = make_runner(model, prepared, args);
+  // Debugging hooks, in this order: the dump shows the perturbed values.
+  std::optional<NodePerturbation> perturbation;
+  if (args.has("perturb-node")) perturbation.emplace(args.get("perturb-node", ""));
+  std::optional<ValueDump> dump;
+  if (args.has("dump-all")) dump.emplace(args.get("dump-all", ""));
+  NodeHook hook;
+  if (perturbation || dump) {
+    hook = [&](NodeRun& node) {
+      if (perturbation) (*perturbation)(node);
+      if (dump) (*dump)(node);
+    };
+  }
+  Runner runner = make_runner(model, prepared, args, hook);
   Outputs outputs = runner.run_once();
   eval_outputs(outputs);
   print_compile_stats(runner);
+  if (perturbation) perturbation->finish();
+  if (dump) dump->finish();
   fs::path dir = args.get("output-dir", ".");
   fs::create_directories(dir);
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -387,6 +411,7 @@ void usage() {
                "  transmuter info MODEL [--passes default|none|NAME,...] [--compute-type auto|float32|model]\n"
                "  transmuter run MODEL [--input NAME=FILE.npy]... [--static NAME=FILE.npy]...\n"
                "                 [--output-dir DIR] [--mode eager|compiled] [--device cpu|gpu] [--dim NAME=VALUE]... [--seed N]\n"
+               "                 [--dump-all DIR]   (eager: every node's outputs as DIR/NNNNN_K.npy + DIR/index.json; see scripts/diff)\n"
                "                 [--passes default|none|NAME,...] [--fuse auto|on|off] [--compute-type auto|float32|model]\n"
                "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
                "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"

@@ -33,6 +33,25 @@ struct Outputs {
   size_t size() const { return values.size(); }
 };
 
+/** One node of the top-level graph as RunOptions::node_hook sees it, just
+ * after it ran. The graph is the model's after its load-time passes (load
+ * with LoadOptions::run_passes = false to see the ONNX file's own nodes). */
+struct NodeRun {
+  size_t index;               // position in the graph
+  const std::string& name;    // may be empty
+  const std::string& domain;  // "" for the default ONNX domain
+  const std::string& op_type;
+  const std::vector<std::string>& input_names;   // "" for an omitted optional input
+  const std::vector<std::string>& output_names;  // "" for an omitted optional output
+  /** The node's outputs, one per output name (lazy MLX arrays). The hook may
+   * replace them: later nodes, and the run's outputs, read what it leaves. */
+  std::vector<Value>& outputs;
+};
+
+/** Called by run() after each node of the top-level graph (subgraph bodies
+ * excluded), in graph order. */
+using NodeHook = std::function<void(NodeRun&)>;
+
 struct RunOptions {
   /** Where ops run; default: the GPU when MLX has one, else the CPU. */
   std::optional<mx::Device> device;
@@ -58,6 +77,12 @@ struct RunOptions {
    * starts plus this budget, which brought that case to 263 MiB at ~1 % of
    * its speed. 0 leaves MLX's limit alone. Default: 128 MiB. */
   std::optional<size_t> cpu_eval_lookahead = std::nullopt;
+  /** Sees (and may replace) every node's outputs: for inspecting a run
+   * (`transmuter run --dump-all`, scripts/diff) and for interventions such as
+   * activation patching. A run with a hook runs every node: it neither
+   * replays nor records the values that runs of the same input signature
+   * otherwise share. Eager runs only: compiled plans (compile()) never call it. */
+  NodeHook node_hook = nullptr;
 };
 
 /** Runs the graph once, eagerly (safe to call from many threads at once on

@@ -22,8 +22,8 @@
 //   scale = 1 / c (Div), c (Mul), or 1 without either.
 //   K = Transpose(K', perm with its last two entries swapped) when Kt is a
 //   Transpose whose output nothing else reads (the perm is rewritten in
-//   place: for BERT, [0, 2, 3, 1] -> [0, 2, 1, 3]), else a new
-//   Transpose(Kt, [0, 1, 3, 2]) for a 4-D Kt.
+//   place: for BERT, [0, 2, 3, 1] -> [0, 2, 1, 3]; its output renamed
+//   Kt/fuse_attention_key), else a new Transpose(Kt, [0, 1, 3, 2]) for a 4-D Kt.
 //
 // Grouped-query attention: when K and V are transformers' repeat_kv of fewer
 // key/value heads,
@@ -309,7 +309,9 @@ std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<boo
       if (a.name == "perm") perm = &a;
     }
     std::swap(perm->ints[perm->ints.size() - 1], perm->ints[perm->ints.size() - 2]);
-    key = m.key_t;
+    // A new name for what is now K, not Kt: a value's name keeps one meaning (scripts/diff compares by name).
+    key = m.key_t + "/fuse_attention_key";
+    graph.nodes[*m.key_transpose].outputs[0] = key;
   } else {
     Node t;
     t.op_type = "Transpose";

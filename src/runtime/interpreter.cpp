@@ -122,6 +122,26 @@ void remember_outputs(const Node& node, size_t n, const Environment& env, Signat
   memo.remember_outputs(n, std::move(kept));
 }
 
+// Hands the node's outputs to RunOptions::node_hook and binds what it leaves
+// in their place.
+void call_node_hook(const NodeHook& hook, const Node& node, size_t n, Environment& env) {
+  std::vector<Value> outputs;
+  outputs.reserve(node.outputs.size());
+  for (const std::string& name : node.outputs) {
+    const Value* value = name.empty() ? nullptr : env.find(name);
+    outputs.push_back(value != nullptr ? *value : Value());
+  }
+  NodeRun run{n, node.name, node.domain, node.op_type, node.inputs, node.outputs, outputs};
+  hook(run);
+  if (outputs.size() != node.outputs.size()) {
+    throw Error(str(node.label(), ": the node hook left ", outputs.size(), " outputs, the node has ",
+                    node.outputs.size()));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!node.outputs[i].empty()) env.set(node.outputs[i], std::move(outputs[i]));
+  }
+}
+
 }  // namespace
 
 void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec) {
@@ -158,6 +178,7 @@ void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& e
       if (!node.outputs[i].empty()) env.set(node.outputs[i], Value());
     }
     if (replayable && exec.record_reads != nullptr) remember_outputs(node, n, env, *exec.record_reads);
+    if (exec.node_hook != nullptr) call_node_hook(*exec.node_hook, node, n, env);
   }
 }
 

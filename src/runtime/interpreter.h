@@ -69,6 +69,8 @@ struct Execution {
   // `replay_reads` without running the node when it holds them, else stored
   // in `record_reads` (up to kMaxRememberedOutputBytes per node).
   const std::vector<bool>* replayable = nullptr;
+  // RunOptions::node_hook, for the top-level graph's nodes (null: none).
+  const NodeHook* node_hook = nullptr;
 };
 
 /** Outputs larger than this are computed on every run (memory over speed). */

@@ -83,7 +83,8 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   std::string signature;
   std::shared_ptr<const SignatureMemo> replay;
   std::shared_ptr<SignatureMemo> record;
-  if (uses_model_params(params, model)) {
+  // A hook may replace values, and sees every node: nothing is replayed or recorded.
+  if (uses_model_params(params, model) && !options.node_hook) {
     signature = signature_of(typed_inputs, {});
     replay = host_reads.find(signature);
     if (replay == nullptr) record = std::make_shared<SignatureMemo>();
@@ -96,6 +97,7 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   bind_initializers(graph, &params, env);
   for (const auto& [name, value] : typed_inputs) env.set(name, value);
   bind_omitted_optionals(graph, typed_inputs, env);
+  if (options.node_hook) exec.node_hook = &options.node_hook;
   run_nodes(bound, 0, bound.size(), env, exec);
   if (record != nullptr) host_reads.insert(signature, std::move(record));
   return collect_outputs(graph, env);

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include <mlx/mlx.h>
 
 #include "support/graph_builder.h"
@@ -55,6 +57,47 @@ TEST(Run, GradientFlowsToParams) {
   };
   auto [values, grads] = mx::value_and_grad(loss)({model.params().at("w")});
   EXPECT_EQ(to_doubles(grads[0]), (std::vector<double>{1, 1, 2, 2}));
+}
+
+TEST(Run, NodeHookSeesEveryNodeInOrder) {
+  Model model = dense_relu({.run_passes = false});
+  std::vector<std::string> seen;
+  RunOptions options{mx::Device::cpu};
+  options.node_hook = [&](NodeRun& node) {
+    ASSERT_EQ(node.outputs.size(), 1u);
+    std::ostringstream line;
+    line << node.index << " " << node.op_type << " " << node.output_names[0] << " "
+         << to_doubles(node.outputs[0].tensor()).size();
+    seen.push_back(line.str());
+  };
+  run(model, model.params(), {{"x", mx::array({1.f, 1.f}, {1, 2})}}, options);
+  EXPECT_EQ(seen, (std::vector<std::string>{"0 MatMul xw 2", "1 Add z 2", "2 Relu y 2"}));
+}
+
+TEST(Run, NodeHookReplacesWhatLaterNodesRead) {
+  Model model = dense_relu({.run_passes = false});
+  RunOptions options{mx::Device::cpu};
+  options.node_hook = [](NodeRun& node) {
+    if (node.op_type == "Add") node.outputs[0] = mx::array({-5.f, 7.f}, {1, 2});
+  };
+  Outputs out = run(model, model.params(), {{"x", mx::array({1.f, 1.f}, {1, 2})}}, options);
+  EXPECT_EQ(to_doubles(out.tensor("y")), (std::vector<double>{0, 7}));  // Relu of the replaced z
+  // A run without the hook is unaffected: nothing it replaced was remembered.
+  Outputs plain = run(model, model.params(), {{"x", mx::array({1.f, 1.f}, {1, 2})}}, {mx::Device::cpu});
+  EXPECT_EQ(to_doubles(plain.tensor("y")), (std::vector<double>{3, 0.5}));
+}
+
+TEST(Run, NodeHookMustLeaveOneValuePerOutput) {
+  Model model = dense_relu({.run_passes = false});
+  RunOptions options{mx::Device::cpu};
+  options.node_hook = [](NodeRun& node) { node.outputs.clear(); };
+  try {
+    run(model, model.params(), {{"x", mx::zeros({1, 2})}}, options);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the node hook left 0 outputs, the node has 1"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Run, RaisesMlxBufferCacheOnTheCpuAndNeverLowersIt) {
