@@ -1,0 +1,401 @@
+#!/usr/bin/env python3
+"""The coverage matrix (issue 11): every file of the corpus (bench/coverage/make_corpus.py) and every real
+export kept in the repo's tests, run in Transmuter and compared with ONNX Runtime, into docs/coverage.md.
+
+    bench/coverage/run [--corpus DIR] [--only ARCH,...] [--flavours F,...] [--doc FILE] [--json FILE]
+
+Per file: seeded inputs from its inputs.json (tests/models/model_inputs.py) at its two shapes ("dims" and
+"dims_alt"); ONNX Runtime with graph optimizations off is the reference; Transmuter runs the file as a user
+would (`transmuter run`, load-time passes on) in eager and in compiled mode. A file matches when every output
+of every shape and mode is within its flavour's tolerance (FLAVOUR_TOLERANCE) of ORT's. A file that does not
+match is triaged: a load error naming operators without an implementation gives "missing op"; outputs beyond
+the tolerance run scripts/diff.py on the same inputs, which names the first node whose value differs (passes
+off, then on if the file's own nodes all agree); any other error is recorded with its message.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "models"))
+sys.path.insert(0, str(REPO / "scripts"))
+from model_inputs import build_inputs  # noqa: E402
+
+SEED = 1234
+MODES = ("eager", "compiled")
+RUN_TIMEOUT_S = 600
+
+# (atol, rtol) per flavour: |Transmuter - ORT| <= atol + rtol * |ORT| at every element of every output.
+# fp32 files (and their int8 / q4 forms, whose integer arithmetic both engines do exactly, with the same
+# float scales): summation order and vectorized exp/erf/tanh only, ~1e-6 seen on the repo's model tests; 1e-4
+# leaves that 100x headroom and still catches a wrong axis, mask or bias (>= 1e-2). fp16 files: a few units in
+# the last place of half precision after a dozen layers (the repo's fp16 model tests need 1e-2; the
+# genai-builder's fp16 decoders 5e-2).
+DEFAULT_TOLERANCE = (1e-4, 1e-4)
+FLAVOUR_TOLERANCE = {"fp16": (1e-2, 1e-2), "genai_fp16": (5e-2, 5e-2)}
+
+
+@dataclass
+class Entry:
+    arch: str
+    family: str
+    flavour: str
+    path: Path
+    spec: dict
+    source: str  # "corpus" or "real"
+
+
+@dataclass
+class Result:
+    arch: str
+    family: str
+    flavour: str
+    path: str
+    source: str
+    status: str  # match | mismatch | missing_op | error (Transmuter's) | ort_error
+    worst: float | None = None  # largest |Transmuter - ORT| over outputs, shapes and modes
+    modes_matched: list[str] = field(default_factory=list)
+    detail: str = ""
+    first_divergence: dict | None = None
+    seconds: float = 0.0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", type=Path, default=REPO / ".cache" / "coverage")
+    p.add_argument("--only", help="architectures, comma-separated")
+    p.add_argument("--flavours", help="flavours, comma-separated")
+    p.add_argument("--transmuter", type=Path, default=Path(os.environ.get("TRANSMUTER_BIN",
+                                                                           REPO / "build" / "transmuter")))
+    p.add_argument("--doc", type=Path, default=REPO / "docs" / "coverage.md")
+    p.add_argument("--json", type=Path, help="raw results (default: bench/results/coverage/latest.json for a full "
+                                             "run, WORK/partial.json with --only or --flavours)")
+    p.add_argument("--work", type=Path, default=REPO / ".cache" / "coverage-runs")
+    p.add_argument("--no-real", action="store_true", help="leave out the real exports")
+    # Test-only: the eager runs (and the triage) perturb this node's outputs, a known divergence to find.
+    p.add_argument("--perturb-node", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ---- what to run -------------------------------------------------------------------------------------------
+
+def corpus_entries(corpus: Path) -> tuple[list[Entry], dict]:
+    manifest_path = corpus / "manifest.json"
+    if not manifest_path.is_file():
+        raise SystemExit(f"{manifest_path}: no corpus manifest (make it: bench/coverage/make_corpus.py)")
+    manifest = json.loads(manifest_path.read_text())
+    entries = []
+    for f in manifest["files"]:
+        if f["status"] != "ok":
+            continue
+        path = corpus / f["path"]
+        spec = json.loads((path.parent / "inputs.json").read_text())
+        entries.append(Entry(f["arch"], f["family"], f["flavour"], path, spec, "corpus"))
+    return entries, manifest
+
+
+def real_entries() -> list[Entry]:
+    """Published exports from registry packages, as the repo's model tests fetch and describe them."""
+    entries = []
+    for spec_path in sorted((REPO / "tests" / "models").glob("*/inputs.json")):
+        spec = json.loads(spec_path.read_text())
+        if "fetch" not in spec:
+            continue
+        fetched = subprocess.run([sys.executable, str(REPO / spec["fetch"])], capture_output=True, text=True)
+        if fetched.returncode != 0:
+            print(f"{spec['fetch']} failed: {fetched.stderr.strip()[-300:]}", file=sys.stderr)
+            continue
+        path = Path(fetched.stdout.strip().splitlines()[-1])
+        entries.append(Entry(spec["model"], spec.get("family", "text encoder"), "published", path, spec, "real"))
+    return entries
+
+
+# ---- running one file --------------------------------------------------------------------------------------
+
+def model_inputs(spec: dict, dims: dict) -> dict[str, np.ndarray]:
+    """build_inputs; float16 inputs are drawn as float32, then rounded (as tests/models does)."""
+    entries = [{**e, "dtype": "float32"} if e["dtype"] == "float16" else e for e in spec["inputs"]]
+    inputs = build_inputs(entries, dims, np.random.default_rng(SEED))
+    return {e["name"]: inputs[e["name"]].astype(e["dtype"]) for e in spec["inputs"]}
+
+
+def sanitize(name: str) -> str:
+    """The file name `transmuter run` gives an output."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def ort_outputs(path: Path, inputs: dict) -> dict[str, np.ndarray]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, inputs)))
+
+
+def last_error_line(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+MISSING_OPS = re.compile(r"operator\(s\) have no implementation: (.*)")
+
+
+def transmuter_failure(stderr: str) -> tuple[str, str]:
+    """(status, detail) of a failed `transmuter run`: the operators without an implementation, or the error."""
+    text = " ".join(stderr.split())
+    missing = MISSING_OPS.search(text)
+    if missing:
+        ops = sorted(set(re.findall(r"([\w.]+ \w+) \(opset \d+\)", missing.group(1))))
+        return "missing_op", ", ".join(ops) if ops else missing.group(1)[:200]
+    return "error", last_error_line(stderr).removeprefix("transmuter run: error: ")[:300]
+
+
+def compare(ours: np.ndarray, theirs: np.ndarray, tolerance: tuple[float, float]) -> tuple[bool, float, str]:
+    if ours.shape != theirs.shape:
+        return False, float("inf"), f"shape {list(ours.shape)} vs ORT's {list(theirs.shape)}"
+    if ours.dtype != theirs.dtype:
+        return False, float("inf"), f"dtype {ours.dtype} vs ORT's {theirs.dtype}"
+    if ours.size == 0:
+        return True, 0.0, ""
+    a, b = ours.astype(np.float64), theirs.astype(np.float64)
+    nan = np.isnan(a) | np.isnan(b)
+    if np.any(np.isnan(a) != np.isnan(b)):
+        return False, float("nan"), "NaN where ORT has a number, or the other way round"
+    same_inf = np.isinf(a) & (a == b)
+    diff = np.where(nan | same_inf, 0.0, np.abs(a - b))
+    atol, rtol = tolerance
+    bad = diff > atol + rtol * np.where(nan | same_inf, 0.0, np.abs(b))
+    return not np.any(bad), float(diff.max()), f"{int(bad.sum())} of {a.size} elements beyond the tolerance" \
+        if np.any(bad) else ""
+
+
+def triage(entry: Entry, input_files: dict[str, Path], transmuter: Path, work: Path,
+           perturb_node: str | None) -> dict | None:
+    """scripts/diff.py on the failing inputs: the first divergent node, passes off, then on."""
+    for passes in ("none", "default"):
+        report = work / f"diff_{passes}.json"
+        cmd = [sys.executable, str(REPO / "scripts" / "diff.py"), str(entry.path), "--transmuter", str(transmuter),
+               "--json", str(report), "--passes", passes]
+        for name, path in input_files.items():
+            cmd += ["--input", f"{name}={path}"]
+        if perturb_node:
+            cmd += ["--perturb-node", perturb_node]
+        subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        if not report.is_file():
+            return None
+        result = json.loads(report.read_text())
+        if result.get("status") == "diverged":
+            return {**result["first_divergence"], "passes": passes}
+    return None
+
+
+def check(entry: Entry, transmuter: Path, work_root: Path, perturb_node: str | None = None) -> Result:
+    start = time.perf_counter()
+    tolerance = FLAVOUR_TOLERANCE.get(entry.flavour, DEFAULT_TOLERANCE)
+    result = Result(entry.arch, entry.family, entry.flavour, str(entry.path.relative_to(REPO))
+                    if entry.path.is_relative_to(REPO) else str(entry.path), entry.source, "match")
+    work = work_root / entry.arch / entry.flavour
+    shutil.rmtree(work, ignore_errors=True)
+    shapes = [entry.spec["dims"]] + ([entry.spec["dims_alt"]] if entry.spec.get("dims_alt") else [])
+    worst = 0.0
+    mismatch = None  # (shape index, mode, detail, input files) of the first output beyond the tolerance
+    matched_modes = set(MODES)
+    for s, dims in enumerate(shapes):
+        shape_dir = work / f"shape{s}"
+        shape_dir.mkdir(parents=True)
+        inputs = model_inputs(entry.spec, dims)
+        input_files = {}
+        for name, value in inputs.items():
+            input_files[name] = shape_dir / f"{sanitize(name)}.in.npy"
+            np.save(input_files[name], value)
+        try:
+            expected = ort_outputs(entry.path, inputs)
+        except Exception as error:  # noqa: BLE001 - recorded, the matrix goes on
+            result.status, result.detail = "ort_error", str(error).strip().splitlines()[0][:300]
+            break
+        for mode in MODES:
+            out_dir = shape_dir / mode
+            cmd = [str(transmuter), "run", str(entry.path), "--mode", mode, "--output-dir", str(out_dir)]
+            for name, path in input_files.items():
+                cmd += ["--input", f"{name}={path}"]
+            if perturb_node and mode == "eager":
+                cmd += ["--perturb-node", perturb_node]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+            if proc.returncode != 0:
+                result.status, result.detail = transmuter_failure(proc.stderr)
+                result.detail = f"{mode}: {result.detail}" if result.status == "error" else result.detail
+                result.seconds = time.perf_counter() - start
+                return result
+            for name, reference in expected.items():
+                ours = np.load(out_dir / f"{sanitize(name)}.npy")
+                within, error, why = compare(ours, np.asarray(reference), tolerance)
+                worst = max(worst, error) if not np.isnan(error) else float("nan")
+                if not within:
+                    matched_modes.discard(mode)
+                    if mismatch is None:
+                        mismatch = (s, mode, f"{mode}, shape {s + 1}, output '{name}': {why} (max abs {error:.3g})",
+                                    input_files, shape_dir)
+    if result.status == "match":
+        result.worst = worst
+        result.modes_matched = sorted(matched_modes)
+        if mismatch is not None:
+            result.status, result.detail = "mismatch", mismatch[2]
+            result.first_divergence = triage(entry, mismatch[3], transmuter, mismatch[4], perturb_node)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+# ---- the document ------------------------------------------------------------------------------------------
+
+FLAVOUR_ORDER = ["fp32", "with_past", "merged", "ort_optimized", "fp16", "int8_dynamic", "q4", "genai", "genai_fp16",
+                 "dynamo", "fp32_encoder", "fp32_decoder", "with_past_decoder", "published"]
+FAMILY_ORDER = ["text encoder", "decoder", "encoder-decoder", "vision", "audio"]
+
+
+def cell(r: Result) -> str:
+    if r.status == "match":
+        return f"✓ {r.worst:.0e}" if r.worst else "✓ 0"
+    if r.status == "missing_op":
+        return "✗ missing " + r.detail.replace("ai.onnx ", "")
+    if r.status == "mismatch":
+        if r.first_divergence:
+            d = r.first_divergence
+            return f"✗ {d['op_type']} '{d['name'] or d['output']}'" + (" (passes)" if d["passes"] == "default" else "")
+        only = "compiled" if r.modes_matched == ["eager"] else "eager" if r.modes_matched == ["compiled"] else ""
+        return f"✗ {only + ' ' if only else ''}outputs differ (no single node)".strip()
+    return f"✗ {r.status.replace('_', ' ')}"
+
+
+def sort_key(values: list[str], order: list[str]):
+    return sorted(values, key=lambda v: (order.index(v) if v in order else len(order), v))
+
+
+def markdown(results: list[Result], manifest: dict, meta: dict) -> str:
+    compared = [r for r in results if r.status != "ort_error"]
+    corpus = [r for r in compared if r.source == "corpus"]
+    real = [r for r in compared if r.source == "real"]
+    matched = [r for r in corpus if r.status == "match"]
+    archs = sorted({r.arch for r in corpus})
+    failed_exports = [f for f in manifest.get("files", []) if f["status"] != "ok"]
+    lines = ["# Coverage: Hugging Face architectures × export flavours, against ONNX Runtime", "",
+             "Generated by `bench/coverage/run` (do not edit). Each cell: one ONNX file of the corpus "
+             "(`bench/coverage/make_corpus.py`: tiny random-weight exports), run by `transmuter run` (load-time passes "
+             "on) in eager and compiled mode at two input shapes and compared with ONNX Runtime (graph optimizations "
+             "off) on the same seeded inputs. ✓ and the largest absolute error over every output, shape and mode; ✗ "
+             "and why: a missing operator, or the first node whose value differs (`scripts/diff`, passes off; "
+             "\"(passes)\" when only the load-time passes' graph differs), or the error. Tolerances: "
+             f"|T − ORT| ≤ atol + rtol·|ORT| with (atol, rtol) = {DEFAULT_TOLERANCE} for fp32, int8 and q4 files, "
+             f"{FLAVOUR_TOLERANCE['fp16']} for fp16, {FLAVOUR_TOLERANCE['genai_fp16']} for the genai builder's fp16 "
+             "(bench/coverage/run.py says why).", "",
+             f"- **Run**: {meta['date']}, commit {meta['commit']}, {meta['cpu']}, {meta['minutes']:.1f} min; "
+             f"corpus made with {', '.join(f'{k} {v}' for k, v in sorted(manifest.get('versions', {}).items()))}.",
+             f"- **Corpus**: {len(archs)} architectures, {len(corpus)} files compared"
+             f"{f', {len(failed_exports)} exports that failed or that ORT could not run (listed at the end)' if failed_exports else ''}.",
+             f"- **Matched ORT in both modes**: {len(matched)} of {len(corpus)} files "
+             f"({100.0 * len(matched) / max(1, len(corpus)):.1f} %)"
+             + (f"; real exports: {sum(r.status == 'match' for r in real)} of {len(real)}." if real else "."), ""]
+    by_flavour = {}
+    for r in corpus:
+        by_flavour.setdefault(r.flavour, []).append(r)
+    lines += ["| flavour | files | matched |", "|---|---:|---:|"]
+    for flavour in sort_key(list(by_flavour), FLAVOUR_ORDER):
+        rs = by_flavour[flavour]
+        lines.append(f"| {flavour} | {len(rs)} | {sum(r.status == 'match' for r in rs)} |")
+    lines.append("")
+    for family in sort_key(sorted({r.family for r in corpus}), FAMILY_ORDER):
+        rs = [r for r in corpus if r.family == family]
+        flavours = sort_key(sorted({r.flavour for r in rs}), FLAVOUR_ORDER)
+        lines += [f"## {family[0].upper() + family[1:]}", "",
+                  "| architecture | " + " | ".join(flavours) + " |", "|---|" + "---|" * len(flavours)]
+        for arch in sorted({r.arch for r in rs}):
+            cells = {r.flavour: cell(r) for r in rs if r.arch == arch}
+            lines.append(f"| {arch} | " + " | ".join(cells.get(f, "") for f in flavours) + " |")
+        lines.append("")
+    if real:
+        lines += ["## Real exports", "", "Published ONNX files from registry packages (the repo's model tests fetch "
+                  "them; tests/models/*/inputs.json says where from).", "", "| model | result |", "|---|---|"]
+        lines += [f"| {r.arch} | {cell(r)} |" for r in real]
+        lines.append("")
+    failures = [r for r in compared if r.status != "match"]
+    if failures:
+        lines += ["## Failures", ""]
+        for r in failures:
+            where = ""
+            if r.first_divergence:
+                d = r.first_divergence
+                where = (f" First divergence (scripts/diff, passes {d['passes']}): node #{d['index']} '{d['name']}' "
+                         f"({d['op_type']}), output '{d['output']}' {d['dtype']}{d['shape']}: "
+                         f"{d['reason'] or 'max abs %.3g' % d['max_abs']}.")
+            lines.append(f"- {r.arch} / {r.flavour} (`{r.path}`): {r.status.replace('_', ' ')}: {r.detail}.{where}")
+        lines.append("")
+    if failed_exports:
+        lines += ["## Exports not in the matrix", "", "The corpus maker could not make these, or ORT could not run "
+                  "them (so there is no reference):", ""]
+        lines += [f"- {f['arch']} / {f['flavour']}: {f.get('error', '')[:300]}" for f in failed_exports]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cpus)"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.transmuter.exists():
+        raise SystemExit(f"{args.transmuter}: not found (./scripts/setup builds it)")
+    started = time.perf_counter()
+    entries, manifest = corpus_entries(args.corpus)
+    if not args.no_real and not args.only:
+        entries += real_entries()
+    if args.only:
+        entries = [e for e in entries if e.arch in args.only.split(",")]
+    if args.flavours:
+        entries = [e for e in entries if e.flavour in args.flavours.split(",")]
+    results = []
+    for i, entry in enumerate(entries, 1):
+        r = check(entry, args.transmuter, args.work, args.perturb_node)
+        results.append(r)
+        print(f"[{i}/{len(entries)}] {entry.arch:24s} {entry.flavour:16s} {cell(r)[:90]}  ({r.seconds:.1f} s)",
+              flush=True)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+            "cpu": machine(), "minutes": (time.perf_counter() - started) / 60}
+    full = not args.only and not args.flavours
+    if args.json is None:
+        args.json = REPO / "bench" / "results" / "coverage" / "latest.json" if full else args.work / "partial.json"
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"meta": meta, "versions": manifest.get("versions", {}),
+                                     "results": [asdict(r) for r in results]}, indent=1) + "\n")
+    if full:
+        args.doc.write_text(markdown(results, manifest, meta))
+        print(f"wrote {args.doc.relative_to(REPO) if args.doc.is_relative_to(REPO) else args.doc}")
+    matched = sum(r.status == "match" for r in results)
+    print(f"{matched} of {len(results)} files match ORT in both modes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
