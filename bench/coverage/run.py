@@ -32,7 +32,7 @@ import onnxruntime as ort
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "models"))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_inputs import build_inputs  # noqa: E402
 
 SEED = 1234
@@ -58,6 +58,10 @@ class Entry:
     spec: dict
     source: str  # "corpus" or "real"
 
+    @property
+    def about(self) -> str:
+        return self.spec.get("about", "")
+
 
 @dataclass
 class Result:
@@ -66,6 +70,7 @@ class Result:
     flavour: str
     path: str
     source: str
+    about: str
     status: str  # match | mismatch | missing_op | error (Transmuter's) | ort_error
     worst: float | None = None  # largest |Transmuter - ORT| over outputs, shapes and modes
     modes_matched: list[str] = field(default_factory=list)
@@ -86,6 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                              "run, WORK/partial.json with --only or --flavours)")
     p.add_argument("--work", type=Path, default=REPO / ".cache" / "coverage-runs")
     p.add_argument("--no-real", action="store_true", help="leave out the real exports")
+    p.add_argument("--real-cache", type=Path, default=REPO / ".cache" / "coverage-real")
     # Test-only: the eager runs (and the triage) perturb this node's outputs, a known divergence to find.
     p.add_argument("--perturb-node", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -108,9 +114,20 @@ def corpus_entries(corpus: Path) -> tuple[list[Entry], dict]:
     return entries, manifest
 
 
-def real_entries() -> list[Entry]:
-    """Published exports from registry packages, as the repo's model tests fetch and describe them."""
+def real_entries(cache: Path) -> list[Entry]:
+    """Published exports: those registry packages ship (bench/coverage/real_exports.py) and the real model
+    the repo's model tests fetch."""
+    import real_exports  # noqa: PLC0415 - beside this file
+
     entries = []
+    for export in real_exports.EXPORTS:
+        try:
+            path = real_exports.fetch(export, cache)
+        except Exception as error:  # noqa: BLE001 - a package that cannot be fetched is reported, not fatal
+            print(f"{export.name}: not fetched: {error}", file=sys.stderr)
+            continue
+        spec = json.loads((path.parent / "inputs.json").read_text())
+        entries.append(Entry(export.name, export.family, "published", path, spec, "real"))
     for spec_path in sorted((REPO / "tests" / "models").glob("*/inputs.json")):
         spec = json.loads(spec_path.read_text())
         if "fetch" not in spec:
@@ -120,6 +137,7 @@ def real_entries() -> list[Entry]:
             print(f"{spec['fetch']} failed: {fetched.stderr.strip()[-300:]}", file=sys.stderr)
             continue
         path = Path(fetched.stdout.strip().splitlines()[-1])
+        spec = {**spec, "about": f"{spec.get('about', '')}; {spec['fetch']}"}
         entries.append(Entry(spec["model"], spec.get("family", "text encoder"), "published", path, spec, "real"))
     return entries
 
@@ -208,8 +226,9 @@ def check(entry: Entry, transmuter: Path, work_root: Path, perturb_node: str | N
     start = time.perf_counter()
     tolerance = FLAVOUR_TOLERANCE.get(entry.flavour, DEFAULT_TOLERANCE)
     result = Result(entry.arch, entry.family, entry.flavour, str(entry.path.relative_to(REPO))
-                    if entry.path.is_relative_to(REPO) else str(entry.path), entry.source, "match")
-    work = work_root / entry.arch / entry.flavour
+                    if entry.path.is_relative_to(REPO) else str(entry.path), entry.source,
+                    entry.about.split(";")[-1].strip() if entry.source == "real" else "", "match")
+    work = work_root / sanitize(entry.arch) / entry.flavour
     shutil.rmtree(work, ignore_errors=True)
     shapes = [entry.spec["dims"]] + ([entry.spec["dims_alt"]] if entry.spec.get("dims_alt") else [])
     worst = 0.0
@@ -327,9 +346,11 @@ def markdown(results: list[Result], manifest: dict, meta: dict) -> str:
             lines.append(f"| {arch} | " + " | ".join(cells.get(f, "") for f in flavours) + " |")
         lines.append("")
     if real:
-        lines += ["## Real exports", "", "Published ONNX files from registry packages (the repo's model tests fetch "
-                  "them; tests/models/*/inputs.json says where from).", "", "| model | result |", "|---|---|"]
-        lines += [f"| {r.arch} | {cell(r)} |" for r in real]
+        lines += ["## Real exports", "", "Published ONNX files that registry packages ship, at pinned versions and "
+                  "checksums (bench/coverage/real_exports.py; the real MiniLM is the model tests' own, "
+                  "scripts/fetch_real_model.py), run the same way.", "", "| model | kind | from | result |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r.arch} | {r.family} | {r.about} | {cell(r)} |" for r in real]
         lines.append("")
     failures = [r for r in compared if r.status != "match"]
     if failures:
@@ -367,8 +388,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.transmuter}: not found (./scripts/setup builds it)")
     started = time.perf_counter()
     entries, manifest = corpus_entries(args.corpus)
-    if not args.no_real and not args.only:
-        entries += real_entries()
+    if not args.no_real:
+        entries += real_entries(args.real_cache)
     if args.only:
         entries = [e for e in entries if e.arch in args.only.split(",")]
     if args.flavours:

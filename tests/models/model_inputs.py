@@ -15,6 +15,8 @@ Kinds:
     float                      standard normal float32
     bool                       every element equal to the entry's "value" (true/false),
                                e.g. optimum's use_cache_branch
+    int                        every element equal to the entry's "value" in its dtype
+                               (a sample rate, a fixed count)
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def build_inputs(entries: list[dict], dims: dict, rng: np.random.Generator) -> d
             value = rng.standard_normal(shape).astype(np.float32)
         elif kind == "bool":
             value = np.full(shape, bool(entry["value"]), dtype=np.bool_)
+        elif kind == "int":
+            value = np.full(shape, int(entry["value"]), dtype=np.dtype(entry["dtype"]))
         else:
             raise ValueError(f"input {entry['name']}: unknown kind {kind!r}")
         if value.dtype != np.dtype(entry["dtype"]):
