@@ -164,8 +164,11 @@ std::optional<mx::array> column_vector(const GraphIndex& index, const std::strin
 // Extends a match without activation by a Mul with a constant [N] (ConvNeXt's
 // and CaiT's layer scale: folded into the packed weight and the bias) and an
 // Add of a computed value after it (the block's shortcut: the epilogue's
-// residual).
-void take_scale_and_residual(const Graph& graph, const GraphIndex& index, std::string value, ProductMatch& m) {
+// residual). Not an Add an earlier match already took as its residual: in a
+// parallel block (GPT-J, Phi, Falcon: x + attn(x) + mlp(x)) the attention's and
+// the MLP's products both feed one Add, which only one of them can end in.
+void take_scale_and_residual(const Graph& graph, const GraphIndex& index, std::string value, ProductMatch& m,
+                             const std::vector<bool>& claimed) {
   std::optional<size_t> reader = sole_consumer(index, value);
   if (reader && is_onnx_op(graph.nodes[*reader], "Mul") && graph.nodes[*reader].outputs.size() == 1) {
     std::optional<std::string> other = other_input(graph.nodes[*reader], value);
@@ -179,7 +182,8 @@ void take_scale_and_residual(const Graph& graph, const GraphIndex& index, std::s
       }
     }
   }
-  if (reader && is_onnx_op(graph.nodes[*reader], "Add") && graph.nodes[*reader].outputs.size() == 1) {
+  if (reader && !claimed[*reader] && is_onnx_op(graph.nodes[*reader], "Add") &&
+      graph.nodes[*reader].outputs.size() == 1) {
     std::optional<std::string> other = other_input(graph.nodes[*reader], value);
     if (other && *other != value && !index.constant(*other) && *other != m.a) {
       m.residual = *other;
@@ -190,7 +194,8 @@ void take_scale_and_residual(const Graph& graph, const GraphIndex& index, std::s
 }
 
 // Extends a MatMul match by the bias Add and the GELU after it, when present.
-void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m) {
+// `claimed`: the nodes earlier matches swallowed.
+void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m, const std::vector<bool>& claimed) {
   std::string value = graph.nodes[m.product].outputs[0];
   if (!m.bias) {
     std::optional<size_t> reader = sole_consumer(index, value);
@@ -205,7 +210,7 @@ void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m)
     }
   }
   if (take_activation(graph, index, value, m)) return;
-  take_scale_and_residual(graph, index, value, m);
+  take_scale_and_residual(graph, index, value, m, claimed);
 }
 
 Node packed_node(const ProductMatch& m, const Node& product, const Node& last, const std::string& packed,
@@ -243,14 +248,17 @@ size_t pack_matmul_weights(Graph& graph) {
   if (mx::default_device() != mx::Device::cpu) return 0;
   const GraphIndex index(graph);
   std::vector<ProductMatch> matches;
+  std::vector<bool> claimed(graph.nodes.size(), false);  // swallowed by a match so far
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     std::optional<ProductMatch> m = match_matmul(graph, i);
     if (m) {
-      take_epilogue(graph, index, *m);
+      take_epilogue(graph, index, *m, claimed);
     } else if ((m = match_gemm(graph, i))) {
       take_activation(graph, index, graph.nodes[i].outputs[0], *m);
     }
-    if (m) matches.push_back(std::move(*m));
+    if (!m) continue;
+    for (size_t s : m->swallowed) claimed[s] = true;
+    matches.push_back(std::move(*m));
   }
   // (weight, transposed) -> its packed initializer
   std::map<std::pair<std::string, bool>, std::string> packed_names;

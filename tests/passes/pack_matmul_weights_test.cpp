@@ -275,5 +275,26 @@ TEST(PackMatmulWeights, LayerScaleAndShortcutJoinTheProduct) {
   expect_same_outputs(g, "x", random_array({2, 5, 8}, 37), "ys");
 }
 
+// A parallel block (GPT-J, Phi, Falcon, GPT-NeoX): attn(x) + mlp(x) meet in one
+// Add, which both products could take as their residual; one does, and the
+// other product's packed node feeds it. (Both taking it left a node reading a
+// value no node made: "input ... has no value", found by bench/coverage.)
+TEST(PackMatmulWeights, TwoProductsMeetingInOneAddShareIt) {
+  GraphBuilder b;
+  b.input("x", OnnxType::kFloat, {2, 5, 8})
+      .initializer("W_attn", random_array({8, 8}, 41))
+      .initializer("W_mlp", random_array({8, 8}, 42))
+      .initializer("b_mlp", random_array({8}, 43))
+      .node("MatMul", {"x", "W_attn"}, {"attn"})
+      .node("MatMul", {"x", "W_mlp"}, {"mm"})
+      .node("Add", {"mm", "b_mlp"}, {"mlp"})
+      .node("Add", {"attn", "mlp"}, {"both"})
+      .node("Add", {"both", "x"}, {"y"})
+      .output("y");
+  Model packed = b.build();
+  EXPECT_EQ(packed.op_histogram(), (std::map<std::string, size_t>{{"Add", 1}, {"ai.transmuter.PackedMatMul", 2}}));
+  expect_same_outputs(b, "x", random_array({2, 5, 8}, 44));
+}
+
 }  // namespace
 }  // namespace transmuter
