@@ -3,16 +3,19 @@
 // https://onnx.ai/onnx/operators/onnx__MaxPool.html
 // https://onnx.ai/onnx/operators/onnx__AveragePool.html
 //
-// A pool over kernel k1 x ... x kd is composed of one strided slice of the
-// padded input per kernel offset: slice j holds, for every output position,
-// the input element under offset j of its window. Max and sum are then
-// elementwise folds over the slices. This works for any number of spatial
-// axes, strides, dilations, pads and ceil_mode, is plain MLX ops (so it
-// traces under mx::compile), and everything that depends on shapes alone
-// (divisors, indices) is computed on the host.
+// A pool over kernel k1 x ... x kd folds strided slices of the padded input:
+// along one axis, slice j holds, for every output position, the element under
+// offset j of its window. Max and sum are separable, so the window is folded
+// one axis at a time (k1 + ... + kd slices, not k1 * ... * kd: EfficientNet's
+// pooler has a 320 x 320 kernel). MaxPool's Indices output needs the whole
+// window's slices (one per kernel offset) to find where each max came from.
+// This works for any number of spatial axes, strides, dilations, pads and
+// ceil_mode, is plain MLX ops (so it traces under mx::compile), and everything
+// that depends on shapes alone (divisors, indices) is computed on the host.
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include <mlx/mlx.h>
 
@@ -49,8 +52,9 @@ struct Pooling {
   }
 };
 
-// A pool composes one slice per window element; beyond this many the graph
-// (and the host loops over offsets) would not finish in reasonable time.
+// A pool composes one slice per kernel offset along each axis (per window
+// element for MaxPool's Indices); beyond this many the graph (and the host
+// loops over offsets) would not finish in reasonable time.
 constexpr int64_t kMaxWindowElements = 1 << 16;
 
 Pooling make_pooling(const NodeContext& ctx, bool channels_last = false) {
@@ -59,14 +63,14 @@ Pooling make_pooling(const NodeContext& ctx, bool channels_last = false) {
   const int first_spatial = channels_last ? 1 : 2;
   std::vector<int64_t> input(x.shape().begin() + first_spatial, x.shape().begin() + first_spatial + x.ndim() - 2);
   ConvPoolAttributes attrs = ConvPoolAttributes::read(ctx, static_cast<int>(input.size()));
-  const int64_t window = checked_product(ctx, attrs.kernel_shape, "window size");
-  if (window > kMaxWindowElements) {
-    throw ctx.error("a window of ", window, " elements exceeds the ", kMaxWindowElements, " supported");
+  const int64_t along_axes =
+      std::accumulate(attrs.kernel_shape.begin(), attrs.kernel_shape.end(), int64_t{0});
+  if (along_axes > kMaxWindowElements) {
+    throw ctx.error("a window of ", along_axes, " elements along its axes exceeds the ", kMaxWindowElements,
+                    " supported");
   }
   WindowGeometry geometry = resolve_window(ctx, attrs, input);
-  // The host tables (divisors, indices) hold one entry per output position
-  // and window element: their sizes must not wrap.
-  checked_mul(ctx, checked_product(ctx, geometry.output, "output size"), window, "window table size");
+  checked_product(ctx, geometry.output, "output size");  // the output (and the divisor table) must not wrap
   // MaxPool's Indices count images with an int32 arange.
   to_int32(ctx, int64_t{x.shape(0)} * x.shape(1), "batch * channels");
   // The padded input and the output are MLX shapes: int32 dims.
@@ -81,7 +85,7 @@ Pooling make_pooling(const NodeContext& ctx, bool channels_last = false) {
 // One [N, C, out...] slice per kernel offset, in row-major offset order. The
 // input is padded with `pad_value` so that every window lies inside it
 // (ceil_mode windows may reach past the declared end pads).
-std::vector<mx::array> window_slices(const Pooling& p, const mx::array& pad_value, mx::StreamOrDevice s) {
+mx::array padded_input(const Pooling& p, const mx::array& pad_value, mx::StreamOrDevice s) {
   const size_t rank = p.rank();
   std::vector<int> axes;
   mx::Shape low, high;
@@ -91,8 +95,44 @@ std::vector<mx::array> window_slices(const Pooling& p, const mx::array& pad_valu
     low.push_back(static_cast<int>(p.geometry.pad_begin[i]));
     high.push_back(static_cast<int>(std::max<int64_t>(0, needed - p.input[i] - p.geometry.pad_begin[i])));
   }
-  mx::array padded = mx::pad(p.x, axes, low, high, pad_value, "constant", s);
+  return mx::pad(p.x, axes, low, high, pad_value, "constant", s);
+}
 
+// Combines the window's elements with `combine` (max or add), one spatial axis
+// at a time: [N, C, out...] (channels last: [N, out..., C]).
+mx::array fold_window(const Pooling& p, const mx::array& pad_value,
+                      const std::function<mx::array(const mx::array&, const mx::array&)>& combine,
+                      mx::StreamOrDevice s) {
+  mx::array folded = padded_input(p, pad_value, s);
+  for (size_t i = 0; i < p.rank(); ++i) {
+    const int axis = static_cast<int>(i) + p.first_spatial;
+    std::optional<mx::array> along;
+    for (int64_t k = 0; k < p.attrs.kernel_shape[i]; ++k) {
+      mx::Shape start(folded.ndim(), 0), stop = folded.shape(), strides(folded.ndim(), 1);
+      start[axis] = static_cast<int>(k * p.attrs.dilations[i]);
+      stop[axis] = static_cast<int>(start[axis] + (p.geometry.output[i] - 1) * p.attrs.strides[i] + 1);
+      strides[axis] = static_cast<int>(p.attrs.strides[i]);
+      mx::array slice = mx::slice(folded, start, stop, strides, s);
+      along = along ? combine(*along, slice) : slice;
+    }
+    folded = *along;
+  }
+  return folded;
+}
+
+// Every window element's slice, [N, C, out...] each, in row-major offset order
+// (MaxPool's Indices: which element each max came from).
+std::vector<mx::array> window_slices(const NodeContext& ctx, const Pooling& p, const mx::array& pad_value,
+                                     mx::StreamOrDevice s) {
+  const int64_t window = checked_product(ctx, p.attrs.kernel_shape, "window size");
+  if (window > kMaxWindowElements) {
+    throw ctx.error("a window of ", window, " elements exceeds the ", kMaxWindowElements,
+                    " supported with Indices");
+  }
+  // The index table holds one entry per output position and window element: its size must not wrap.
+  checked_mul(ctx, checked_product(ctx, p.geometry.output, "output size"), window, "window table size");
+  const size_t rank = p.rank();
+  mx::array padded = padded_input(p, pad_value, s);
   std::vector<mx::array> slices;
   for_each_offset(p.attrs.kernel_shape, [&](const std::vector<int64_t>& offset) {
     mx::Shape start(rank + 2, 0), stop = padded.shape(), strides(rank + 2, 1);
@@ -156,9 +196,8 @@ OpOutputs average_pool(NodeContext& ctx) {
   auto s = ctx.stream();
   Pooling p = make_pooling(ctx);
   const bool count_include_pad = ctx.attr_int("count_include_pad", 0) != 0;
-  std::vector<mx::array> slices = window_slices(p, mx::array(0, p.x.dtype()), s);
-  mx::array sum = slices[0];
-  for (size_t j = 1; j < slices.size(); ++j) sum = mx::add(sum, slices[j], s);
+  mx::array sum =
+      fold_window(p, mx::array(0, p.x.dtype()), [&](auto& a, auto& b) { return mx::add(a, b, s); }, s);
   mx::array counts = mx::astype(window_counts(p, count_include_pad), p.x.dtype(), s);
   return {mx::astype(mx::divide(sum, counts, s), p.x.dtype(), s)};
 }
@@ -225,10 +264,11 @@ mx::array max_indices(const Pooling& p, const std::vector<mx::array>& slices, bo
 OpOutputs max_pool(NodeContext& ctx) {
   auto s = ctx.stream();
   Pooling p = make_pooling(ctx);
-  std::vector<mx::array> slices = window_slices(p, lowest_of(p.x.dtype()), s);
+  auto maximum = [&](const mx::array& a, const mx::array& b) { return mx::maximum(a, b, s); };
+  if (!ctx.output_requested(1)) return {fold_window(p, lowest_of(p.x.dtype()), maximum, s)};
+  std::vector<mx::array> slices = window_slices(ctx, p, lowest_of(p.x.dtype()), s);
   mx::array result = slices[0];
-  for (size_t j = 1; j < slices.size(); ++j) result = mx::maximum(result, slices[j], s);
-  if (!ctx.output_requested(1)) return {result};
+  for (size_t j = 1; j < slices.size(); ++j) result = maximum(result, slices[j]);
   const bool column_major = ctx.attr_int("storage_order", 0) != 0;
   return {result, max_indices(p, slices, column_major, s)};
 }
@@ -238,10 +278,8 @@ OpOutputs max_pool(NodeContext& ctx) {
 OpOutputs max_pool_channels_last(NodeContext& ctx) {
   if (ctx.output_requested(1)) throw ctx.error("the channels-last MaxPool has no Indices output");
   Pooling p = make_pooling(ctx, true);
-  std::vector<mx::array> slices = window_slices(p, lowest_of(p.x.dtype()), ctx.stream());
-  mx::array result = slices[0];
-  for (size_t j = 1; j < slices.size(); ++j) result = mx::maximum(result, slices[j], ctx.stream());
-  return {result};
+  auto s = ctx.stream();
+  return {fold_window(p, lowest_of(p.x.dtype()), [&](auto& a, auto& b) { return mx::maximum(a, b, s); }, s)};
 }
 
 // --- LpPool ---------------------------------------------------------------------------
@@ -262,9 +300,10 @@ OpOutputs lp_pool(NodeContext& ctx) {
   Pooling pooling = make_pooling(ctx);
   const mx::Dtype dtype = pooling.x.dtype();
   mx::array p = mx::array(lp_exponent<kFloatP>(ctx), dtype);
-  std::vector<mx::array> slices = window_slices(pooling, mx::array(0, dtype), s);
-  mx::array sum = mx::power(mx::abs(slices[0], s), p, s);
-  for (size_t j = 1; j < slices.size(); ++j) sum = mx::add(sum, mx::power(mx::abs(slices[j], s), p, s), s);
+  // |x|^p before the window: the zero padding stays zero.
+  pooling.x = mx::power(mx::abs(pooling.x, s), p, s);
+  mx::array sum =
+      fold_window(pooling, mx::array(0, dtype), [&](auto& a, auto& b) { return mx::add(a, b, s); }, s);
   return {mx::power(sum, mx::reciprocal(p, s), s)};
 }
 

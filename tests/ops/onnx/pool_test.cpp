@@ -155,12 +155,20 @@ TEST(MaxPool, HugeWindowsAreErrorsNotHangsOrTruncations) {
   EXPECT_EQ(testing::error_of<OpError>(
                 [&] { run_op("MaxPool", 12, {x}, {ints_attr("kernel_shape", {(int64_t{1} << 32) + 2})}); }),
             "[MaxPool v1] node 'test_MaxPool': kernel_shape value 4294967298 does not fit in int32");
-  // One slice per window element: 2^20 would not finish.
+  // One slice per kernel offset along each axis: 2^20 would not finish.
   EXPECT_EQ(testing::error_of<OpError>([&] {
               run_op("MaxPool", 12, {x},
                      {ints_attr("kernel_shape", {int64_t{1} << 20}), ints_attr("pads", {0, 1 << 20})});
             }),
-            "[MaxPool v1] node 'test_MaxPool': a window of 1048576 elements exceeds the 65536 supported");
+            "[MaxPool v1] node 'test_MaxPool': a window of 1048576 elements along its axes exceeds the 65536 "
+            "supported");
+  // With Indices, one slice per window element: 300 x 300 is too many.
+  EXPECT_EQ(testing::error_of<OpError>([&] {
+              run_op("MaxPool", 12, {mx::zeros({1, 1, 300, 300})}, {ints_attr("kernel_shape", {300, 300})},
+                     2);
+            }),
+            "[MaxPool v1] node 'test_MaxPool': a window of 90000 elements exceeds the 65536 supported with "
+            "Indices");
   // Three output dims of 2^31 - 1 each: the host tables' size would wrap.
   const int64_t b = int64_t{1} << 30, e = b - 2;
   std::string message = testing::error_of<OpError>([&] {
@@ -169,6 +177,24 @@ TEST(MaxPool, HugeWindowsAreErrorsNotHangsOrTruncations) {
   });
   EXPECT_NE(message.find("output size"), std::string::npos) << message;
   EXPECT_NE(message.find("overflows int64"), std::string::npos) << message;
+}
+
+// EfficientNet's pooler in transformers: AvgPool2d over the whole feature map,
+// a window of 320 x 320 elements in the corpus' export. Pooled one axis at a
+// time (320 + 320 slices, not 320^2): the mean of each image, its max, and
+// (p = 1) its sum of magnitudes.
+TEST(AveragePool, AWindowOfTheWholeInput) {
+  const mx::array x = mx::random::normal({1, 2, 320, 320}, mx::float32, 0, 1, mx::random::key(3));
+  const std::vector<int> spatial = {2, 3};
+  auto avg =
+      run_op("AveragePool", 19, {x}, {ints_attr("kernel_shape", {320, 320}), int_attr("ceil_mode", 1)});
+  EXPECT_EQ(avg[0].tensor().shape(), (mx::Shape{1, 2, 1, 1}));
+  expect_near(to_doubles(avg[0].tensor()), to_doubles(mx::mean(x, spatial, true)), 1e-5);
+  auto max = run_op("MaxPool", 12, {x}, {ints_attr("kernel_shape", {320, 320})});
+  EXPECT_EQ(to_doubles(max[0].tensor()), to_doubles(mx::max(x, spatial, true)));
+  auto lp = run_op("LpPool", 18, {x}, {ints_attr("kernel_shape", {320, 320}), int_attr("p", 1)});
+  // Sums of 102400 float32 magnitudes (~8e4) in another order: 1e-4 relative.
+  expect_near(to_doubles(lp[0].tensor()), to_doubles(mx::sum(mx::abs(x), spatial, true)), 8.0);
 }
 
 }  // namespace
