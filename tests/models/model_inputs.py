@@ -13,7 +13,8 @@ Kinds:
     attention_mask             ones; with batch > 1 the last row ends in 2 zeros
     position_ids               derived from the mask like generate() does
     float                      standard normal float32
-    bool                       every element equal to the entry's "value" (true/false),
+    bool                       every element equal to the entry's "value" (true/false, or the
+                               name of a dim whose value, 0 or not, gives it per shape),
                                e.g. optimum's use_cache_branch
     int                        every element equal to the entry's "value" in its dtype
                                (a sample rate, a fixed count)
@@ -74,7 +75,8 @@ def build_inputs(entries: list[dict], dims: dict, rng: np.random.Generator) -> d
         elif kind == "float":
             value = rng.standard_normal(shape).astype(np.float32)
         elif kind == "bool":
-            value = np.full(shape, bool(entry["value"]), dtype=np.bool_)
+            flag = entry["value"]
+            value = np.full(shape, bool(dims[flag]) if isinstance(flag, str) else bool(flag), dtype=np.bool_)
         elif kind == "int":
             value = np.full(shape, int(entry["value"]), dtype=np.dtype(entry["dtype"]))
         else:
