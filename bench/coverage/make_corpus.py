@@ -85,6 +85,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / ".cache" / "coverage"
 sys.path.insert(0, str(REPO_ROOT / "tests" / "models"))
 from model_inputs import build_inputs  # noqa: E402  (the runner's input builder)
+from corpus_common import randomize, summarize  # noqa: E402  (beside this file)
 
 GENERATOR = "bench/coverage/make_corpus.py"
 SEED = 0
@@ -837,38 +838,6 @@ def build_model(arch: Arch) -> torch.nn.Module:
     return model.eval()
 
 
-def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """Linear and convolution weights ~ N(0, 1/fan_in), their biases ~ N(0, 0.1^2), and norms perturbed.
-
-    The models' own initializations (std 0.02) leave activations, attention scores and logits near zero
-    in these tiny configs, where a wrong mask, bias or axis can hide under a 1e-4 tolerance. Fresh norms
-    are weight 1 / bias 0 (and BatchNorm statistics 0/1), which would hide a scale or bias applied to the
-    wrong axis: they get noise too (scripts/export_models.py does the same)."""
-    with torch.no_grad():
-        for module in model.modules():
-            if torch.nn.utils.parametrize.is_parametrized(module):  # weight-normed convolutions
-                continue
-            weight = getattr(module, "weight", None)
-            linear = isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d))
-            if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor):  # GPT-2's [in, out]
-                weight.copy_(torch.randn(weight.shape, generator=generator) / weight.shape[0] ** 0.5)
-            elif linear and isinstance(weight, torch.Tensor):
-                weight.copy_(torch.randn(weight.shape, generator=generator) / weight[0].numel() ** 0.5)
-            else:
-                linear = type(module).__name__ == "Conv1D"
-            bias = getattr(module, "bias", None)
-            if linear and isinstance(bias, torch.Tensor):
-                bias.copy_(0.1 * torch.randn(bias.shape, generator=generator))
-            if "Norm" in type(module).__name__:
-                for name in ("weight", "bias", "running_mean"):
-                    tensor = getattr(module, name, None)
-                    if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
-                        tensor.add_(0.1 * torch.randn(tensor.shape, generator=generator))
-                running_var = getattr(module, "running_var", None)
-                if isinstance(running_var, torch.Tensor):
-                    running_var.mul_(torch.rand(running_var.shape, generator=generator) + 0.5)
-
-
 def config_size(config, *names) -> int:
     """The first of names that the (text) config has as an int; 0 when none (the optimizer then detects)."""
     for source in (config, getattr(config, "text_config", None)):
@@ -1337,28 +1306,6 @@ def write_manifest(out: Path, failures: list[dict], tried: set[tuple[str, str]])
     return manifest
 
 
-def summarize(manifest: dict, seconds: float) -> None:
-    files = manifest["files"]
-    ok = [f for f in files if f["status"] == "ok"]
-    print(f"\n{len({f['arch'] for f in ok})} architectures with at least one ok file; "
-          f"{len(ok)} files ok, {len(files) - len(ok)} failed; {sum(f['bytes'] for f in ok) / 2**20:.1f} MiB; "
-          f"{seconds:.0f} s")
-    by_flavour: dict[str, list[int]] = {}
-    for f in files:
-        base = next((fl for fl in FLAVOURS if f["flavour"].startswith(fl)), f["flavour"])
-        counts = by_flavour.setdefault(base, [0, 0])
-        counts[f["status"] != "ok"] += 1
-    for flavour in FLAVOURS:
-        if flavour in by_flavour:
-            ok_count, failed = by_flavour[flavour]
-            print(f"  {flavour:14s} {ok_count:4d} ok {failed:4d} failed")
-    failed = [f for f in files if f["status"] != "ok"]
-    if failed:
-        print("failed:")
-        for f in failed:
-            print(f"  {f['arch']}/{f['flavour']}: {f['error']}")
-
-
 # ================================================================================================ main
 
 
@@ -1400,7 +1347,7 @@ def main() -> int:
         tried.update((arch.name, f[1]) for f in file_flavours(arch, selected))
         failures += run_arch(arch, selected, out, args.force)
     manifest = write_manifest(out, failures, tried)
-    summarize(manifest, time.monotonic() - start)
+    summarize(manifest["files"], FLAVOURS, time.monotonic() - start)
     return 0
 
 
