@@ -2,7 +2,21 @@
 Optimum, transformers 4.57), so this module needs torch alone."""
 from __future__ import annotations
 
+import argparse
+
 import torch
+
+
+def selected(parser: argparse.ArgumentParser, text: str | None, known: list[str], what: str) -> list[str]:
+    """The comma-separated names of `text` (all of `known` when it is None), each one of `known`: a name that is
+    not stops the script through parser.error."""
+    if not text:
+        return list(known)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return names
 
 
 def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:

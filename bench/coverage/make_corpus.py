@@ -85,7 +85,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / ".cache" / "coverage"
 sys.path.insert(0, str(REPO_ROOT / "tests" / "models"))
 from model_inputs import build_inputs  # noqa: E402  (the runner's input builder)
-from corpus_common import randomize, summarize  # noqa: E402  (beside this file)
+from corpus_common import randomize, selected, summarize  # noqa: E402  (beside this file)
 
 GENERATOR = "bench/coverage/make_corpus.py"
 SEED = 0
@@ -1319,24 +1319,13 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = parser.parse_args()
 
-    archs = ARCHS
-    if args.only:
-        names = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = [n for n in names if n not in ARCH_BY_NAME]
-        if unknown:
-            parser.error(f"unknown architectures: {', '.join(unknown)} (see --list)")
-        archs = [ARCH_BY_NAME[n] for n in names]
-    selected = FLAVOURS
-    if args.flavours:
-        selected = [f.strip() for f in args.flavours.split(",") if f.strip()]
-        unknown = [f for f in selected if f not in FLAVOURS]
-        if unknown:
-            parser.error(f"unknown flavours: {', '.join(unknown)} (known: {', '.join(FLAVOURS)})")
+    archs = [ARCH_BY_NAME[n] for n in selected(parser, args.only, list(ARCH_BY_NAME), "architectures")]
+    flavours = selected(parser, args.flavours, FLAVOURS, "flavours")
     if args.list:
         for arch in archs:
-            files = [f[1] for f in file_flavours(arch, selected)]
+            files = [f[1] for f in file_flavours(arch, flavours)]
             print(f"{arch.name:32s} {arch.family:16s} {' '.join(files)}")
-        print(f"{len(archs)} architectures, {sum(len(file_flavours(a, selected)) for a in archs)} files")
+        print(f"{len(archs)} architectures, {sum(len(file_flavours(a, flavours)) for a in archs)} files")
         return 0
 
     out = args.out.resolve()
@@ -1344,8 +1333,8 @@ def main() -> int:
     start = time.monotonic()
     failures, tried = [], set()
     for arch in archs:
-        tried.update((arch.name, f[1]) for f in file_flavours(arch, selected))
-        failures += run_arch(arch, selected, out, args.force)
+        tried.update((arch.name, f[1]) for f in file_flavours(arch, flavours))
+        failures += run_arch(arch, flavours, out, args.force)
     manifest = write_manifest(out, failures, tried)
     summarize(manifest["files"], FLAVOURS, time.monotonic() - start)
     return 0

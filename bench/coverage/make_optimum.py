@@ -102,7 +102,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / ".cache" / "coverage"
 sys.path.insert(0, str(REPO_ROOT / "tests" / "models"))
 from model_inputs import build_inputs  # noqa: E402  (the runner's input builder)
-from corpus_common import randomize, summarize  # noqa: E402  (beside this file)
+from corpus_common import randomize, selected, summarize  # noqa: E402  (beside this file)
 
 GENERATOR = "bench/coverage/make_optimum.py"
 SEED = 0
@@ -655,13 +655,7 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = parser.parse_args()
 
-    archs = ARCHS
-    if args.only:
-        names = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = [n for n in names if n not in ARCH_BY_NAME]
-        if unknown:
-            parser.error(f"unknown architectures: {', '.join(unknown)} (known: {', '.join(ARCH_BY_NAME)})")
-        archs = [ARCH_BY_NAME[n] for n in names]
+    archs = [ARCH_BY_NAME[n] for n in selected(parser, args.only, list(ARCH_BY_NAME), "architectures")]
     # optimum's own log (tied-weight notes, validation steps) only with --verbose; its warnings about the
     # validation are recorded in inputs.json either way (WarningRecorder).
     from optimum.utils import logging as optimum_logging
