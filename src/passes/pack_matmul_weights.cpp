@@ -195,7 +195,8 @@ void take_scale_and_residual(const Graph& graph, const GraphIndex& index, std::s
 
 // Extends a MatMul match by the bias Add and the GELU after it, when present.
 // `claimed`: the nodes earlier matches swallowed.
-void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m, const std::vector<bool>& claimed) {
+void take_epilogue(const Graph& graph, const GraphIndex& index, ProductMatch& m,
+                   const std::vector<bool>& claimed) {
   std::string value = graph.nodes[m.product].outputs[0];
   if (!m.bias) {
     std::optional<size_t> reader = sole_consumer(index, value);

@@ -292,7 +292,8 @@ TEST(PackMatmulWeights, TwoProductsMeetingInOneAddShareIt) {
       .node("Add", {"both", "x"}, {"y"})
       .output("y");
   Model packed = b.build();
-  EXPECT_EQ(packed.op_histogram(), (std::map<std::string, size_t>{{"Add", 1}, {"ai.transmuter.PackedMatMul", 2}}));
+  EXPECT_EQ(packed.op_histogram(),
+            (std::map<std::string, size_t>{{"Add", 1}, {"ai.transmuter.PackedMatMul", 2}}));
   expect_same_outputs(b, "x", random_array({2, 5, 8}, 44));
 }
 
