@@ -212,12 +212,16 @@ class Comparison:
     reason: str = ""
 
 
-def compare(ours: np.ndarray, theirs: np.ndarray, args) -> tuple[bool, float | None, float | None, str]:
+def compare_values(ours: np.ndarray, theirs: np.ndarray, atol: float, rtol: float,
+                   float_widths_may_differ: bool = True) -> tuple[bool, float | None, float | None, str]:
+    """(within, max abs error, max relative error, why not) of Transmuter's value against ORT's: floats within
+    atol + rtol * |ORT| at every element (NaN meeting NaN, equal infinities), other types exactly. The errors are
+    None when shapes or dtypes differ. float_widths_may_differ: a float16 value beside a float32 one compares
+    as numbers (a pass computing in float32); else it is a dtype mismatch. Also used by bench/coverage/run.py."""
     theirs = np.asarray(theirs)
-    atol, rtol = tolerance(args, ours.dtype, theirs.dtype)
     if ours.shape != theirs.shape:
         return False, None, None, f"shape {list(ours.shape)} vs ORT's {list(theirs.shape)}"
-    if ours.dtype != theirs.dtype and not (ours.dtype.kind == theirs.dtype.kind == "f"):
+    if ours.dtype != theirs.dtype and not (float_widths_may_differ and ours.dtype.kind == theirs.dtype.kind == "f"):
         return False, None, None, f"dtype {ours.dtype} vs ORT's {theirs.dtype}"
     if ours.size == 0:
         return True, 0.0, 0.0, ""
@@ -240,6 +244,11 @@ def compare(ours: np.ndarray, theirs: np.ndarray, args) -> tuple[bool, float | N
     mismatched = 0 if equal else int(np.sum(ours != theirs))
     error = 0.0 if equal else float(np.max(np.abs(ours.astype(np.float64) - theirs.astype(np.float64))))
     return equal, error, None, "" if equal else f"{mismatched} of {ours.size} elements differ (exact type)"
+
+
+def compare(ours: np.ndarray, theirs: np.ndarray, args) -> tuple[bool, float | None, float | None, str]:
+    """compare_values with the tolerance of the two dtypes (or --atol / --rtol)."""
+    return compare_values(ours, theirs, *tolerance(args, ours.dtype, np.asarray(theirs).dtype))
 
 
 def describe_inputs(node: onnx.NodeProto, model: onnx.ModelProto, feeds: dict[str, Path],

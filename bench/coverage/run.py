@@ -33,6 +33,8 @@ import onnxruntime as ort
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "models"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "scripts"))
+from diff import compare_values  # noqa: E402  (scripts/diff.py: the same element-wise rule)
 from model_inputs import build_inputs  # noqa: E402
 
 SEED = 1234
@@ -144,13 +146,6 @@ def real_entries(cache: Path) -> list[Entry]:
 
 # ---- running one file --------------------------------------------------------------------------------------
 
-def model_inputs(spec: dict, dims: dict) -> dict[str, np.ndarray]:
-    """build_inputs; float16 inputs are drawn as float32, then rounded (as tests/models does)."""
-    entries = [{**e, "dtype": "float32"} if e["dtype"] == "float16" else e for e in spec["inputs"]]
-    inputs = build_inputs(entries, dims, np.random.default_rng(SEED))
-    return {e["name"]: inputs[e["name"]].astype(e["dtype"]) for e in spec["inputs"]}
-
-
 def sanitize(name: str) -> str:
     """The file name `transmuter run` gives an output."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
@@ -199,25 +194,6 @@ def transmuter_failure(stderr: str) -> tuple[str, str]:
     return "error", last_error_line(stderr).removeprefix("transmuter run: error: ")[:300]
 
 
-def compare(ours: np.ndarray, theirs: np.ndarray, tolerance: tuple[float, float]) -> tuple[bool, float, str]:
-    if ours.shape != theirs.shape:
-        return False, float("inf"), f"shape {list(ours.shape)} vs ORT's {list(theirs.shape)}"
-    if ours.dtype != theirs.dtype:
-        return False, float("inf"), f"dtype {ours.dtype} vs ORT's {theirs.dtype}"
-    if ours.size == 0:
-        return True, 0.0, ""
-    a, b = ours.astype(np.float64), theirs.astype(np.float64)
-    nan = np.isnan(a) | np.isnan(b)
-    if np.any(np.isnan(a) != np.isnan(b)):
-        return False, float("nan"), "NaN where ORT has a number, or the other way round"
-    same_inf = np.isinf(a) & (a == b)
-    diff = np.where(nan | same_inf, 0.0, np.abs(a - b))
-    atol, rtol = tolerance
-    bad = diff > atol + rtol * np.where(nan | same_inf, 0.0, np.abs(b))
-    return not np.any(bad), float(diff.max()), f"{int(bad.sum())} of {a.size} elements beyond the tolerance" \
-        if np.any(bad) else ""
-
-
 def triage(entry: Entry, input_files: dict[str, Path], transmuter: Path, work: Path,
            perturb_node: str | None) -> dict | None:
     """scripts/diff.py on the failing inputs: the first divergent node, passes off, then on."""
@@ -254,7 +230,7 @@ def check(entry: Entry, transmuter: Path, work_root: Path, perturb_node: str | N
     for s, dims in enumerate(shapes):
         shape_dir = work / f"shape{s}"
         shape_dir.mkdir(parents=True)
-        inputs = model_inputs(entry.spec, dims)
+        inputs = build_inputs(entry.spec["inputs"], dims, np.random.default_rng(SEED))
         input_files = {}
         for name, value in inputs.items():
             input_files[name] = shape_dir / f"{sanitize(name)}.in.npy"
@@ -283,7 +259,9 @@ def check(entry: Entry, transmuter: Path, work_root: Path, perturb_node: str | N
                 return result
             for name, reference in expected.items():
                 ours = np.load(out_dir / f"{sanitize(name)}.npy")
-                within, error, why = compare(ours, np.asarray(reference), tolerance)
+                within, error, _, why = compare_values(ours, np.asarray(reference), *tolerance,
+                                                       float_widths_may_differ=False)
+                error = float("inf") if error is None else error  # shapes or dtypes differ
                 worst = max(worst, error) if not np.isnan(error) else float("nan")
                 if not within:
                     matched_modes.discard(mode)

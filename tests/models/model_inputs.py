@@ -12,7 +12,8 @@ Kinds:
     token_ids, token_type_ids  integers uniform in range [low, high)
     attention_mask             ones; with batch > 1 the last row ends in 2 zeros
     position_ids               derived from the mask like generate() does
-    float                      standard normal float32
+    float                      standard normal, in the entry's dtype (float32 or float16: drawn as
+                               float32, then rounded)
     bool                       every element equal to the entry's "value" (true/false, or the
                                name of a dim whose value, 0 or not, gives it per shape),
                                e.g. optimum's use_cache_branch
@@ -72,8 +73,8 @@ def build_inputs(entries: list[dict], dims: dict, rng: np.random.Generator) -> d
             if len(masks) != 1:
                 raise ValueError("position_ids need exactly one attention_mask input")
             value = position_ids(next(iter(masks.values())), shape[1])
-        elif kind == "float":
-            value = rng.standard_normal(shape).astype(np.float32)
+        elif kind == "float":  # float16 entries (fp16 models): drawn as float32, then rounded
+            value = rng.standard_normal(shape).astype(np.float32).astype(entry["dtype"])
         elif kind == "bool":
             flag = entry["value"]
             value = np.full(shape, bool(dims[flag]) if isinstance(flag, str) else bool(flag), dtype=np.bool_)
