@@ -37,6 +37,7 @@ const std::vector<Pass>& default_passes() {
       {"keep_float32_islands", keep_float32_islands},  // after the norm fusions: wraps what stays decomposed
       {"channels_last_convs", channels_last_convs},    // after the BatchNorm and activation fusions
       {"fuse_depthwise_blocks", fuse_depthwise_blocks},        // on channels_last_convs' ConvNhwc nodes
+      {"winograd_convs", winograd_convs},                      // on channels_last_convs' 3x3 ConvNhwc nodes
       {"fuse_quantize_dequantize", fuse_quantize_dequantize},  // after the layout moved through the pairs
       {"pack_matmul_nbits", pack_matmul_nbits},
       {"pack_qmoe_weights", pack_qmoe_weights},

@@ -48,6 +48,7 @@ size_t fuse_gelu(Graph& graph);
 size_t fuse_skip_layer_norm(Graph& graph);
 size_t channels_last_convs(Graph& graph);
 size_t fuse_depthwise_blocks(Graph& graph);
+size_t winograd_convs(Graph& graph);
 size_t fuse_quantize_dequantize(Graph& graph);
 size_t pack_matmul_nbits(Graph& graph);
 size_t pack_qmoe_weights(Graph& graph);

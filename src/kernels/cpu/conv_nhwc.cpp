@@ -587,34 +587,6 @@ mx::array activate(const mx::array& v, const NhwcConvOptions& o, mx::Stream s) {
   return apply_conv_activation(v, o.activation, o.clip_min, o.clip_max, s);
 }
 
-// x = in[0] [N, H, W, C] with an MLX-layout weight [M, kH, kW, C / groups],
-// + the bias in[2] when given, + the residual (the last input) when given.
-mx::array reference_conv(const std::vector<mx::array>& in, const mx::array& weight, int groups, bool has_bias,
-                         bool has_residual, const NhwcConvOptions& o, mx::Stream s) {
-  mx::array y = mx::conv_general(in[0], weight, {o.strides[0], o.strides[1]},
-                                 {o.pads_begin[0], o.pads_begin[1]}, {o.pads_end[0], o.pads_end[1]},
-                                 {o.dilations[0], o.dilations[1]}, {}, groups, false, s);
-  if (has_bias) y = mx::add(y, in[2], s);
-  if (has_residual) y = mx::add(y, in.back(), s);
-  return activate(y, o, s);
-}
-
-// x's height and width: axes 1, 2 (NHWC) or 2, 3 (NCHW, channels_first_input).
-std::array<int, 2> spatial_size(const mx::array& x, const NhwcConvOptions& o) {
-  const int first = o.channels_first_input ? 2 : 1;
-  return {x.shape(first), x.shape(first + 1)};
-}
-
-mx::Shape output_shape(const mx::array& x, int64_t m, const NhwcConvOptions& o) {
-  const auto [h, w] = spatial_size(x, o);
-  const int64_t oh =
-      conv_output_length(h, o.kernel[0], o.strides[0], o.pads_begin[0], o.pads_end[0], o.dilations[0]);
-  const int64_t ow =
-      conv_output_length(w, o.kernel[1], o.strides[1], o.pads_begin[1], o.pads_end[1], o.dilations[1]);
-  if (oh <= 0 || ow <= 0) throw std::invalid_argument("convolution window does not fit the input");
-  return {x.shape(0), static_cast<int>(oh), static_cast<int>(ow), static_cast<int>(m)};
-}
-
 void check_options(const NhwcConvOptions& o) {
   for (int i = 0; i < 2; ++i) {
     if (o.kernel[i] < 1 || o.strides[i] < 1 || o.dilations[i] < 1 || o.pads_begin[i] < 0 ||
@@ -622,12 +594,6 @@ void check_options(const NhwcConvOptions& o) {
       throw std::invalid_argument(
           "convolution needs positive kernel, strides and dilations and non-negative pads");
     }
-  }
-}
-
-void check_bias(const std::optional<mx::array>& bias, int64_t m) {
-  if (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != m)) {
-    throw std::invalid_argument("convolution bias must be float32 [" + std::to_string(m) + "]");
   }
 }
 
@@ -685,6 +651,40 @@ class SpatialMeanKernel : public CpuKernel {
 };
 
 }  // namespace
+
+// x = in[0] [N, H, W, C] with an MLX-layout weight [M, kH, kW, C / groups],
+// + the bias in[2] when given, + the residual (the last input) when given.
+mx::array reference_conv_nhwc(const std::vector<mx::array>& in, const mx::array& weight, int groups,
+                              bool has_bias, bool has_residual, const NhwcConvOptions& o, mx::Stream s) {
+  mx::array y = mx::conv_general(in[0], weight, {o.strides[0], o.strides[1]},
+                                 {o.pads_begin[0], o.pads_begin[1]}, {o.pads_end[0], o.pads_end[1]},
+                                 {o.dilations[0], o.dilations[1]}, {}, groups, false, s);
+  if (has_bias) y = mx::add(y, in[2], s);
+  if (has_residual) y = mx::add(y, in.back(), s);
+  return activate(y, o, s);
+}
+
+// x's height and width: axes 1, 2 (NHWC) or 2, 3 (NCHW, channels_first_input).
+std::array<int, 2> spatial_size(const mx::array& x, const NhwcConvOptions& o) {
+  const int first = o.channels_first_input ? 2 : 1;
+  return {x.shape(first), x.shape(first + 1)};
+}
+
+mx::Shape nhwc_conv_output_shape(const mx::array& x, int64_t m, const NhwcConvOptions& o) {
+  const auto [h, w] = spatial_size(x, o);
+  const int64_t oh =
+      conv_output_length(h, o.kernel[0], o.strides[0], o.pads_begin[0], o.pads_end[0], o.dilations[0]);
+  const int64_t ow =
+      conv_output_length(w, o.kernel[1], o.strides[1], o.pads_begin[1], o.pads_end[1], o.dilations[1]);
+  if (oh <= 0 || ow <= 0) throw std::invalid_argument("convolution window does not fit the input");
+  return {x.shape(0), static_cast<int>(oh), static_cast<int>(ow), static_cast<int>(m)};
+}
+
+void check_conv_bias(const std::optional<mx::array>& bias, int64_t m) {
+  if (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != m)) {
+    throw std::invalid_argument("convolution bias must be float32 [" + std::to_string(m) + "]");
+  }
+}
 
 mx::array spatial_mean_nhwc(const mx::array& x, mx::StreamOrDevice s) {
   const mx::Stream stream = mx::to_stream(s);
@@ -749,7 +749,7 @@ mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::op
                       int64_t m, const NhwcConvOptions& o, mx::StreamOrDevice s,
                       const std::optional<mx::array>& residual) {
   check_options(o);
-  check_bias(bias, m);
+  check_conv_bias(bias, m);
   if (x.dtype() != mx::float32 || x.ndim() != 4) {
     throw std::invalid_argument(o.channels_first_input ? "convolution input must be float32 [N, C, H, W]"
                                                        : "convolution input must be float32 [N, H, W, C]");
@@ -761,7 +761,7 @@ mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::op
                                 " output channels over a window of " + std::to_string(k) + " values");
   }
   const mx::Stream stream = mx::to_stream(s);
-  const mx::Shape shape = output_shape(x, m, o);
+  const mx::Shape shape = nhwc_conv_output_shape(x, m, o);
   const bool has_bias = bias.has_value();
   // A residual that broadcasts (not of the output's shape) is added by MLX.
   const bool fused_residual = residual && residual->shape() == shape && residual->dtype() == mx::float32;
@@ -771,8 +771,8 @@ mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::op
     mx::array w = mx::reshape(rows, {o.kernel[0], o.kernel[1], channels, static_cast<int>(m)}, stream);
     std::vector<mx::array> nhwc = in;
     if (o.channels_first_input) nhwc[0] = mx::transpose(in[0], {0, 2, 3, 1}, stream);
-    return std::vector<mx::array>{
-        reference_conv(nhwc, mx::transpose(w, {3, 0, 1, 2}, stream), 1, has_bias, fused_residual, o, stream)};
+    return std::vector<mx::array>{reference_conv_nhwc(nhwc, mx::transpose(w, {3, 0, 1, 2}, stream), 1,
+                                                      has_bias, fused_residual, o, stream)};
   };
   if (residual && !fused_residual) {
     NhwcConvOptions linear = o;
@@ -798,14 +798,15 @@ mx::array depthwise_conv_nhwc(const mx::array& x, const mx::array& w, const std:
     throw std::invalid_argument("depthwise weight must be float32 [" + std::to_string(o.kernel[0]) + ", " +
                                 std::to_string(o.kernel[1]) + ", " + std::to_string(c) + "]");
   }
-  check_bias(bias, c);
+  check_conv_bias(bias, c);
   const mx::Stream stream = mx::to_stream(s);
-  const mx::Shape shape = output_shape(x, c, o);
+  const mx::Shape shape = nhwc_conv_output_shape(x, c, o);
   const bool has_bias = bias.has_value();
   Reference reference = [o, has_bias, stream](const std::vector<mx::array>& in) {
     // [kH, kW, C] -> [C, kH, kW, 1]
     mx::array weight = mx::expand_dims(mx::transpose(in[1], {2, 0, 1}, stream), 3, stream);
-    return std::vector<mx::array>{reference_conv(in, weight, in[0].shape(3), has_bias, false, o, stream)};
+    return std::vector<mx::array>{
+        reference_conv_nhwc(in, weight, in[0].shape(3), has_bias, false, o, stream)};
   };
   std::vector<mx::array> inputs = operands(x, w, bias, std::nullopt);
   if (!is_cpu_stream(stream) || x.size() == 0) return reference(inputs)[0];

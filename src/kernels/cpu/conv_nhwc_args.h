@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "kernels/cpu/conv_nhwc.h"  // NhwcConvOptions
 
@@ -45,5 +47,19 @@ NhwcConvArgs nhwc_conv_geometry(const NhwcConvOptions& o, int64_t batch, int64_t
  * the [out_w, C] row to out_row. Runs on the calling thread, on the CPU's best
  * SIMD target. */
 void depthwise_row_from(const NhwcConvArgs& a, const float* const* input_rows, float* out_row);
+
+// Shared by the convolution kernels' MLX-side code (conv_nhwc.cpp, winograd_conv.cpp).
+
+/** The reference of a channels-last convolution: mx::conv_general of x = in[0] [N, H, W, C] with an
+ * MLX-layout weight [M, kH, kW, C / groups], + the bias in[2] when has_bias, + the residual (the last
+ * input) when has_residual, then o's activation. */
+mx::array reference_conv_nhwc(const std::vector<mx::array>& in, const mx::array& weight, int groups,
+                              bool has_bias, bool has_residual, const NhwcConvOptions& o, mx::Stream s);
+
+/** [N, oH, oW, m] for input x under o. Throws std::invalid_argument when the window does not fit. */
+mx::Shape nhwc_conv_output_shape(const mx::array& x, int64_t m, const NhwcConvOptions& o);
+
+/** Throws std::invalid_argument unless bias is absent or float32 [m]. */
+void check_conv_bias(const std::optional<mx::array>& bias, int64_t m);
 
 }  // namespace transmuter::kernels

@@ -26,6 +26,7 @@
 
 #include "kernels/cpu/conv_nhwc.h"
 #include "kernels/cpu/depthwise_block.h"
+#include "kernels/cpu/winograd_conv.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -107,6 +108,29 @@ OpOutputs conv_nhwc(NodeContext& ctx) {
   }
 }
 
+// ConvWinogradNhwc (ai.transmuter, since 1), made by src/passes/winograd_convs.cpp:
+// a group-1 3x3 ConvNhwc with stride 1 and dilation 1 whose weight is U, the
+// Winograd F(2x2, 3x3) transform of the 3x3 weight (float32 [16, panels, C,
+// P], src/kernels/cpu/winograd_conv.h). Inputs and attributes as ConvNhwc's.
+OpOutputs conv_winograd_nhwc(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  const kernels::NhwcConvOptions options = read_options(ctx);
+  if (x.dtype() != mx::float32 || x.ndim() != 4)
+    throw ctx.error("X must be float32 [N, H, W, C], got ", x.dtype(), " ", x.shape());
+  if (ctx.attr_int("group", 1) != 1) throw ctx.error("group must be 1");
+  if (!kernels::winograd_conv_fits(options))
+    throw ctx.error("needs kernel_shape [3, 3], strides 1, dilations 1 and input_layout NHWC");
+  std::optional<mx::array> residual = ctx.optional_input(3);
+  if (residual && residual->dtype() != mx::float32)
+    throw ctx.error("Z must be float32, got ", residual->dtype());
+  try {
+    return {kernels::winograd_conv_nhwc(x, ctx.input(1), ctx.optional_input(2),
+                                        ctx.required_int("out_channels"), options, ctx.stream(), residual)};
+  } catch (const std::invalid_argument& e) {
+    throw ctx.error(e.what());
+  }
+}
+
 // DepthwiseBlockNhwc (ai.transmuter, since 1), made by
 // src/passes/fuse_depthwise_blocks.cpp: a depthwise ConvNhwc with the 1x1
 // ConvNhwc before it (expand) and/or after it (project) fused
@@ -166,6 +190,7 @@ OpOutputs global_average_pool_nhwc(NodeContext& ctx) {
 void register_transmuter_conv(OpRegistry& r) {
   r.add({
       {"ConvNhwc", kTransmuter, 1, kOpen, conv_nhwc},
+      {"ConvWinogradNhwc", kTransmuter, 1, kOpen, conv_winograd_nhwc},
       {"DepthwiseBlockNhwc", kTransmuter, 1, kOpen, depthwise_block_nhwc},
       {"GlobalAveragePoolNhwc", kTransmuter, 1, kOpen, global_average_pool_nhwc},
   });
