@@ -273,23 +273,30 @@ def rss_section(data: dict) -> list[str]:
              "mode and its `bench` process (all the rounds' runs, maximum over rounds), against ORT's session + "
              "first inference in a fresh Python process. A `run compiled` that compiled kernels also counts the "
              "system compiler it started (GNU time reports the largest of the process and its children), "
-             "so read the `bench compiled` column, whose kernels were on disk. */ weights* divides Transmuter's compiled `bench` peak, "
-             "less the empty process "
-             f"({empty['transmuter_empty']['peak_rss_mib']:.0f} MiB), by the weights' size; the issue's "
-             "target, ≤ 1.1× weights + activations, also allows the activations, which this table does not "
-             "estimate. *: ORT's figure was taken once per model, at that model's first case's shape (runs "
-             "before the suite measured it per case).", "",
-             "| case | weights (MiB) | run eager | run compiled | bench compiled | ORT run | / weights "
-             "| load, other CPU |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "so read the `bench compiled` column, whose kernels were on disk. *Activations*: the most bytes of "
+             "intermediate values that running the file's nodes in order must hold at once, each freed after its "
+             "last reader, inputs and outputs held throughout (bench/activations.py). */ (weights + activations)* "
+             "divides Transmuter's compiled `bench` peak, less the empty process "
+             f"({empty['transmuter_empty']['peak_rss_mib']:.0f} MiB: the binary and its libraries), by their sum; "
+             f"the issue's target is ≤ {RSS_OVER_WEIGHTS}. *: ORT's figure was taken once per model, at that "
+             "model's first case's shape (runs before the suite measured it per case).", "",
+             "| case | weights (MiB) | activations (MiB) | run eager | run compiled | bench compiled | ORT run "
+             "| / (weights + activations) | met | load, other CPU |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     base = empty["transmuter_empty"]["peak_rss_mib"]
     for c in ok_cases(data):
         bench_rss = c["latency"]["transmuter_compiled"]["peak_rss_mib"]
         # Runs before the per-case ORT run measured it once per model, at the model's first shape (*).
         ort_run = (f"{c['ort_first_run']['peak_rss_mib']:.0f}" if "ort_first_run" in c
                    else f"{c['load']['ort_first_run_default']['peak_rss_mib']:.0f}*")
-        lines.append(f"| {c['case']} | {c['weights_mib']:.1f} | {c['first_run']['eager']['peak_rss_mib']:.0f} "
+        # Runs before the activations were estimated show "–" and no verdict.
+        activation = c.get("activations_mib")
+        ratio = (bench_rss - base) / max(c["weights_mib"] + (activation or 0.0), 1e-9)
+        verdict = ("yes" if ratio <= RSS_OVER_WEIGHTS else "**no**") if activation is not None else "–"
+        lines.append(f"| {c['case']} | {c['weights_mib']:.1f} | "
+                     f"{'–' if activation is None else f'{activation:.1f}'} "
+                     f"| {c['first_run']['eager']['peak_rss_mib']:.0f} "
                      f"| {c['first_run']['compiled']['peak_rss_mib']:.0f} | {bench_rss:.0f} | {ort_run} "
-                     f"| {(bench_rss - base) / max(c['weights_mib'], 1e-9):.2f} | {load_note(c)} |")
+                     f"| {ratio:.2f} | {verdict} | {load_note(c)} |")
     return lines + [""]
 
 

@@ -43,6 +43,7 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import activations  # noqa: E402
 import gen_performance_doc  # noqa: E402
 import make_bench_models  # noqa: E402
 import model_bench as mb  # noqa: E402
@@ -284,6 +285,7 @@ def run_case(args, case: Case, plan: dict, load_cache: dict) -> dict:
         inputs = make_inputs(case, sessions["default"])
         input_args = mb.save_inputs(inputs, tmp)
         result["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
+        result["activations_mib"] = activations.peak_live_bytes(model, inputs) / 2**20
         names = [o.name for o in sessions["disabled"].get_outputs()]
         reference = dict(zip(names, sessions["disabled"].run(None, inputs)))
         est_ms = timed_ort_ms(sessions["default"], inputs)
