@@ -309,7 +309,7 @@ void AttendBlock(const GqaArgs& a, const KeyBlocks& blocks, const float* queries
       continue;
     }
     stats[2 * r] = top;
-    stats[2 * r + 1] = ExpInPlace(row, keys, top);
+    stats[2 * r + 1] = ExpInto(row, keys, top, row);
     any = true;
   }
   if (any)

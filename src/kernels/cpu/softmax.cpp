@@ -45,6 +45,14 @@ void SoftmaxRows(const SoftmaxRowsArgs& a, int64_t begin, int64_t end) {
   }
 }
 
+void ExpNonPositiveArray(const float* x, int64_t n, float* y) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(ExpNonPositive(d, hn::LoadU(d, x + i)), d, y + i);
+  for (; i < n; ++i) y[i] = hn::GetLane(ExpNonPositive(d, hn::Set(d, x[i])));
+}
+
 }  // namespace transmuter::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -59,6 +67,11 @@ HWY_AFTER_NAMESPACE();
 namespace transmuter::kernels {
 
 HWY_EXPORT(SoftmaxRows);
+HWY_EXPORT(ExpNonPositiveArray);
+
+void exp_non_positive(const float* x, int64_t n, float* y) {
+  HWY_DYNAMIC_DISPATCH(ExpNonPositiveArray)(x, n, y);
+}
 
 namespace {
 

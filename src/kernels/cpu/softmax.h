@@ -8,7 +8,7 @@
 // One kernel instead of MLX's chain (multiply, add, max, subtract, exp, sum,
 // divide: seven passes over the scores, exp evaluated one element at a time on
 // x86). Rows are split across the kernel thread pool; each row takes three
-// passes in L1 with Highway's vectorized Exp (softmax_row-inl.h).
+// passes in L1 with an exp for non-positive arguments (softmax_row-inl.h).
 #pragma once
 
 #include <cstdint>
@@ -40,5 +40,10 @@ mx::array softmax_last_axis(const mx::array& x, const std::optional<mx::array>& 
  * (gradients and non-CPU streams use it). */
 mx::array softmax_last_axis_reference(const mx::array& x, const std::optional<mx::array>& mask,
                                       const SoftmaxOptions& options, mx::StreamOrDevice s = {});
+
+/** y[i] = exp(x[i]) by the softmax's exponential, which takes x <= 0 (or NaN) only: at most 1.02 ulp
+ * from exp there, 0 below ln(FLT_MIN) (softmax_row-inl.h). On the CPU's best SIMD target; for its
+ * accuracy test. */
+void exp_non_positive(const float* x, int64_t n, float* y);
 
 }  // namespace transmuter::kernels
