@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/conv_activation-inl.h"
 #include "kernels/cpu/partial_vectors-inl.h"
 
 #include "kernels/cpu/conv_nhwc_args.h"
@@ -23,25 +24,9 @@ using V = hn::Vec<D>;
 // multiple of the full vector (see DepthwiseColumnsAllChannels, DirectConvRow).
 using DD = hn::CappedTag<float, 8>;
 
-// Values of ConvActivation (declared in a header included below HWY_ONCE only).
-constexpr int kNone = 0, kRelu = 1, kClip = 2, kHardSwish = 3;
-
 template <class DA = D>
 HWY_INLINE hn::Vec<DA> Activate(const NhwcConvArgs& a, hn::Vec<DA> v) {
-  const DA d;
-  using V = hn::Vec<DA>;
-  switch (a.activation) {
-    case kRelu:
-      return hn::Max(v, hn::Zero(d));
-    case kClip:
-      return hn::Min(hn::Max(v, hn::Set(d, a.clip_min)), hn::Set(d, a.clip_max));
-    case kHardSwish: {
-      const V gate = hn::MulAdd(v, hn::Set(d, 1.0f / 6.0f), hn::Set(d, 0.5f));
-      return hn::Mul(v, hn::Min(hn::Max(gate, hn::Zero(d)), hn::Set(d, 1.0f)));
-    }
-    default:
-      return v;
-  }
+  return ApplyConvActivation(DA(), v, static_cast<ConvActivation>(a.activation), a.clip_min, a.clip_max);
 }
 
 // Output columns ox whose tap kx reads inside the input row: [first, last).
@@ -301,10 +286,6 @@ namespace transmuter::kernels {
 HWY_EXPORT(DepthwiseRowFrom);
 HWY_EXPORT(DirectConvRow);
 
-static_assert(static_cast<int>(ConvActivation::kNone) == HWY_NAMESPACE::kNone &&
-              static_cast<int>(ConvActivation::kRelu) == HWY_NAMESPACE::kRelu &&
-              static_cast<int>(ConvActivation::kClip) == HWY_NAMESPACE::kClip &&
-              static_cast<int>(ConvActivation::kHardSwish) == HWY_NAMESPACE::kHardSwish);
 
 NhwcConvArgs nhwc_conv_geometry(const NhwcConvOptions& o, int64_t batch, int64_t in_h, int64_t in_w,
                                 int64_t channels, int64_t out_h, int64_t out_w, int64_t out_channels) {

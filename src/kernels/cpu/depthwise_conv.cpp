@@ -11,6 +11,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/conv_activation-inl.h"
+
 #ifndef TRANSMUTER_KERNELS_CPU_DEPTHWISE_CONV_ARGS
 #define TRANSMUTER_KERNELS_CPU_DEPTHWISE_CONV_ARGS
 namespace transmuter::kernels {
@@ -36,10 +38,6 @@ namespace transmuter::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using FloatTag = hn::ScalableTag<float>;
 using FloatVec = hn::Vec<FloatTag>;
-
-// Values of ConvActivation (the enum is declared in the header, included below
-// HWY_ONCE only); checked against it there.
-constexpr int kActivationNone = 0, kActivationRelu = 1, kActivationClip = 2, kActivationHardSwish = 3;
 
 // The scratch copy of one input plane: for every input row, stride_w phases of
 // phase_len values each, phase p holding padded-row elements p, p + sW,
@@ -121,19 +119,8 @@ void FillScratch(const DepthwiseConvArgs& a, const float* plane, PlaneScratch& s
 }
 
 HWY_INLINE FloatVec Activate(const DepthwiseConvArgs& a, FloatVec v) {
-  const FloatTag df;
-  switch (a.activation) {
-    case kActivationRelu:
-      return hn::Max(v, hn::Zero(df));
-    case kActivationClip:
-      return hn::Min(hn::Max(v, hn::Set(df, a.clip_min)), hn::Set(df, a.clip_max));
-    case kActivationHardSwish: {
-      const FloatVec gate = hn::MulAdd(v, hn::Set(df, 1.0f / 6.0f), hn::Set(df, 0.5f));
-      return hn::Mul(v, hn::Min(hn::Max(gate, hn::Zero(df)), hn::Set(df, 1.0f)));
-    }
-    default:
-      return v;
-  }
+  return ApplyConvActivation(FloatTag(), v, static_cast<ConvActivation>(a.activation), a.clip_min,
+                             a.clip_max);
 }
 
 // Stores the first `count` (<= lanes) values of v at out, writing nothing past
@@ -280,10 +267,6 @@ namespace transmuter::kernels {
 
 HWY_EXPORT(DepthwiseConvPlanes);
 
-static_assert(static_cast<int>(ConvActivation::kNone) == HWY_NAMESPACE::kActivationNone &&
-              static_cast<int>(ConvActivation::kRelu) == HWY_NAMESPACE::kActivationRelu &&
-              static_cast<int>(ConvActivation::kClip) == HWY_NAMESPACE::kActivationClip &&
-              static_cast<int>(ConvActivation::kHardSwish) == HWY_NAMESPACE::kActivationHardSwish);
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/conv_activation-inl.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/partial_vectors-inl.h"
 
@@ -85,22 +86,7 @@ struct Clamp {
   ConvActivation kind = ConvActivation::kNone;
   float lo = 0.0f, hi = 6.0f;
 
-  V apply(V v) const {
-    const D d;
-    switch (kind) {
-      case ConvActivation::kNone:
-        return v;
-      case ConvActivation::kRelu:
-        return hn::Max(v, hn::Zero(d));
-      case ConvActivation::kClip:
-        return hn::Min(hn::Max(v, hn::Set(d, lo)), hn::Set(d, hi));
-      case ConvActivation::kHardSwish: {
-        const V gate = hn::MulAdd(v, hn::Set(d, 1.0f / 6.0f), hn::Set(d, 0.5f));
-        return hn::Mul(v, hn::Min(hn::Max(gate, hn::Zero(d)), hn::Set(d, 1.0f)));
-      }
-    }
-    return v;
-  }
+  V apply(V v) const { return ApplyConvActivation(D(), v, kind, lo, hi); }
 };
 
 // y[R rows, segment] = start + a[R rows, 0..depth) @ b[0..depth, segment),

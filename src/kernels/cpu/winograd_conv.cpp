@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/conv_activation-inl.h"
 #include "kernels/cpu/partial_vectors-inl.h"
 
 #ifndef TRANSMUTER_WINOGRAD_ARGS_ONCE
@@ -51,23 +52,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 
-// Values of ConvActivation (declared in a header included below HWY_ONCE only).
-constexpr int kNone = 0, kRelu = 1, kClip = 2, kHardSwish = 3;
-
 HWY_INLINE V Activate(const WinogradArgs& a, V v) {
-  const D d;
-  switch (a.activation) {
-    case kRelu:
-      return hn::Max(v, hn::Zero(d));
-    case kClip:
-      return hn::Min(hn::Max(v, hn::Set(d, a.clip_min)), hn::Set(d, a.clip_max));
-    case kHardSwish: {
-      const V gate = hn::MulAdd(v, hn::Set(d, 1.0f / 6.0f), hn::Set(d, 0.5f));
-      return hn::Mul(v, hn::Min(hn::Max(gate, hn::Zero(d)), hn::Set(d, 1.0f)));
-    }
-    default:
-      return v;
-  }
+  return ApplyConvActivation(D(), v, static_cast<ConvActivation>(a.activation), a.clip_min, a.clip_max);
 }
 
 // B^T x B for a 4x4 block x (row-major, in place): rows, then columns.
@@ -180,10 +166,6 @@ namespace transmuter::kernels {
 HWY_EXPORT(InputTiles);
 HWY_EXPORT(OutputTiles);
 
-static_assert(static_cast<int>(ConvActivation::kNone) == HWY_NAMESPACE::kNone &&
-              static_cast<int>(ConvActivation::kRelu) == HWY_NAMESPACE::kRelu &&
-              static_cast<int>(ConvActivation::kClip) == HWY_NAMESPACE::kClip &&
-              static_cast<int>(ConvActivation::kHardSwish) == HWY_NAMESPACE::kHardSwish);
 
 namespace {
 
@@ -200,8 +182,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Each task transforms a block of tiles (all input channels), multiplies them by the transformed
 // weights of a block of output-channel panels (16 products) and transforms the products back into
-// the output. Tasks of the same tile block on one thread transform its input once. Few tiles with
-// wide weights (a small image deep in a network) split the panels between the threads instead.
+// the output. Few tiles with wide weights (a small image deep in a network) split the panels between
+// the tasks instead; each of those transforms the tiles again, 32 x C additions per tile against the
+// 16 x C x (panel block's columns) multiply-adds of its products.
 void run_winograd(const WinogradArgs& a) {
   const int64_t C = a.channels, P = a.panel_width, float_bytes = sizeof(float);
   const int64_t max_tiles =
@@ -211,15 +194,11 @@ void run_winograd(const WinogradArgs& a) {
   const BlockSplit split(a.tiles(), a.panels, max_tiles, kTileRows, max_panels);
   parallel_for(split.tasks(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> transformed, products;
-    int64_t transformed_tile0 = -1;  // the tile block `transformed` holds
     for (int64_t task = begin; task < end; ++task) {
       int64_t tile0, tiles, panel0, panels;
       split.task(task, tile0, tiles, panel0, panels);
-      if (tile0 != transformed_tile0) {
-        transformed.resize(static_cast<size_t>(kPositions * tiles * C));
-        HWY_DYNAMIC_DISPATCH(InputTiles)(a, tile0, tiles, transformed.data());
-        transformed_tile0 = tile0;
-      }
+      transformed.resize(static_cast<size_t>(kPositions * tiles * C));
+      HWY_DYNAMIC_DISPATCH(InputTiles)(a, tile0, tiles, transformed.data());
       const int64_t col0 = panel0 * P, cols = std::min(panels * P, a.out_channels - col0), ldm = panels * P;
       products.resize(static_cast<size_t>(kPositions * tiles * ldm));
       for (int e = 0; e < kPositions; ++e) {
