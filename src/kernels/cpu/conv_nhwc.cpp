@@ -161,7 +161,12 @@ HWY_INLINE void DirectColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int6
   const DT d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = a.panel_width;
-  const float* panel = a.w + (m0 / width) * a.window() * width + (m0 % width);
+  // Vector v's weights: its panel's column of output channel m0 + v * lanes (a group may span panels).
+  const float* column[kVecs];
+  for (int v = 0; v < kVecs; ++v) {
+    const int64_t m = m0 + v * lanes;
+    column[v] = a.w + (m / width) * a.window() * width + (m % width);
+  }
   auto valid = [&](int v) { return static_cast<size_t>(std::clamp<int64_t>(count - v * lanes, 0, lanes)); };
   VT acc[kCols][kVecs];
   for (int v = 0; v < kVecs; ++v) {
@@ -175,11 +180,12 @@ HWY_INLINE void DirectColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int6
     const float* row = a.x + n * a.x_stride_n + iy * a.x_stride_h;
     for (int64_t kx = 0; kx < a.kernel_w; ++kx) {
       const int64_t ix0 = a.input_col(ox0) + kx * a.dilation_w;
-      const float* taps =
-          panel + (ky * a.kernel_w + kx) * C * width;  // rows (ky, kx, c) of the packed weight
-      for (int64_t c = 0; c < C; ++c, taps += width) {
+      // Row (ky, kx, c) of the packed weight, from c = 0.
+      int64_t weight_row = (ky * a.kernel_w + kx) * C * width;
+      for (int64_t c = 0; c < C; ++c, weight_row += width) {
         VT w[kVecs];
-        for (int v = 0; v < kVecs; ++v) w[v] = hn::LoadU(d, taps + v * lanes);  // zeros past M: in the panel
+        for (int v = 0; v < kVecs; ++v)
+          w[v] = hn::LoadU(d, column[v] + weight_row);  // zeros past M: in the panel
         const float* in = row + c * a.x_stride_c;
         for (int j = 0; j < kCols; ++j) {
           const int64_t ix = ix0 + j * a.stride_w;
@@ -228,12 +234,15 @@ HWY_INLINE void DirectRowChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, 
   for (ox = std::max(hi, lo); ox < a.out_w; ++ox) DirectColumns<DT, 1, kVecs, true>(a, n, oy, ox, m0, count);
 }
 
-// Every output channel of one output row, a register group at a time. A
-// group never crosses a panel: the panel width is a multiple of DT's lanes.
+// Every output channel of one output row, a register group at a time. A group
+// may span panels (AVX-512: 64 channels over two 32-column panels, so each
+// broadcast input value feeds four multiply-adds: ResNet's 7x7 stem to 64
+// channels had been two groups of 32); a vector never does, the panel width
+// being a multiple of DT's lanes.
 template <class DT>
 void DirectConvRowOf(const NhwcConvArgs& a, int64_t n, int64_t oy) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
-  const int64_t group = std::min<int64_t>(kDirectVecs * lanes, a.panel_width);
+  const int64_t group = kDirectVecs * lanes;
   for (int64_t m0 = 0; m0 < a.out_channels; m0 += group) {
     const int64_t count = std::min(group, a.out_channels - m0);
     switch ((count + lanes - 1) / lanes) {
