@@ -96,11 +96,6 @@ const mx::array* float32_initializer(const Graph& graph, const std::string& name
   return a.dtype() == mx::float32 ? &a : nullptr;
 }
 
-std::vector<int64_t> ints_attribute_or(const Node& node, const std::string& name, std::vector<int64_t> fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kInts ? a->ints : fallback;
-}
-
 struct ConvMatch {
   int64_t out_channels = 0;
   bool depthwise = false;
@@ -181,6 +176,7 @@ Node conv_nhwc_node(const Node& conv, const ConvMatch& m, const std::string& x, 
 size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset) {
   const GraphIndex index(graph);  // who reads each weight, before the rewrite
   std::map<std::string, std::string> channels_last_inputs;  // input -> its channels-last copy
+  std::map<std::pair<std::string, bool>, std::string> prepared_weights;  // (weight, depthwise) -> its copy
   std::vector<Node> nodes;
   nodes.reserve(graph.nodes.size());
   size_t converted = 0;
@@ -191,12 +187,16 @@ size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset)
       continue;
     }
     const std::string& weight_name = node.inputs[1];
-    const std::string prepared = fresh_initializer_name(graph, weight_name + (m->depthwise ? "/hwc" : "/packed_hwc"));
-    const mx::array& w = graph.initializers.at(weight_name).tensor();
-    mx::array converted_weight =
-        m->depthwise ? kernels::depthwise_weight_nhwc(w, mx::Device::cpu) : kernels::pack_conv_weight_nhwc(w);
-    converted_weight.eval();
-    graph.initializers.insert_or_assign(prepared, Value(converted_weight));
+    // Convolutions sharing a weight share its prepared copy.
+    std::string& prepared = prepared_weights[{weight_name, m->depthwise}];
+    if (prepared.empty()) {
+      prepared = fresh_initializer_name(graph, weight_name + (m->depthwise ? "/hwc" : "/packed_hwc"));
+      const mx::array& w = graph.initializers.at(weight_name).tensor();
+      mx::array converted_weight = m->depthwise ? kernels::depthwise_weight_nhwc(w, mx::Device::cpu)
+                                                : kernels::pack_conv_weight_nhwc(w);
+      converted_weight.eval();
+      graph.initializers.insert_or_assign(prepared, Value(converted_weight));
+    }
     // The stored weight goes at once when this conv alone read it, so that
     // the load's peak holds one layer's weight twice, not the model's.
     const bool read_once = std::count(node.inputs.begin(), node.inputs.end(), weight_name) == 1;

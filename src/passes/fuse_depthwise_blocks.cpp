@@ -44,19 +44,14 @@ bool is_conv_nhwc(const Node& node) {
 
 bool is_depthwise(const Node& node) { return is_conv_nhwc(node) && int_attribute_or(node, "group", 1) != 1; }
 
-std::vector<int64_t> ints_or(const Node& node, const std::string& name, std::vector<int64_t> fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kInts ? a->ints : fallback;
-}
-
 bool is_pointwise(const Node& node) {
   if (!is_conv_nhwc(node) || int_attribute_or(node, "group", 1) != 1) return false;
   if (const Attribute* layout = node.find_attribute("input_layout"); layout != nullptr && layout->s != "NHWC")
     return false;
-  return ints_or(node, "kernel_shape", {}) == std::vector<int64_t>{1, 1} &&
-         ints_or(node, "strides", {1, 1}) == std::vector<int64_t>{1, 1} &&
-         ints_or(node, "dilations", {1, 1}) == std::vector<int64_t>{1, 1} &&
-         ints_or(node, "pads", {0, 0, 0, 0}) == std::vector<int64_t>{0, 0, 0, 0};
+  return ints_attribute_or(node, "kernel_shape", {}) == std::vector<int64_t>{1, 1} &&
+         ints_attribute_or(node, "strides", {1, 1}) == std::vector<int64_t>{1, 1} &&
+         ints_attribute_or(node, "dilations", {1, 1}) == std::vector<int64_t>{1, 1} &&
+         ints_attribute_or(node, "pads", {0, 0, 0, 0}) == std::vector<int64_t>{0, 0, 0, 0};
 }
 
 // `value` is read by node `reader` alone, as its first input, and is no graph output.

@@ -110,6 +110,12 @@ int64_t int_attribute_or(const Node& node, const std::string& name, int64_t fall
   return a != nullptr && a->type == AttrType::kInt ? a->i : fallback;
 }
 
+std::vector<int64_t> ints_attribute_or(const Node& node, const std::string& name,
+                                       std::vector<int64_t> fallback) {
+  const Attribute* a = node.find_attribute(name);
+  return a != nullptr && a->type == AttrType::kInts ? a->ints : fallback;
+}
+
 float float_attribute_or(const Node& node, const std::string& name, float fallback) {
   const Attribute* a = node.find_attribute(name);
   return a != nullptr && a->type == AttrType::kFloat ? a->f : fallback;

@@ -52,6 +52,9 @@ std::optional<size_t> sole_consumer(const GraphIndex& index, const std::string& 
 /** An INT / FLOAT attribute of `node`, or `fallback` when absent or of another type. */
 int64_t int_attribute_or(const Node& node, const std::string& name, int64_t fallback);
 float float_attribute_or(const Node& node, const std::string& name, float fallback);
+/** An INTS attribute of `node`, or `fallback` when absent or of another type. */
+std::vector<int64_t> ints_attribute_or(const Node& node, const std::string& name,
+                                       std::vector<int64_t> fallback);
 
 /** Attributes of the nodes a pass makes. */
 Attribute int_attribute(const std::string& name, int64_t value);

@@ -13,9 +13,10 @@
 //          Y                                    Y
 //
 // The transform reads the packed weight, which goes when this convolution
-// alone read it. Stems over few channels stay on the direct kernel, which
-// reads the input in place.
+// alone read it; convolutions sharing a weight share its transform. Stems over few channels stay on the
+// direct kernel, which reads the input in place.
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,6 @@ namespace {
 
 constexpr const char* kDomain = "ai.transmuter";
 
-std::vector<int64_t> ints_or(const Node& node, const std::string& name, std::vector<int64_t> fallback) {
-  const Attribute* a = node.find_attribute(name);
-  return a != nullptr && a->type == AttrType::kInts ? a->ints : fallback;
-}
-
 // The packed weight of a ConvNhwc the Winograd kernel runs, or nullptr.
 const mx::array* winograd_candidate_weight(const Graph& graph, const Node& node) {
   if (node.domain != kDomain || node.op_type != "ConvNhwc" || node.inputs.size() < 2 ||
@@ -42,9 +38,9 @@ const mx::array* winograd_candidate_weight(const Graph& graph, const Node& node)
   }
   if (const Attribute* layout = node.find_attribute("input_layout"); layout != nullptr && layout->s != "NHWC")
     return nullptr;
-  if (ints_or(node, "kernel_shape", {}) != std::vector<int64_t>{3, 3} ||
-      ints_or(node, "strides", {1, 1}) != std::vector<int64_t>{1, 1} ||
-      ints_or(node, "dilations", {1, 1}) != std::vector<int64_t>{1, 1}) {
+  if (ints_attribute_or(node, "kernel_shape", {}) != std::vector<int64_t>{3, 3} ||
+      ints_attribute_or(node, "strides", {1, 1}) != std::vector<int64_t>{1, 1} ||
+      ints_attribute_or(node, "dilations", {1, 1}) != std::vector<int64_t>{1, 1}) {
     return nullptr;
   }
   const mx::array* packed = stored_initializer(graph, node.inputs[1]);
@@ -58,15 +54,20 @@ const mx::array* winograd_candidate_weight(const Graph& graph, const Node& node)
 
 size_t winograd_convs(Graph& graph) {
   const GraphIndex index(graph);
+  std::map<std::string, std::string>
+      transformed_names;  // packed weight -> its transform (shared weights once)
   size_t converted = 0;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     Node& node = graph.nodes[i];
     const mx::array* packed = winograd_candidate_weight(graph, node);
     if (packed == nullptr) continue;
     const std::string weight_name = node.inputs[1];
-    const std::string transformed_name = fresh_initializer_name(graph, weight_name + "/winograd");
-    mx::array transformed = kernels::winograd_weight_from_packed(*packed, packed->shape(1) / 9);
-    graph.initializers.insert_or_assign(transformed_name, Value(transformed));
+    std::string& transformed_name = transformed_names[weight_name];
+    if (transformed_name.empty()) {
+      transformed_name = fresh_initializer_name(graph, weight_name + "/winograd");
+      mx::array transformed = kernels::winograd_weight_from_packed(*packed, packed->shape(1) / 9);
+      graph.initializers.insert_or_assign(transformed_name, Value(transformed));
+    }
     node.op_type = "ConvWinogradNhwc";
     node.name += "/winograd";
     node.inputs[1] = transformed_name;

@@ -115,6 +115,26 @@ TEST(ChannelsLastConvs, WeightsStillInTheirFileGiveTheSameValues) {
   }
 }
 
+// Two convolutions reading one weight share its packed copy (the file's weight goes after the passes).
+TEST(ChannelsLastConvs, AWeightSharedByTwoConvsIsPackedOnce) {
+  GraphBuilder b(18);
+  b.input("x", OnnxType::kFloat, {1, 8, 5, 6})
+      .initializer("W", uniform({8, 8, 1, 1}, 41))
+      .node("Conv", {"x", "W"}, {"c1"})
+      .node("Relu", {"c1"}, {"r1"})
+      .node("Conv", {"r1", "W"}, {"y"})
+      .output("y");
+  Model model = b.build();
+  EXPECT_EQ(model.op_histogram().at("ai.transmuter.ConvNhwc"), 2u);
+  ASSERT_EQ(model.params().size(), 1u);
+  EXPECT_NE(model.params().begin()->first.find("packed_hwc"), std::string::npos);
+  mx::array x = uniform({1, 8, 5, 6}, 42);
+  mx::array want = run_output(b.build({.run_passes = false}), "x", x, "y");
+  // Sums of 8 products in another order: ~1e-7.
+  EXPECT_LT(max_abs_diff(run_output(model, "x", x, "y"), want), 1e-5f);
+  EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.1f);  // not vacuous
+}
+
 TEST(ChannelsLastConvs, TurnedOffItLeavesTheConvs) {
   Model model = small_cnn(18).build(testing::passes_except("channels_last_convs"));
   EXPECT_EQ(model.op_histogram().count("ai.transmuter.ConvNhwc"), 0u);

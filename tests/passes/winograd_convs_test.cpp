@@ -94,7 +94,7 @@ TEST(WinogradConvs, TurnedOffTheConvsStayConvNhwc) {
   EXPECT_EQ(model.op_histogram().at("ai.transmuter.ConvNhwc"), 5u);
 }
 
-// A weight two convolutions read is transformed for each and dropped once neither reads it packed.
+// A weight two convolutions read is transformed once for both and dropped once neither reads it packed.
 TEST(WinogradConvs, AWeightSharedByTwoConvsServesBoth) {
   GraphBuilder b(18);
   b.input("x", OnnxType::kFloat, {1, 8, 6, 6})
@@ -104,6 +104,7 @@ TEST(WinogradConvs, AWeightSharedByTwoConvsServesBoth) {
       .output("y");
   Model model = b.build();
   EXPECT_EQ(model.op_histogram().at("ai.transmuter.ConvWinogradNhwc"), 2u);
+  EXPECT_EQ(model.params().size(), 1u);  // one transform serves both; the packed weight went
   mx::array x = uniform({1, 8, 6, 6}, 12);
   mx::array want = run_y(b.build({.run_passes = false}), x);
   EXPECT_LT(max_abs_diff(run_y(model, x), want), 1e-5f);
