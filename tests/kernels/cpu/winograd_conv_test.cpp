@@ -9,11 +9,14 @@
 #include <gtest/gtest.h>
 #include <mlx/primitives.h>
 
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/cpu/conv_nhwc.h"
 #include "support/conv_reference.h"
+#include "support/expect_error.h"
 #include "support/random_arrays.h"
 
 namespace transmuter::kernels {
@@ -184,34 +187,22 @@ TEST(WinogradConvKernel, MismatchedArgumentsAreRefused) {
   mx::array x = random_array({1, 5, 5, 4}, 61);
   mx::array u = transformed(random_array({6, 4, 3, 3}, 62));
   const NhwcConvOptions o{.kernel = {3, 3}, .pads_begin = {1, 1}, .pads_end = {1, 1}};
-  auto message = [](auto f) {
-    try {
-      f();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([&] {
-              winograd_conv_nhwc(random_array({1, 5, 5, 3}, 63), u, {}, 6, o);
-            }).find("does not match 6 output channels over 3 input channels"),
-            std::string::npos);
-  EXPECT_NE(message([&] {
-              winograd_conv_nhwc(x, u, random_array({5}, 64), 6, o);
-            }).find("bias must be float32 [6]"),
-            std::string::npos);
   NhwcConvOptions strided = o;
   strided.strides = {2, 2};
-  EXPECT_NE(message([&] { winograd_conv_nhwc(x, u, {}, 6, strided); }).find("3x3 kernel, stride 1"),
-            std::string::npos);
-  EXPECT_NE(message([&] {
-              winograd_conv_nhwc(random_array({1, 1, 1, 4}, 65), u, {}, 6, {.kernel = {3, 3}});
-            }).find("window does not fit the input"),
-            std::string::npos);
-  EXPECT_NE(message([&] {
-              winograd_weight_from_packed(pack_conv_weight_nhwc(random_array({6, 4, 1, 1}, 66)), 4);
-            }).find("expected a packed 3x3 weight"),
-            std::string::npos);
+  const std::pair<std::function<void()>, std::string> cases[] = {
+      {[&] { winograd_conv_nhwc(random_array({1, 5, 5, 3}, 63), u, {}, 6, o); },
+       "does not match 6 output channels over 3 input channels"},
+      {[&] { winograd_conv_nhwc(x, u, random_array({5}, 64), 6, o); }, "bias must be float32 [6]"},
+      {[&] { winograd_conv_nhwc(x, u, {}, 6, strided); }, "3x3 kernel, stride 1"},
+      {[&] { winograd_conv_nhwc(random_array({1, 1, 1, 4}, 65), u, {}, 6, {.kernel = {3, 3}}); },
+       "window does not fit the input"},
+      {[&] { winograd_weight_from_packed(pack_conv_weight_nhwc(random_array({6, 4, 1, 1}, 66)), 4); },
+       "expected a packed 3x3 weight"},
+  };
+  for (const auto& [call, expected_message] : cases) {
+    const std::string message = testing::error_of<std::invalid_argument>(call);
+    EXPECT_NE(message.find(expected_message), std::string::npos) << message;
+  }
 }
 
 }  // namespace
