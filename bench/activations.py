@@ -42,9 +42,9 @@ def _bytes_of(value: onnx.ValueInfoProto) -> int | None:
     return int(np.prod(dims, dtype=np.int64)) * itemsize
 
 
-def value_bytes(model_path: Path, inputs: dict[str, np.ndarray]) -> dict[str, int]:
-    """Bytes of every node output of the main graph for these inputs."""
-    model = onnx.load(str(model_path), load_external_data=False)
+def value_bytes(model: onnx.ModelProto, model_path: Path, inputs: dict[str, np.ndarray]) -> dict[str, int]:
+    """Bytes of every node output of the main graph of `model` (loaded from model_path, weights left in
+    the file) for these inputs."""
     shapes = {name: array.shape for name, array in inputs.items()}
     inferred = shape_inference.infer_shapes(_fixed_input_model(model, shapes), data_prop=True)
     known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
@@ -83,7 +83,7 @@ def _measured_bytes(model_path: Path, inputs: dict[str, np.ndarray], names: list
 def peak_live_bytes(model_path: Path, inputs: dict[str, np.ndarray]) -> int:
     """The peak over the node order of the bytes of live values (see the module's docstring)."""
     model = onnx.load(str(model_path), load_external_data=False)
-    sizes = value_bytes(model_path, inputs)
+    sizes = value_bytes(model, model_path, inputs)
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     held = {o.name for o in graph.output}

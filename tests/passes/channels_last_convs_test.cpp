@@ -21,9 +21,7 @@ using testing::int_attr;
 using testing::ints_attr;
 using testing::string_attr;
 
-mx::array uniform(mx::Shape shape, uint64_t seed) {
-  return mx::random::uniform(-1.0f, 1.0f, shape, mx::float32, mx::random::key(seed));
-}
+using testing::random_uniform;
 
 // x [2, 3, 12, 14] -> Conv 3x3 -> Relu -> MaxPool 3x3/2 = p -> depthwise 3x3 ->
 // HardSwish -> Conv 1x1 -> Add p (residual) -> Mul K [8, 1, 1] -> Relu ->
@@ -33,7 +31,7 @@ mx::array uniform(mx::Shape shape, uint64_t seed) {
 // (not yet copied out of it).
 GraphBuilder small_cnn(int64_t opset, bool deferred = false) {
   auto weight = [&](const mx::Shape& shape, uint64_t seed) {
-    return deferred ? testing::misaligned_deferred(uniform(shape, seed)) : uniform(shape, seed);
+    return deferred ? testing::misaligned_deferred(random_uniform(shape, seed)) : random_uniform(shape, seed);
   };
   GraphBuilder b(opset);
   b.input("x", OnnxType::kFloat, {2, 3, 12, 14})
@@ -87,7 +85,7 @@ TEST(ChannelsLastConvs, ACnnRunsChannelsLastWithTheSameValues) {
     EXPECT_EQ(histogram.at("Transpose"), 2u) << opset;
     EXPECT_EQ(histogram.count("Identity"), 0u) << opset;
     EXPECT_EQ(histogram.count("Add"), 0u) << opset;  // the shortcut runs in the 1x1 conv's epilogue
-    mx::array x = uniform({2, 3, 12, 14}, 7) * 2.0f;
+    mx::array x = random_uniform({2, 3, 12, 14}, 7) * 2.0f;
     mx::array want = run_output(plain, "x", x, "y");
     ASSERT_EQ(want.shape(), (mx::Shape{2, 8}));
     // Sums of at most 27 products in another order: ~1e-6 on values ~1.
@@ -106,7 +104,7 @@ TEST(ChannelsLastConvs, WeightsStillInTheirFileGiveTheSameValues) {
   for (const auto& [name, param] : nhwc.params()) {
     EXPECT_FALSE(deferred_bytes(param).has_value()) << name << " must be evaluated once loaded";
   }
-  mx::array x = uniform({2, 3, 12, 14}, 7) * 2.0f;
+  mx::array x = random_uniform({2, 3, 12, 14}, 7) * 2.0f;
   for (const char* output : {"y", "z"}) {
     mx::array want = run_output(plain, "x", x, output);
     // As above: sums of at most 27 products in another order.
@@ -119,7 +117,7 @@ TEST(ChannelsLastConvs, WeightsStillInTheirFileGiveTheSameValues) {
 TEST(ChannelsLastConvs, AWeightSharedByTwoConvsIsPackedOnce) {
   GraphBuilder b(18);
   b.input("x", OnnxType::kFloat, {1, 8, 5, 6})
-      .initializer("W", uniform({8, 8, 1, 1}, 41))
+      .initializer("W", random_uniform({8, 8, 1, 1}, 41))
       .node("Conv", {"x", "W"}, {"c1"})
       .node("Relu", {"c1"}, {"r1"})
       .node("Conv", {"r1", "W"}, {"y"})
@@ -128,7 +126,7 @@ TEST(ChannelsLastConvs, AWeightSharedByTwoConvsIsPackedOnce) {
   EXPECT_EQ(model.op_histogram().at("ai.transmuter.ConvNhwc"), 2u);
   ASSERT_EQ(model.params().size(), 1u);
   EXPECT_NE(model.params().begin()->first.find("packed_hwc"), std::string::npos);
-  mx::array x = uniform({1, 8, 5, 6}, 42);
+  mx::array x = random_uniform({1, 8, 5, 6}, 42);
   mx::array want = run_output(b.build({.run_passes = false}), "x", x, "y");
   // Sums of 8 products in another order: ~1e-7.
   EXPECT_LT(max_abs_diff(run_output(model, "x", x, "y"), want), 1e-5f);
@@ -146,11 +144,12 @@ TEST(ChannelsLastConvs, NearMissesStay) {
   GraphBuilder b(18);
   b.input("x", OnnxType::kFloat, {1, 4, 9, 9})
       .input("Wi", OnnxType::kFloat, {4, 4, 3, 3})
-      .initializer("W", uniform({4, 4, 3, 3}, 11))
-      .initializer("Wg", uniform({4, 2, 3, 3}, 12))
-      .node("Conv", {"x", "W"}, {"same"}, {string_attr("auto_pad", "SAME_UPPER")})  // pads depend on the input
-      .node("Conv", {"same", "Wg"}, {"grouped"}, {int_attr("group", 2)})           // 2 channels per group
-      .node("Conv", {"grouped", "Wi"}, {"y"})                                      // weight not constant
+      .initializer("W", random_uniform({4, 4, 3, 3}, 11))
+      .initializer("Wg", random_uniform({4, 2, 3, 3}, 12))
+      .node("Conv", {"x", "W"}, {"same"},
+            {string_attr("auto_pad", "SAME_UPPER")})                      // pads depend on the input
+      .node("Conv", {"same", "Wg"}, {"grouped"}, {int_attr("group", 2)})  // 2 channels per group
+      .node("Conv", {"grouped", "Wi"}, {"y"})                             // weight not constant
       .output("y");
   Model model = b.build();
   EXPECT_EQ(model.op_histogram().at("Conv"), 3u);
@@ -163,7 +162,7 @@ TEST(ChannelsLastConvs, ValuesReadOutsideTheRegionStayChannelsFirst) {
   GraphBuilder b(18);
   b.input("x", OnnxType::kFloat, {1, 5, 6, 7})
       .input("z", OnnxType::kFloat, {1, 6, 6, 7})
-      .initializer("W", uniform({6, 5, 1, 1}, 21))
+      .initializer("W", random_uniform({6, 5, 1, 1}, 21))
       .node("Conv", {"x", "W"}, {"c"})
       .node("Add", {"c", "z"}, {"a"})
       .node("Sigmoid", {"a"}, {"s"})
@@ -173,8 +172,8 @@ TEST(ChannelsLastConvs, ValuesReadOutsideTheRegionStayChannelsFirst) {
   Model nhwc = b.build();
   Model plain = plain_b.build({.run_passes = false});
   EXPECT_EQ(nhwc.op_histogram().at("ai.transmuter.ConvNhwc"), 1u);
-  mx::array x = uniform({1, 5, 6, 7}, 22);
-  mx::array z = uniform({1, 6, 6, 7}, 23);
+  mx::array x = random_uniform({1, 5, 6, 7}, 22);
+  mx::array z = random_uniform({1, 6, 6, 7}, 23);
   Inputs in = {{"x", x}, {"z", z}};
   Outputs got = run(nhwc, nhwc.params(), in, {mx::Device::cpu});
   Outputs want = run(plain, plain.params(), in, {mx::Device::cpu});
@@ -190,9 +189,9 @@ TEST(ChannelsLastConvs, ConcatAlongChannelsStaysChannelsLast) {
   for (int64_t axis : {1, -3, 2}) {
     GraphBuilder b(18);
     b.input("x", OnnxType::kFloat, {1, 3, 6, 6})
-        .initializer("Wa", uniform({4, 3, 3, 3}, 41))
-        .initializer("Wb", uniform({3, 3, 1, 1}, 42))
-        .initializer("Wc", uniform({5, 7, 1, 1}, 43))
+        .initializer("Wa", random_uniform({4, 3, 3, 3}, 41))
+        .initializer("Wb", random_uniform({3, 3, 1, 1}, 42))
+        .initializer("Wc", random_uniform({5, 7, 1, 1}, 43))
         .node("Conv", {"x", "Wa"}, {"a"}, {ints_attr("pads", {1, 1, 1, 1})})
         .node("Conv", {"x", "Wb"}, {"b"});
     if (axis == 2) {
@@ -204,7 +203,7 @@ TEST(ChannelsLastConvs, ConcatAlongChannelsStaysChannelsLast) {
     Model plain = b.build({.run_passes = false});
     // y out only: both convs read x (3 channels) channels-first, in place
     if (axis != 2) EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 1u) << axis;
-    mx::array x = uniform({1, 3, 6, 6}, 44);
+    mx::array x = random_uniform({1, 3, 6, 6}, 44);
     mx::array want = run_output(plain, "x", x, "y");
     EXPECT_LT(max_abs_diff(run_output(nhwc, "x", x, "y"), want), 1e-5f) << axis;
     EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.5f);
@@ -218,7 +217,7 @@ TEST(ChannelsLastConvs, ReductionsKeepingTheirAxesFollowTheLayout) {
   for (int64_t opset : {17, 18}) {
     for (int64_t keepdims : {1, 0}) {
       GraphBuilder b(opset);
-      b.input("x", OnnxType::kFloat, {2, 3, 5, 6}).initializer("W", uniform({4, 3, 1, 1}, 51));
+      b.input("x", OnnxType::kFloat, {2, 3, 5, 6}).initializer("W", random_uniform({4, 3, 1, 1}, 51));
       b.node("Conv", {"x", "W"}, {"c"});
       if (opset >= 18) {
         b.initializer("axes", mx::array({int64_t{2}, int64_t{-1}}));
@@ -227,7 +226,7 @@ TEST(ChannelsLastConvs, ReductionsKeepingTheirAxesFollowTheLayout) {
         b.node("ReduceMean", {"c"}, {"m"}, {ints_attr("axes", {2, -1}), int_attr("keepdims", keepdims)});
       }
       if (keepdims == 1) {  // [2, 4, 1, 1] into another conv
-        b.initializer("W2", uniform({5, 4, 1, 1}, 53)).node("Conv", {"m", "W2"}, {"y"});
+        b.initializer("W2", random_uniform({5, 4, 1, 1}, 53)).node("Conv", {"m", "W2"}, {"y"});
       } else {
         b.node("Identity", {"m"}, {"y"});
       }
@@ -237,7 +236,7 @@ TEST(ChannelsLastConvs, ReductionsKeepingTheirAxesFollowTheLayout) {
       // Kept: the mean and the second conv run channels-last, one transpose out (the
       // first conv reads x, 3 channels, channels-first).
       if (keepdims == 1) EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 1u) << opset;
-      mx::array x = uniform({2, 3, 5, 6}, 52);
+      mx::array x = random_uniform({2, 3, 5, 6}, 52);
       mx::array want = run_output(plain, "x", x, "y");
       mx::array got = run_output(nhwc, "x", x, "y");
       ASSERT_EQ(got.shape(), want.shape()) << opset << " keepdims " << keepdims;
@@ -255,9 +254,9 @@ TEST(ChannelsLastConvs, StemsReadChannelsFirstInputInPlace) {
   GraphBuilder b(18);
   b.input("x", OnnxType::kFloat, {2, 4, 11, 13})
       .input("x5", OnnxType::kFloat, {1, 5, 8, 9})
-      .initializer("W", uniform({12, 4, 3, 3}, 61))
-      .initializer("B", uniform({12}, 62))
-      .initializer("W5", uniform({7, 5, 3, 3}, 63))
+      .initializer("W", random_uniform({12, 4, 3, 3}, 61))
+      .initializer("B", random_uniform({12}, 62))
+      .initializer("W5", random_uniform({7, 5, 3, 3}, 63))
       .node("Conv", {"x", "W", "B"}, {"c"}, {ints_attr("pads", {1, 1, 1, 1}), ints_attr("strides", {2, 2})})
       .node("HardSwish", {"c"}, {"y"})
       .node("Conv", {"x5", "W5"}, {"y5"})
@@ -270,7 +269,7 @@ TEST(ChannelsLastConvs, StemsReadChannelsFirstInputInPlace) {
   EXPECT_EQ(nhwc.op_histogram().at("ai.transmuter.ConvNhwc"), 2u);
   // x5 into channels-last, y and y5 back; none at x.
   EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 3u);
-  Inputs in = {{"x", uniform({2, 4, 11, 13}, 64) * 2.0f}, {"x5", uniform({1, 5, 8, 9}, 65)}};
+  Inputs in = {{"x", random_uniform({2, 4, 11, 13}, 64) * 2.0f}, {"x5", random_uniform({1, 5, 8, 9}, 65)}};
   Outputs want = run(plain, plain.params(), in, {mx::Device::cpu});
   CompiledModel compiled_model = compile(nhwc, in);
   for (bool compiled : {false, true}) {
@@ -291,12 +290,12 @@ TEST(ChannelsLastConvs, LongChainsCancelEveryInnerTranspose) {
   constexpr int kBlocks = 60;
   GraphBuilder b(18);
   b.input("x", OnnxType::kFloat, {1, 6, 3, 4})
-      .initializer("W", uniform({6, 6, 1, 1}, 99))
+      .initializer("W", random_uniform({6, 6, 1, 1}, 99))
       .node("Conv", {"x", "W"}, {"c"});
   std::string x = "c";
   for (int i = 0; i < kBlocks; ++i) {
     const std::string n = std::to_string(i);
-    b.initializer("W" + n, uniform({6, 6, 1, 1}, 100 + i) * 0.3f)
+    b.initializer("W" + n, random_uniform({6, 6, 1, 1}, 100 + i) * 0.3f)
         .node("Relu", {x}, {"r" + n})
         .node("Conv", {"r" + n, "W" + n}, {"c" + n})
         .node("Add", {"c" + n, "r" + n}, {"a" + n});
@@ -308,7 +307,7 @@ TEST(ChannelsLastConvs, LongChainsCancelEveryInnerTranspose) {
   Model plain = plain_b.build({.run_passes = false});
   EXPECT_EQ(nhwc.op_histogram().at("ai.transmuter.ConvNhwc"), static_cast<size_t>(kBlocks + 1));
   EXPECT_EQ(nhwc.op_histogram().at("Transpose"), 2u);  // into channels-last at x, back at the output
-  mx::array input = uniform({1, 6, 3, 4}, 99);
+  mx::array input = random_uniform({1, 6, 3, 4}, 99);
   mx::array want = run_output(plain, "x", input, x);
   EXPECT_LT(max_abs_diff(run_output(nhwc, "x", input, x), want),
             1e-5f * std::max(1.0f, mx::max(mx::abs(want)).item<float>()));
@@ -327,23 +326,24 @@ TEST(ChannelsLastConvs, ConvNhwcRefusesInconsistentArguments) {
         .output("y");
     Model model = b.build({.run_passes = false});
     return testing::error_of<OpError>(
-        [&] { run(model, model.params(), {{"x", uniform({1, 5, 5, 4}, 31)}}, {mx::Device::cpu}); });
+        [&] { run(model, model.params(), {{"x", random_uniform({1, 5, 5, 4}, 31)}}, {mx::Device::cpu}); });
   };
-  std::string grouped = message_for(2, 4, uniform({3, 3, 4}, 32));
+  std::string grouped = message_for(2, 4, random_uniform({3, 3, 4}, 32));
   EXPECT_NE(grouped.find("ConvNhwc"), std::string::npos) << grouped;
   EXPECT_NE(grouped.find("group must be 1 or the channel count 4"), std::string::npos) << grouped;
-  std::string depthwise = message_for(4, 4, uniform({3, 3, 5}, 33));
+  std::string depthwise = message_for(4, 4, random_uniform({3, 3, 5}, 33));
   EXPECT_NE(depthwise.find("depthwise weight must be float32 [3, 3, 4]"), std::string::npos) << depthwise;
-  std::string packed = message_for(1, 6, uniform({3, 3, 4}, 34));
+  std::string packed = message_for(1, 6, random_uniform({3, 3, 4}, 34));
   EXPECT_NE(packed.find("packed convolution weight does not match 6 output channels"), std::string::npos)
       << packed;
-  std::string layout = message_for(1, 4, uniform({3, 3, 4}, 35), "NWHC");
+  std::string layout = message_for(1, 4, random_uniform({3, 3, 4}, 35), "NWHC");
   EXPECT_NE(layout.find("unknown input_layout 'NWHC'"), std::string::npos) << layout;
-  std::string depthwise_nchw = message_for(4, 4, uniform({3, 3, 4}, 36), "NCHW");
+  std::string depthwise_nchw = message_for(4, 4, random_uniform({3, 3, 4}, 36), "NCHW");
   EXPECT_NE(depthwise_nchw.find("input_layout NCHW goes with group 1 only"), std::string::npos)
       << depthwise_nchw;
   // x [1, 5, 5, 4] read as NCHW has 5 channels: the packed weight (4 channels) does not fit.
-  std::string channels = message_for(1, 4, kernels::pack_conv_weight_nhwc(uniform({4, 4, 3, 3}, 37)), "NCHW");
+  std::string channels =
+      message_for(1, 4, kernels::pack_conv_weight_nhwc(random_uniform({4, 4, 3, 3}, 37)), "NCHW");
   EXPECT_NE(channels.find("over a window of 45 values"), std::string::npos) << channels;
 }
 

@@ -10,6 +10,7 @@
 #include "support/expect_error.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
+#include "support/random_arrays.h"
 #include "transmuter/runtime.h"
 
 namespace transmuter {
@@ -20,9 +21,7 @@ using testing::int_attr;
 using testing::ints_attr;
 using testing::string_attr;
 
-mx::array uniform(mx::Shape shape, uint64_t seed, float scale = 1.0f) {
-  return mx::random::uniform(-scale, scale, shape, mx::float32, mx::random::key(seed));
-}
+using testing::random_uniform;
 
 // x [1, 3, 96, 96] -> stem Conv 3x3/2 + Relu = s [16, 48, 48];
 // block 1 (MobileNetV2's inverted residual): Conv 1x1 16->64 + Clip(0, 6),
@@ -33,7 +32,7 @@ mx::array uniform(mx::Shape shape, uint64_t seed, float scale = 1.0f) {
 GraphBuilder mobile_cnn() {
   GraphBuilder b(17);
   b.input("x", OnnxType::kFloat, {1, 3, 96, 96})
-      .initializer("Ws", uniform({16, 3, 3, 3}, 1, 0.5f))
+      .initializer("Ws", random_uniform({16, 3, 3, 3}, 1, 0.5f))
       .initializer("lo", mx::array(0.0f))
       .initializer("hi", mx::array(6.0f))
       .node("Conv", {"x", "Ws"}, {"c"}, {ints_attr("pads", {1, 1, 1, 1}), ints_attr("strides", {2, 2})})
@@ -41,11 +40,11 @@ GraphBuilder mobile_cnn() {
   auto block = [&](const std::string& in, const std::string& out, int64_t cin, int64_t cout, int64_t stride,
                    bool shortcut, uint64_t seed) {
     const std::string p = out + "_";
-    b.initializer(p + "We", uniform({64, cin, 1, 1}, seed, 0.4f))
-        .initializer(p + "Be", uniform({64}, seed + 1, 0.2f))
-        .initializer(p + "Wd", uniform({64, 1, 3, 3}, seed + 2, 0.4f))
-        .initializer(p + "Bd", uniform({64}, seed + 3, 0.2f))
-        .initializer(p + "Wp", uniform({cout, 64, 1, 1}, seed + 4, 0.3f))
+    b.initializer(p + "We", random_uniform({64, cin, 1, 1}, seed, 0.4f))
+        .initializer(p + "Be", random_uniform({64}, seed + 1, 0.2f))
+        .initializer(p + "Wd", random_uniform({64, 1, 3, 3}, seed + 2, 0.4f))
+        .initializer(p + "Bd", random_uniform({64}, seed + 3, 0.2f))
+        .initializer(p + "Wp", random_uniform({cout, 64, 1, 1}, seed + 4, 0.3f))
         .node("Conv", {in, p + "We", p + "Be"}, {p + "e"})
         .node("Clip", {p + "e", "lo", "hi"}, {p + "ec"})
         .node(
@@ -57,9 +56,9 @@ GraphBuilder mobile_cnn() {
   };
   block("s", "b1", 16, 16, 1, true, 10);
   block("b1", "b2", 16, 24, 2, false, 20);
-  b.initializer("Wd3", uniform({24, 1, 3, 3}, 30, 0.4f))
-      .initializer("Wp3", uniform({32, 24, 1, 1}, 31, 0.3f))
-      .initializer("Bp3", uniform({32}, 32, 0.2f))
+  b.initializer("Wd3", random_uniform({24, 1, 3, 3}, 30, 0.4f))
+      .initializer("Wp3", random_uniform({32, 24, 1, 1}, 31, 0.3f))
+      .initializer("Bp3", random_uniform({32}, 32, 0.2f))
       .node("MaxPool", {"b2"}, {"m"}, {ints_attr("kernel_shape", {1, 1})})
       .node("Conv", {"m", "Wd3"}, {"d3"}, {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", 24)})
       .node("HardSwish", {"d3"}, {"h3"})
@@ -84,7 +83,7 @@ TEST(FuseDepthwiseBlocks, BlocksFuseWithTheSameValues) {
   EXPECT_EQ(histogram.at("ai.transmuter.ConvNhwc"), 1u);  // the stem
   EXPECT_EQ(unfused.op_histogram().count("ai.transmuter.DepthwiseBlockNhwc"), 0u);
   EXPECT_EQ(unfused.op_histogram().at("ai.transmuter.ConvNhwc"), 9u);
-  mx::array x = uniform({1, 3, 96, 96}, 40, 2.0f);
+  mx::array x = random_uniform({1, 3, 96, 96}, 40, 2.0f);
   mx::array want = run_y(plain, x);
   ASSERT_EQ(want.shape(), (mx::Shape{1, 32, 24, 24}));
   EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.1f);  // not vacuous
@@ -103,7 +102,7 @@ TEST(FuseDepthwiseBlocks, StagesReadElsewhereStaySeparate) {
   EXPECT_EQ(histogram.at("ai.transmuter.DepthwiseBlockNhwc"), 3u);
   EXPECT_EQ(histogram.at("ai.transmuter.ConvNhwc"), 3u);  // the stem, block 1's expand, block 2's project
   Model plain = b.build({.run_passes = false});
-  mx::array x = uniform({1, 3, 96, 96}, 41, 2.0f);
+  mx::array x = random_uniform({1, 3, 96, 96}, 41, 2.0f);
   for (const char* name : {"y", "b1_ec", "twice"}) {
     mx::array want = run(plain, plain.params(), {{"x", x}}, {mx::Device::cpu}).tensor(name);
     mx::array got = run(model, model.params(), {{"x", x}}, {mx::Device::cpu}).tensor(name);
@@ -116,16 +115,15 @@ TEST(FuseDepthwiseBlocks, DepthwiseBlockNhwcRefusesInconsistentArguments) {
   auto message_for = [](std::vector<std::string> inputs, std::vector<Attribute> attributes) {
     GraphBuilder b(18);
     b.input("x", OnnxType::kFloat, {1, 6, 6, 4})
-        .initializer("Wd", uniform({3, 3, 4}, 51))
-        .initializer("Wp", kernels::pack_conv_weight_nhwc(uniform({6, 4, 1, 1}, 52)))
-        .initializer("Z", uniform({1, 6, 6, 6}, 53));
+        .initializer("Wd", random_uniform({3, 3, 4}, 51))
+        .initializer("Wp", kernels::pack_conv_weight_nhwc(random_uniform({6, 4, 1, 1}, 52)))
+        .initializer("Z", random_uniform({1, 6, 6, 6}, 53));
     attributes.push_back(ints_attr("kernel_shape", {3, 3}));
     attributes.push_back(ints_attr("pads", {1, 1, 1, 1}));
     b.domain_node("ai.transmuter", 1, "DepthwiseBlockNhwc", inputs, {"y"}, attributes).output("y");
     Model model = b.build({.run_passes = false});
-    return testing::error_of<OpError>([&] {
-      run(model, model.params(), {{"x", uniform({1, 6, 6, 4}, 54)}}, {mx::Device::cpu});
-    });
+    return testing::error_of<OpError>(
+        [&] { run(model, model.params(), {{"x", random_uniform({1, 6, 6, 4}, 54)}}, {mx::Device::cpu}); });
   };
   const std::string no_project = message_for({"x", "", "", "Wd", "", "", "", "Z"}, {});
   EXPECT_NE(no_project.find("DepthwiseBlockNhwc"), std::string::npos) << no_project;

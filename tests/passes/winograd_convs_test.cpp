@@ -12,6 +12,7 @@
 #include "support/expect_error.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
+#include "support/random_arrays.h"
 #include "transmuter/runtime.h"
 
 namespace transmuter {
@@ -20,9 +21,7 @@ namespace {
 using testing::GraphBuilder;
 using testing::ints_attr;
 
-mx::array uniform(mx::Shape shape, uint64_t seed, float scale = 1.0f) {
-  return mx::random::uniform(-scale, scale, shape, mx::float32, mx::random::key(seed));
-}
+using testing::random_uniform;
 
 // x [2, 3, 13, 11] -> stem 3x3 (3 channels: the direct kernel) -> Relu -> 3x3 (16 -> 24) + Relu = a
 // -> 3x3 stride 2 = s -> 3x3 = b -> Add s (a basic block's shortcut, fused as the conv's residual)
@@ -30,13 +29,13 @@ mx::array uniform(mx::Shape shape, uint64_t seed, float scale = 1.0f) {
 GraphBuilder basic_blocks() {
   GraphBuilder b(18);
   b.input("x", OnnxType::kFloat, {2, 3, 13, 11})
-      .initializer("Wstem", uniform({16, 3, 3, 3}, 1, 0.5f))
-      .initializer("W1", uniform({24, 16, 3, 3}, 2, 0.2f))
-      .initializer("B1", uniform({24}, 3))
-      .initializer("W2", uniform({24, 24, 3, 3}, 4, 0.2f))
-      .initializer("W3", uniform({24, 24, 3, 3}, 5, 0.2f))
-      .initializer("B3", uniform({24}, 6))
-      .initializer("W4", uniform({10, 24, 1, 1}, 7, 0.3f))
+      .initializer("Wstem", random_uniform({16, 3, 3, 3}, 1, 0.5f))
+      .initializer("W1", random_uniform({24, 16, 3, 3}, 2, 0.2f))
+      .initializer("B1", random_uniform({24}, 3))
+      .initializer("W2", random_uniform({24, 24, 3, 3}, 4, 0.2f))
+      .initializer("W3", random_uniform({24, 24, 3, 3}, 5, 0.2f))
+      .initializer("B3", random_uniform({24}, 6))
+      .initializer("W4", random_uniform({10, 24, 1, 1}, 7, 0.3f))
       .node("Conv", {"x", "Wstem"}, {"c0"}, {ints_attr("pads", {1, 1, 1, 1})})
       .node("Relu", {"c0"}, {"r0"})
       .node("Conv", {"r0", "W1", "B1"}, {"c1"}, {ints_attr("pads", {1, 1, 1, 1})})
@@ -77,7 +76,7 @@ TEST(WinogradConvs, StrideOne3x3ConvsRunOnTransformedWeightsWithTheSameValues) {
   }
   EXPECT_EQ(transformed, 2u);
 
-  mx::array x = uniform({2, 3, 13, 11}, 9, 2.0f);
+  mx::array x = random_uniform({2, 3, 13, 11}, 9, 2.0f);
   mx::array want = run_y(b.build({.run_passes = false}), x);
   mx::array without = run_y(b.build(testing::passes_except("winograd_convs")), x);
   mx::array got = run_y(model, x);
@@ -98,14 +97,14 @@ TEST(WinogradConvs, TurnedOffTheConvsStayConvNhwc) {
 TEST(WinogradConvs, AWeightSharedByTwoConvsServesBoth) {
   GraphBuilder b(18);
   b.input("x", OnnxType::kFloat, {1, 8, 6, 6})
-      .initializer("W", uniform({8, 8, 3, 3}, 11, 0.3f))
+      .initializer("W", random_uniform({8, 8, 3, 3}, 11, 0.3f))
       .node("Conv", {"x", "W"}, {"c1"}, {ints_attr("pads", {1, 1, 1, 1})})
       .node("Conv", {"c1", "W"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})})
       .output("y");
   Model model = b.build();
   EXPECT_EQ(model.op_histogram().at("ai.transmuter.ConvWinogradNhwc"), 2u);
   EXPECT_EQ(model.params().size(), 1u);  // one transform serves both; the packed weight went
-  mx::array x = uniform({1, 8, 6, 6}, 12);
+  mx::array x = random_uniform({1, 8, 6, 6}, 12);
   mx::array want = run_y(b.build({.run_passes = false}), x);
   EXPECT_LT(max_abs_diff(run_y(model, x), want), 1e-5f);
   EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.1f);
@@ -122,13 +121,13 @@ TEST(WinogradConvs, ConvWinogradNhwcRefusesInconsistentArguments) {
         .output("y");
     Model model = b.build({.run_passes = false});
     return testing::error_of<OpError>(
-        [&] { run(model, model.params(), {{"x", uniform({1, 6, 6, 4}, 22)}}, {mx::Device::cpu}); });
+        [&] { run(model, model.params(), {{"x", random_uniform({1, 6, 6, 4}, 22)}}, {mx::Device::cpu}); });
   };
   const int width = static_cast<int>(kernels::gemm_panel_width());
-  std::string strided = message_for({2, 2}, uniform({16, 1, 4, width}, 21));
+  std::string strided = message_for({2, 2}, random_uniform({16, 1, 4, width}, 21));
   EXPECT_NE(strided.find("ConvWinogradNhwc"), std::string::npos) << strided;
   EXPECT_NE(strided.find("needs kernel_shape [3, 3], strides 1"), std::string::npos) << strided;
-  std::string weight = message_for({1, 1}, uniform({9, 1, 4, width}, 23));
+  std::string weight = message_for({1, 1}, random_uniform({9, 1, 4, width}, 23));
   EXPECT_NE(weight.find("Winograd weight does not match 4 output channels over 4 input channels"),
             std::string::npos)
       << weight;

@@ -22,6 +22,11 @@ inline mx::array random_array(const mx::Shape& shape, uint64_t seed, float scale
   return mx::multiply(mx::random::normal(shape, mx::float32, 0, 1, mx::random::key(seed)), mx::array(scale));
 }
 
+/** Uniform float32 values in [-scale, scale), the same for the same seed. */
+inline mx::array random_uniform(const mx::Shape& shape, uint64_t seed, float scale = 1.0f) {
+  return mx::random::uniform(-scale, scale, shape, mx::float32, mx::random::key(seed));
+}
+
 /** Uniform uint8 values (packed quantized weights, zero points), the same for the same seed. */
 inline mx::array random_bytes(const mx::Shape& shape, uint64_t seed) {
   return mx::astype(mx::random::randint(0, 256, shape, mx::int32, mx::random::key(seed)), mx::uint8);

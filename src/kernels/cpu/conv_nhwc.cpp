@@ -458,7 +458,7 @@ bool unfolds_per_task(const NhwcConvArgs& a) {
 // (all output channels), at least four tasks per thread.
 void run_unfolded_conv(const NhwcConvArgs& a) {
   const int64_t positions = a.positions(), k = a.window();
-  constexpr int64_t kRowMultiple = 6;  // the GEMM's register tile rows
+  constexpr int64_t kRowMultiple = kGemmTileRows;
   int64_t rows = std::min(kUnfoldTaskBytes / (k * static_cast<int64_t>(sizeof(float))),
                           (positions + 4 * kernel_threads() - 1) / (4 * kernel_threads()));
   rows = std::max(kRowMultiple, (rows + kRowMultiple - 1) / kRowMultiple * kRowMultiple);
@@ -577,15 +577,6 @@ mx::array activate(const mx::array& v, const NhwcConvOptions& o, mx::Stream s) {
   return apply_conv_activation(v, o.activation, o.clip_min, o.clip_max, s);
 }
 
-void check_options(const NhwcConvOptions& o) {
-  for (int i = 0; i < 2; ++i) {
-    if (o.kernel[i] < 1 || o.strides[i] < 1 || o.dilations[i] < 1 || o.pads_begin[i] < 0 ||
-        o.pads_end[i] < 0) {
-      throw std::invalid_argument(
-          "convolution needs positive kernel, strides and dilations and non-negative pads");
-    }
-  }
-}
 
 std::vector<mx::array> operands(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                                 const std::optional<mx::array>& residual) {
@@ -670,6 +661,16 @@ mx::Shape nhwc_conv_output_shape(const mx::array& x, int64_t m, const NhwcConvOp
   return {x.shape(0), static_cast<int>(oh), static_cast<int>(ow), static_cast<int>(m)};
 }
 
+void check_conv_options(const NhwcConvOptions& o) {
+  for (int i = 0; i < 2; ++i) {
+    if (o.kernel[i] < 1 || o.strides[i] < 1 || o.dilations[i] < 1 || o.pads_begin[i] < 0 ||
+        o.pads_end[i] < 0) {
+      throw std::invalid_argument(
+          "convolution needs positive kernel, strides and dilations and non-negative pads");
+    }
+  }
+}
+
 void check_conv_bias(const std::optional<mx::array>& bias, int64_t m) {
   if (bias && (bias->dtype() != mx::float32 || bias->ndim() != 1 || bias->shape(0) != m)) {
     throw std::invalid_argument("convolution bias must be float32 [" + std::to_string(m) + "]");
@@ -738,7 +739,7 @@ mx::array depthwise_weight_nhwc(const mx::array& w, mx::StreamOrDevice s) {
 mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::optional<mx::array>& bias,
                       int64_t m, const NhwcConvOptions& o, mx::StreamOrDevice s,
                       const std::optional<mx::array>& residual) {
-  check_options(o);
+  check_conv_options(o);
   check_conv_bias(bias, m);
   if (x.dtype() != mx::float32 || x.ndim() != 4) {
     throw std::invalid_argument(o.channels_first_input ? "convolution input must be float32 [N, C, H, W]"
@@ -777,7 +778,7 @@ mx::array conv2d_nhwc(const mx::array& x, const mx::array& packed, const std::op
 
 mx::array depthwise_conv_nhwc(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                               const NhwcConvOptions& o, mx::StreamOrDevice s) {
-  check_options(o);
+  check_conv_options(o);
   if (o.channels_first_input)
     throw std::invalid_argument("a depthwise convolution reads channels-last input only");
   if (x.dtype() != mx::float32 || x.ndim() != 4)

@@ -59,6 +59,10 @@ mx::array reference_conv_nhwc(const std::vector<mx::array>& in, const mx::array&
 /** [N, oH, oW, m] for input x under o. Throws std::invalid_argument when the window does not fit. */
 mx::Shape nhwc_conv_output_shape(const mx::array& x, int64_t m, const NhwcConvOptions& o);
 
+/** Throws std::invalid_argument unless o's kernel, strides and dilations are positive and its pads
+ * non-negative. */
+void check_conv_options(const NhwcConvOptions& o);
+
 /** Throws std::invalid_argument unless bias is absent or float32 [m]. */
 void check_conv_bias(const std::optional<mx::array>& bias, int64_t m);
 

@@ -19,7 +19,7 @@
 namespace transmuter::kernels {
 // Rows of one register tile: 6 rows x 2 vectors = 12 accumulators, leaving
 // registers for the two panel vectors and the broadcast row value (16 on AVX2).
-inline constexpr int64_t kTileRows = 6;
+inline constexpr int64_t kTileRows = kGemmTileRows;
 // Depth of one pass over K: a row tile's slice of A (6 x 256 floats, 6 KiB)
 // stays in L1 while it passes over the block's panels (4 x 16 KiB, in L2).
 inline constexpr int64_t kDepthBlock = 256;

@@ -38,6 +38,9 @@ namespace transmuter::kernels {
 
 namespace mx = mlx::core;
 
+/** Rows of the GEMM's register tile: a product's rows are best split in multiples of it. */
+inline constexpr int64_t kGemmTileRows = 6;
+
 /** Columns per packed panel on this CPU: two vectors of the SIMD target
  * Highway picks at run time (16 with AVX2). */
 int64_t gemm_panel_width();

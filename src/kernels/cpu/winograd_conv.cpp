@@ -170,7 +170,6 @@ HWY_EXPORT(OutputTiles);
 namespace {
 
 constexpr int kPositions = 16;    // of a transformed 4x4 block
-constexpr int64_t kTileRows = 6;  // the GEMM's register tile rows
 
 // The transformed tiles of one task, and its 16 products, each at most this size (at least one
 // register tile of rows): in the core's L2 beside the weights. ResNet-50's 3x3 convs, kernel time at
@@ -187,11 +186,11 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // 16 x C x (panel block's columns) multiply-adds of its products.
 void run_winograd(const WinogradArgs& a) {
   const int64_t C = a.channels, P = a.panel_width, float_bytes = sizeof(float);
-  const int64_t max_tiles =
-      std::max(kTileRows, kTaskBufferBytes / (kPositions * C * float_bytes) / kTileRows * kTileRows);
+  const int64_t max_tiles = std::max(
+      kGemmTileRows, kTaskBufferBytes / (kPositions * C * float_bytes) / kGemmTileRows * kGemmTileRows);
   const int64_t max_panels =
       std::max<int64_t>(1, kTaskBufferBytes / (kPositions * max_tiles * P * float_bytes));
-  const BlockSplit split(a.tiles(), a.panels, max_tiles, kTileRows, max_panels);
+  const BlockSplit split(a.tiles(), a.panels, max_tiles, kGemmTileRows, max_panels);
   parallel_for(split.tasks(), 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> transformed, products;
     for (int64_t task = begin; task < end; ++task) {
@@ -355,8 +354,7 @@ mx::array winograd_conv_nhwc(const mx::array& x, const mx::array& u, const std::
     throw std::invalid_argument(
         "a Winograd convolution needs a 3x3 kernel, stride 1, dilation 1 and NHWC input");
   }
-  if (std::min({o.pads_begin[0], o.pads_begin[1], o.pads_end[0], o.pads_end[1]}) < 0)
-    throw std::invalid_argument("convolution pads must be non-negative");
+  check_conv_options(o);
   check_conv_bias(bias, m);
   if (x.dtype() != mx::float32 || x.ndim() != 4)
     throw std::invalid_argument("convolution input must be float32 [N, H, W, C]");
