@@ -381,6 +381,11 @@ int bench_main(const Args& args) {
   std::cout << "mode: " << parse_mode(args) << "  runs: " << runs << "  warmup: " << warmup << "\n";
   if (first_call_ms >= 0) std::cout << "first_call_ms: " << first_call_ms << "\n";
   std::cout << "latency_ms: mean " << mean << "  median " << ms[ms.size() / 2] << "  min " << ms.front() << "  max " << ms.back() << "\n";
+  // MLX's own accounting, for reading a peak RSS: held arrays (weights, outputs), the most
+  // ever held at once, and freed buffers MLX keeps for reuse.
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::cout << "mlx_memory_mib: active " << mx::get_active_memory() / kMiB << "  peak "
+            << mx::get_peak_memory() / kMiB << "  cache " << mx::get_cache_memory() / kMiB << "\n";
   return 0;
 }
 

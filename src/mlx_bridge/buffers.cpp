@@ -1,10 +1,12 @@
 #include "mlx_bridge/buffers.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -16,19 +18,52 @@ namespace transmuter {
 
 namespace {
 
-// Asks for transparent huge pages over the 2 MiB-aligned interior of a large
-// fresh buffer (where the system's policy is "madvise"): filling a model's
-// weights through 4 KiB pages spends more time in page faults than copying.
-void advise_huge_pages(void* data, size_t nbytes) {
+// Buffers at least this large get a mapping of their own (below, one 2 MiB
+// page could not be whole inside them).
+constexpr size_t kOwnMappingBytes = size_t{2} << 20;
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+// The data start this far into the mapping: 64-byte aligned, with MLX's
+// size header (allocator_uses_size_header) right before them.
+constexpr uintptr_t kDataOffset = 64;
+
+uintptr_t round_up(uintptr_t value, uintptr_t to) { return (value + to - 1) / to * to; }
+
+// A fresh buffer of `nbytes` in an anonymous mapping of its own that starts
+// on a 2 MiB boundary, its whole 2 MiB pages advised as transparent huge
+// pages ("madvise" is the usual system policy). Filling a large buffer through
+// 4 KiB pages faults 512 times per 2 MiB: 4-5x the time of one huge page on
+// this project's VM (docs/roadmap.md). MLX's malloc (tcmalloc or glibc's heap
+// beneath it) places buffers anywhere, so a 2.25 MiB weight held no whole
+// huge page. The array owns the mapping (its deleter unmaps it); MLX neither
+// counts it in its active memory nor donates it. nullopt where the mapping
+// fails or MLX's CPU allocator lacks the size header its readers expect.
+std::optional<mx::allocator::Data> map_buffer(size_t nbytes) {
+  if (!allocator_uses_size_header()) return std::nullopt;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t used = round_up(kDataOffset + nbytes, page);
+  const uintptr_t reserved = used + kHugePage;
+  void* base = ::mmap(nullptr, reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return std::nullopt;
+  const auto first = reinterpret_cast<uintptr_t>(base);
+  const uintptr_t start = round_up(first, kHugePage);
+  if (start > first) ::munmap(base, start - first);
+  if (first + reserved > start + used)
+    ::munmap(reinterpret_cast<void*>(start + used), first + reserved - start - used);
 #ifdef MADV_HUGEPAGE
-  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + nbytes) & ~(kHugePage - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)data;
-  (void)nbytes;
+  ::madvise(reinterpret_cast<void*>(start), used / kHugePage * kHugePage, MADV_HUGEPAGE);
 #endif
+  auto* header = reinterpret_cast<size_t*>(start + kDataOffset - sizeof(size_t));
+  *header = nbytes;
+  return mx::allocator::Data(mx::allocator::Buffer(header), [start, used](mx::allocator::Buffer) {
+    ::munmap(reinterpret_cast<void*>(start), used);
+  });
+}
+
+mx::allocator::Data fresh_buffer(size_t nbytes, BufferLifetime lifetime) {
+  if (lifetime == BufferLifetime::kModel && nbytes >= kOwnMappingBytes) {
+    if (std::optional<mx::allocator::Data> mapped = map_buffer(nbytes)) return std::move(*mapped);
+  }
+  return mx::allocator::malloc(nbytes);
 }
 
 // Copies `bytes` to `destination` a piece at a time, calling `after_copy`
@@ -83,9 +118,8 @@ class DeferredCopy : public mx::UnaryPrimitive {
 
 }  // namespace
 
-MlxBuffer::MlxBuffer(size_t nbytes) : data_(mx::allocator::malloc(nbytes)) {
+MlxBuffer::MlxBuffer(size_t nbytes, BufferLifetime lifetime) : data_(fresh_buffer(nbytes, lifetime)) {
   if (nbytes != 0 && data_.buffer().ptr() == nullptr) throw AllocationFailure{nbytes};
-  if (nbytes >= (size_t{4} << 20)) advise_huge_pages(data_.buffer().raw_ptr(), nbytes);
 }
 
 bool allocator_uses_size_header() {
@@ -141,11 +175,30 @@ std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a) {
 std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::array& keep) {
   if (!as_float32 || a.dtype() == mx::float32) {
     if (std::optional<std::span<const uint8_t>> bytes = deferred_bytes(a)) return *bytes;
+    // Already row-major in memory: read in place. mx::contiguous would copy an
+    // array aliasing its model file, whose allocator header (the file's bytes
+    // before it) gives no buffer size it can trust.
+    if (a.is_available() && a.flags().row_contiguous && a.data_size() == a.size()) {
+      keep = a;
+      return {a.data<uint8_t>(), a.nbytes()};
+    }
   }
   keep = as_float32 ? mx::astype(a, mx::float32, mx::Device::cpu) : a;
   keep = mx::contiguous(keep, false, mx::Device::cpu);
   keep.eval();
   return {keep.data<uint8_t>(), keep.nbytes()};
+}
+
+void prefault_for_reading(std::span<const uint8_t> bytes) {
+#ifdef MADV_POPULATE_READ
+  if (bytes.empty()) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()) / page * page;
+  const uintptr_t end = round_up(reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size(), page);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+#else
+  (void)bytes;
+#endif
 }
 
 }  // namespace transmuter

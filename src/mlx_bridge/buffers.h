@@ -29,11 +29,18 @@ struct AllocationFailure {
   size_t nbytes;
 };
 
-/** An MLX-owned, uninitialized buffer to decode into, then hand to an array. */
+/** How long a buffer's contents live: a model's (weights, constants) or one
+ * run's (a decoded input). */
+enum class BufferLifetime { kModel, kRun };
+
+/** An uninitialized buffer to decode or pack into, then hand to an array.
+ * From MLX's allocator, except a model's buffers from 2 MiB up: each is a
+ * mapping of its own in transparent huge pages (faster to fill; outside MLX's
+ * active-memory count and its buffer cache, never donated). */
 class MlxBuffer {
  public:
   /** Throws AllocationFailure when the allocation fails. */
-  explicit MlxBuffer(size_t nbytes);
+  explicit MlxBuffer(size_t nbytes, BufferLifetime lifetime = BufferLifetime::kModel);
   template <typename T>
   T* as() {
     return static_cast<T*>(data_.buffer().raw_ptr());
@@ -81,5 +88,10 @@ std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::arr
 /** True when this MLX build's allocator keeps a size_t header right before
  * the data, which alias_memory relies on for CPU arrays. */
 bool allocator_uses_size_header();
+
+/** Maps the pages under `bytes` (a weight's, in its model file) in one
+ * system call before a pass over them: faulting them in one 64 KiB run at a
+ * time costs more. Errors are ignored (only time is at stake). */
+void prefault_for_reading(std::span<const uint8_t> bytes);
 
 }  // namespace transmuter

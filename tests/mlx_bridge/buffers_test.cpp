@@ -52,6 +52,54 @@ TEST(MlxBridgeBuffers, MlxBufferBecomesAnArray) {
   EXPECT_EQ(mx::sum(a).item<int32_t>(), 15);
 }
 
+TEST(MlxBridgeBuffers, LargeModelBuffersStartOnAHugePageAndComposeWithoutCopies) {
+  // 2.25 MiB, a 768 x 768 float weight: a mapping of its own (see MlxBuffer).
+  constexpr int kSide = 768;
+  MlxBuffer buffer(size_t{kSide} * kSide * sizeof(float));
+  float* data = buffer.as<float>();
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  EXPECT_EQ(address % 64, 0u);
+  EXPECT_EQ((address - 64) % (uintptr_t{2} << 20), 0u) << "the data start 64 bytes past a 2 MiB boundary";
+  std::iota(data, data + kSide * kSide, 0.0f);
+  mx::array a = buffer.into_array({kSide, kSide}, mx::float32);
+  EXPECT_EQ(a.buffer_size(), a.nbytes()) << "MLX reads the size from the header before the data";
+  EXPECT_FALSE(a.is_donatable()) << "the mapping is the array's own, not MLX's to reuse";
+  // contiguous() of a row-major array shares its buffer only when the size header is right.
+  mx::array same = mx::contiguous(a);
+  same.eval();
+  EXPECT_EQ(same.data<float>(), a.data<float>());
+  mx::array keep = a;
+  EXPECT_EQ(host_bytes(a, /*as_float32=*/true, keep).data(), reinterpret_cast<const uint8_t*>(data));
+  EXPECT_EQ(mx::sum(mx::slice(a, {kSide - 1, 0}, {kSide, 2})).item<float>(),
+            static_cast<float>(kSide * kSide - kSide) * 2 + 1);
+}
+
+TEST(MlxBridgeBuffers, RunBuffersComeFromMlxsAllocator) {
+  MlxBuffer buffer(size_t{3} << 20, BufferLifetime::kRun);
+  mx::array a = buffer.into_array({static_cast<int>((size_t{3} << 20) / 4)}, mx::float32);
+  EXPECT_TRUE(a.is_donatable()) << "MLX's own buffer, reused through its cache";
+}
+
+TEST(MlxBridgeBuffers, HostBytesReadAnEvaluatedRowMajorArrayInPlace) {
+  // An array aliasing a model file has no trustworthy size header: host_bytes
+  // must not go through mx::contiguous, which would copy it.
+  std::vector<float> storage(1026);
+  std::iota(storage.begin(), storage.end(), 0.0f);
+  auto owner = std::make_shared<int>(0);
+  std::span<const uint8_t> region(reinterpret_cast<const uint8_t*>(storage.data()), storage.size() * 4);
+  std::optional<mx::array> a = alias_memory(region.subspan(8), region, owner, {32, 32}, mx::float32);
+  ASSERT_TRUE(a.has_value());
+  mx::array keep = *a;
+  EXPECT_EQ(host_bytes(*a, /*as_float32=*/true, keep).data(), region.data() + 8);
+  // A strided view is still made row-major (a copy).
+  mx::array transposed = mx::transpose(*a);
+  transposed.eval();
+  const std::span<const uint8_t> bytes = host_bytes(transposed, /*as_float32=*/true, keep);
+  float second;
+  std::memcpy(&second, bytes.data() + sizeof(float), sizeof(float));
+  EXPECT_EQ(second, storage[2 + 32]) << "element [0, 1] of the transpose";
+}
+
 TEST(MlxBridgeBuffers, DeferredCopyIsMadeWhenEvaluatedAndReportsItsPieces) {
   // 2.5 MiB of floats one byte past an aligned address: several 1 MiB pieces.
   constexpr size_t kCount = (size_t{5} << 19) / sizeof(float);

@@ -50,7 +50,7 @@ mx::array to_pixel_format(const NodeContext& ctx, const image::DecodedImage& dec
   const mx::Shape shape = to_shape(ctx, {decoded.height, decoded.width, out_channels});
   std::optional<MlxBuffer> buffer;
   try {
-    buffer.emplace(static_cast<size_t>(count));
+    buffer.emplace(static_cast<size_t>(count), BufferLifetime::kRun);
   } catch (const AllocationFailure& failure) {
     throw ctx.error("cannot allocate ", failure.nbytes, " bytes for the decoded image");
   }
