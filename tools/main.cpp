@@ -286,12 +286,26 @@ struct Runner {
   std::shared_ptr<CompiledModel> compiled;  // null in eager mode
 };
 
+// --eval-lookahead / --kernel-lookahead MIB: how far MLX, and Transmuter's kernels,
+// may allocate ahead of the computation on the CPU (RunOptions::cpu_eval_lookahead,
+// cpu_kernel_lookahead); unset keeps the library's default.
+std::optional<size_t> parse_mib(const Args& args, const std::string& name) {
+  if (!args.has(name)) return std::nullopt;
+  const int mib = args.get_int(name, -1);
+  if (mib < 0) throw Error(str("--", name, " expects a number of MiB >= 0"));
+  return static_cast<size_t>(mib) << 20;
+}
+
 Runner make_runner(const Model& model, const PreparedInputs& prepared, const Args& args,
                    NodeHook hook = nullptr) {
   mx::Device device = parse_device(args);
+  const std::optional<size_t> lookahead = parse_mib(args, "eval-lookahead");
+  const std::optional<size_t> kernel_lookahead = parse_mib(args, "kernel-lookahead");
   if (parse_mode(args) == "eager") {
     RunOptions options;
     options.device = device;
+    options.cpu_eval_lookahead = lookahead;
+    options.cpu_kernel_lookahead = kernel_lookahead;
     options.node_hook = std::move(hook);
     return {[model, prepared, options]() { return run(model, model.params(), prepared.inputs, options); },
             nullptr};
@@ -300,6 +314,8 @@ Runner make_runner(const Model& model, const PreparedInputs& prepared, const Arg
   CompileOptions options;
   options.static_inputs = prepared.static_names;
   options.device = device;
+  options.cpu_eval_lookahead = lookahead;
+  options.cpu_kernel_lookahead = kernel_lookahead;
   const std::string fuse = args.get("fuse", "auto");
   if (fuse == "on" || fuse == "off") {
     options.fuse_elementwise = fuse == "on";
@@ -412,34 +428,52 @@ int operators_main() {
 }
 
 void usage() {
-  std::cerr << "usage:\n"
-               "  transmuter info MODEL [--passes default|none|NAME,...] [--compute-type auto|float32|model]\n"
-               "  transmuter run MODEL [--input NAME=FILE.npy]... [--static NAME=FILE.npy]...\n"
-               "                 [--output-dir DIR] [--mode eager|compiled] [--device cpu|gpu] [--dim NAME=VALUE]... [--seed N]\n"
-               "                 [--dump-all DIR]   (eager: every node's outputs as DIR/NNNNN_K.npy + DIR/index.json; see scripts/diff)\n"
-               "                 [--passes default|none|NAME,...] [--fuse auto|on|off] [--compute-type auto|float32|model]\n"
-               "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
-               "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
-               "                 [--expected FILE] [--no-skip]\n"
-               "  transmuter download hf://org/repo[@revision][/path] [--dtype fp32|fp16|q8|int8|uint8|q4|q4f16|bnb4] [--quiet]\n"
-               "  transmuter cache ls [--revisions]\n"
-               "  transmuter cache rm org/repo[@revision]\n"
-               "  transmuter tokenize MODEL_OR_FOLDER [TEXT...] [--pair TEXT] [--no-special-tokens]   (text from stdin if none)\n"
-               "  transmuter chat MODEL_OR_FOLDER --render [--tools FILE] [--add-generation-prompt] [--template NAME]\n"
-               "                 (prints the chat template's prompt for a JSON array of messages on stdin)\n"
-               "  transmuter embed MODEL [TEXT...] [--pooling MODE] [--normalize|--no-normalize]      (JSON lines: embedding)\n"
-               "  transmuter classify MODEL [TEXT...] [--pair TEXT] [--top-k N] [--function softmax|sigmoid|none]\n"
-               "  transmuter ner MODEL [TEXT...] [--aggregation none|simple|first|average|max] [--ignore LABEL]... [--no-ignore]\n"
-               "  transmuter fill-mask MODEL [TEXT...] [--top-k N] [--target WORD]...\n"
-               "  transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--min-new-tokens N] [--do-sample]\n"
-               "                 [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--no-repeat-ngram N] [--stop TEXT]...\n"
-               "                 [--seed N] [--cache auto|none|dynamic|static] [--jsonl]   (streams to stdout, summary on stderr;\n"
-               "                 decoder-only exports, or encoder-decoders: encoder_model + decoder_model[_merged].onnx;\n"
-               "                 an encoder that takes no text: --input NAME=FILE.npy... [--decoder-prompt ID,ID,...])\n"
-               "  transmuter chat MODEL [--system TEXT] [generation options]   (one user message per line of stdin)\n"
-               "                 (text commands: a model folder with tokenizer.json, or hf://; texts from stdin if none;\n"
-               "                  --mode eager|compiled --max-length N --reject-long --batch-size N --dtype D --model-file F)\n"
-               "MODEL is a path or hf://org/repo[@revision][/path/in/repo.onnx] (with --dtype to pick the file).\n";
+  std::cerr
+      << "usage:\n"
+         "  transmuter info MODEL [--passes default|none|NAME,...] [--compute-type auto|float32|model]\n"
+         "  transmuter run MODEL [--input NAME=FILE.npy]... [--static NAME=FILE.npy]...\n"
+         "                 [--output-dir DIR] [--mode eager|compiled] [--device cpu|gpu] [--dim "
+         "NAME=VALUE]... [--seed N]\n"
+         "                 [--dump-all DIR]   (eager: every node's outputs as DIR/NNNNN_K.npy + "
+         "DIR/index.json; see scripts/diff)\n"
+         "                 [--passes default|none|NAME,...] [--fuse auto|on|off] [--compute-type "
+         "auto|float32|model]\n"
+         "                 [--eval-lookahead MIB] [--kernel-lookahead MIB]   (CPU memory allocated ahead of "
+         "the computation)\n"
+         "  transmuter bench MODEL [same inputs] [--mode eager|compiled] [--warmup N] [--runs N]\n"
+         "  transmuter conformance --cases DIR [--filter REGEX] [--mode eager|compiled|both] [--json FILE]\n"
+         "                 [--expected FILE] [--no-skip]\n"
+         "  transmuter download hf://org/repo[@revision][/path] [--dtype "
+         "fp32|fp16|q8|int8|uint8|q4|q4f16|bnb4] [--quiet]\n"
+         "  transmuter cache ls [--revisions]\n"
+         "  transmuter cache rm org/repo[@revision]\n"
+         "  transmuter tokenize MODEL_OR_FOLDER [TEXT...] [--pair TEXT] [--no-special-tokens]   (text from "
+         "stdin if none)\n"
+         "  transmuter chat MODEL_OR_FOLDER --render [--tools FILE] [--add-generation-prompt] [--template "
+         "NAME]\n"
+         "                 (prints the chat template's prompt for a JSON array of messages on stdin)\n"
+         "  transmuter embed MODEL [TEXT...] [--pooling MODE] [--normalize|--no-normalize]      (JSON lines: "
+         "embedding)\n"
+         "  transmuter classify MODEL [TEXT...] [--pair TEXT] [--top-k N] [--function softmax|sigmoid|none]\n"
+         "  transmuter ner MODEL [TEXT...] [--aggregation none|simple|first|average|max] [--ignore LABEL]... "
+         "[--no-ignore]\n"
+         "  transmuter fill-mask MODEL [TEXT...] [--top-k N] [--target WORD]...\n"
+         "  transmuter generate MODEL [PROMPT...] [--max-new-tokens N] [--min-new-tokens N] [--do-sample]\n"
+         "                 [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] "
+         "[--no-repeat-ngram N] [--stop TEXT]...\n"
+         "                 [--seed N] [--cache auto|none|dynamic|static] [--jsonl]   (streams to stdout, "
+         "summary on stderr;\n"
+         "                 decoder-only exports, or encoder-decoders: encoder_model + "
+         "decoder_model[_merged].onnx;\n"
+         "                 an encoder that takes no text: --input NAME=FILE.npy... [--decoder-prompt "
+         "ID,ID,...])\n"
+         "  transmuter chat MODEL [--system TEXT] [generation options]   (one user message per line of "
+         "stdin)\n"
+         "                 (text commands: a model folder with tokenizer.json, or hf://; texts from stdin if "
+         "none;\n"
+         "                  --mode eager|compiled --max-length N --reject-long --batch-size N --dtype D "
+         "--model-file F)\n"
+         "MODEL is a path or hf://org/repo[@revision][/path/in/repo.onnx] (with --dtype to pick the file).\n";
 }
 
 }  // namespace

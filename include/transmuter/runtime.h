@@ -77,6 +77,15 @@ struct RunOptions {
    * starts plus this budget, which brought that case to 263 MiB at ~1 % of
    * its speed. 0 leaves MLX's limit alone. Default: 128 MiB. */
   std::optional<size_t> cpu_eval_lookahead = std::nullopt;
+  /** On a CPU device, how many bytes of Transmuter's CPU kernels' outputs may
+   * be allocated ahead of the computation: before encoding a kernel, the
+   * evaluating thread waits while earlier kernels that have not finished hold
+   * more than this (never while none is pending, so the stream is not left
+   * idle). Unlike cpu_eval_lookahead it waits for the oldest kernel only:
+   * all-MiniLM-L6 at batch 32 peaked at 200 MiB instead of 284 and ResNet-50
+   * at batch 8 at 281-289 instead of 428, at the same speed (docs/roadmap.md).
+   * Process-wide, as MLX's memory limit; 0 turns it off. Default: 8 MiB. */
+  std::optional<size_t> cpu_kernel_lookahead = std::nullopt;
   /** Sees (and may replace) every node's outputs: for inspecting a run
    * (`transmuter run --dump-all`, scripts/diff) and for interventions such as
    * activation patching. A run with a hook runs every node: it neither
@@ -119,6 +128,8 @@ struct CompileOptions {
   std::optional<size_t> cpu_buffer_cache = std::nullopt;
   /** As RunOptions::cpu_eval_lookahead, applied at every call. */
   std::optional<size_t> cpu_eval_lookahead = std::nullopt;
+  /** As RunOptions::cpu_kernel_lookahead, applied at every call. */
+  std::optional<size_t> cpu_kernel_lookahead = std::nullopt;
 };
 
 /** Counters of a CompiledModel's plan cache. */

@@ -242,7 +242,8 @@ Outputs CompiledModel::call(const Inputs& inputs, const Params* params) {
   if (params != nullptr) s.check_params(*params);
   std::string key = signature_of(typed_inputs, s.static_inputs);
   Executor& executor = s.executor_for_this_thread();
-  bound_cpu_eval_lookahead(s.options.device.value_or(default_device()), s.options.cpu_eval_lookahead);
+  bound_cpu_eval_lookahead(s.options.device.value_or(default_device()), s.options.cpu_eval_lookahead,
+                           s.options.cpu_kernel_lookahead);
   return s.plan_for(executor, key).call(typed_inputs, params);
 }
 

@@ -41,8 +41,10 @@ void raise_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requ
 
 /** RunOptions::cpu_eval_lookahead: on a CPU device, sets MLX's memory limit
  * to the active memory now plus `requested` bytes (default 128 MiB); 0 does
- * nothing. */
-void bound_cpu_eval_lookahead(const mx::Device& device, std::optional<size_t> requested);
+ * nothing. RunOptions::cpu_kernel_lookahead: on a CPU device, sets the
+ * kernels' budget (kernels::set_kernel_lookahead; default 8 MiB, 0 off). */
+void bound_cpu_eval_lookahead(const mx::Device& device, std::optional<size_t> requested,
+                              std::optional<size_t> kernel_requested);
 
 /** Binds the graph's initializers, replacing those named in `overrides`. */
 void bind_initializers(const Graph& graph, const Params* overrides, Environment& env);

@@ -5,6 +5,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/kernel_lookahead.h"
 #include "runtime/compiler.h"
 #include "runtime/inputs.h"
 #include "runtime/interpreter.h"
@@ -44,8 +45,10 @@ void raise_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requ
   if (previous > floor) mx::set_cache_limit(previous);
 }
 
-void bound_cpu_eval_lookahead(const mx::Device& device, std::optional<size_t> requested) {
+void bound_cpu_eval_lookahead(const mx::Device& device, std::optional<size_t> requested,
+                              std::optional<size_t> kernel_requested) {
   if (device != mx::Device::cpu) return;
+  kernels::set_kernel_lookahead(kernel_requested.value_or(size_t{8} << 20));
   const size_t budget = requested.value_or(size_t{128} << 20);
   if (budget == 0) return;
   // From the active memory at the start of this run: the weights and whatever
@@ -76,7 +79,7 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   const Inputs typed_inputs = validate_inputs(graph, inputs);
   Execution exec{options.device.value_or(default_device()), options.memory_limit};
   raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
-  bound_cpu_eval_lookahead(exec.device, options.cpu_eval_lookahead);
+  bound_cpu_eval_lookahead(exec.device, options.cpu_eval_lookahead, options.cpu_kernel_lookahead);
   // Host reads that depend only on the input signature: replayed when a run
   // with this signature has read them, else read and kept for the next runs.
   SignatureMemoCache& host_reads = *model.internal_state().host_reads;

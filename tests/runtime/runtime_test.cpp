@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <sstream>
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/kernel_lookahead.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
 #include "transmuter/transmuter.h"
@@ -181,6 +183,63 @@ TEST(Run, BoundsHowFarMlxEvaluatesAheadOnTheCpu) {
   Outputs out = run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_eval_lookahead = budget});
   mx::set_memory_limit(mlx_limit);
   EXPECT_EQ(to_doubles(mx::slice(out.tensor("y"), {0}, {2})), (std::vector<double>{820, 820}));
+}
+
+// x normalized by `branches` LayerNormalization nodes (Transmuter's CPU
+// kernel) with different scales, summed in a chain: every normalization
+// allocates a fresh 4 MiB output (x has other readers, so none is donated).
+Model layer_norms_summed(int branches) {
+  GraphBuilder g;
+  g.input("x", OnnxType::kFloat, {-1, 1024});
+  g.initializer("bias", mx::zeros({1024}));
+  std::string sum;
+  for (int i = 0; i < branches; ++i) {
+    const std::string scale = "g" + std::to_string(i), n = "n" + std::to_string(i),
+                      s = "s" + std::to_string(i);
+    g.initializer(scale, mx::full({1024}, 1.0f + static_cast<float>(i)));
+    g.node("LayerNormalization", {"x", scale, "bias"}, {n}, {testing::int_attr("axis", -1)});
+    if (sum.empty()) {
+      sum = n;
+      continue;
+    }
+    g.node("Add", {sum, n}, {s});
+    sum = s;
+  }
+  return g.node("Identity", {sum}, {"y"}).output("y").build({.run_passes = false});
+}
+
+TEST(Run, BoundsHowFarKernelsAllocateAheadOnTheCpu) {
+  const int branches = 40;
+  Model model = layer_norms_summed(branches);
+  // Rows 0, 1, 2, ... 1023 within each row: LayerNorm gives the same row each time.
+  mx::array x = mx::broadcast_to(mx::astype(mx::arange(1024), mx::float32), {1024, 1024});
+  x = mx::contiguous(x);
+  mx::eval(x);
+  const Inputs in = {{"x", x}};
+  const size_t tensor = x.nbytes(), budget = size_t{8} << 20;
+  const size_t mlx_limit = mx::get_memory_limit();
+  // MLX's own bound off in both runs (cpu_eval_lookahead 0): only the kernels' bound differs.
+  const size_t unbounded = peak_growth_of_one_run(
+      model, in, {.device = mx::Device::cpu, .cpu_eval_lookahead = 0, .cpu_kernel_lookahead = 0});
+  EXPECT_EQ(kernels::kernel_lookahead(), 0u) << "0 turns the pacing off";
+  const size_t bounded = peak_growth_of_one_run(
+      model, in, {.device = mx::Device::cpu, .cpu_eval_lookahead = 0, .cpu_kernel_lookahead = budget});
+  EXPECT_EQ(kernels::kernel_lookahead(), budget);
+  EXPECT_EQ(mx::get_memory_limit(), mlx_limit);
+
+  // Kernel outputs in flight stay within the budget plus the one being
+  // admitted; the sum being built and an add's product come on top.
+  EXPECT_LE(bounded, budget + 4 * tensor) << "unbounded: " << unbounded;
+  // Without the bound MLX encodes far ahead here; if it stops doing so, this
+  // option has no purpose left.
+  EXPECT_GE(unbounded, 2 * bounded) << "bounded: " << bounded;
+
+  // Values are unchanged: each normalized row times (1 + i), summed over i.
+  Outputs paced = run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_kernel_lookahead = budget});
+  Outputs free = run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_kernel_lookahead = 0});
+  EXPECT_TRUE(mx::array_equal(paced.tensor("y"), free.tensor("y")).item<bool>());
+  const double first = to_doubles(mx::slice(paced.tensor("y"), {0, 0}, {1, 1}))[0];
+  EXPECT_NEAR(first, -std::sqrt(3.0) * 820 * 1023 / std::sqrt(1024.0 * 1024 - 1), 0.05);
 }
 
 TEST(Run, RejectsWrongDtype) {

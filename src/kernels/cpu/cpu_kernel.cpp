@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_kernel.h"
 
+#include "kernels/cpu/kernel_lookahead.h"
 #include "kernels/cpu/kernel_profile.h"
 
 #include <mlx/allocator.h>
@@ -110,10 +111,21 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   // and each extra primitive costs the calling thread its set-up and bookkeeping.
   auto& encoder = mx::cpu::get_command_encoder(stream());
   // Before any copy of the inputs below (a copy is another holder, which would stop the donation).
+  std::vector<bool> donated(outputs.size(), false);
+  size_t new_bytes = 0;
   for (size_t j = 0; j < outputs.size(); ++j) {
     const int donor = donor_of(j);
-    if (donor >= 0 && can_take_buffer(inputs[donor], outputs[j]))
-      outputs[j].copy_shared_buffer(inputs[donor]);
+    donated[j] = donor >= 0 && can_take_buffer(inputs[donor], outputs[j]);
+    if (!donated[j]) new_bytes += outputs[j].nbytes();
+  }
+  for (const mx::array& in : inputs) {
+    if (!in.flags().row_contiguous) new_bytes += in.nbytes();  // its dense copy, below
+  }
+  // Waits here, before allocating, while earlier kernels' outputs fill the look-ahead budget.
+  std::shared_ptr<KernelTaskTicket> ticket = admit_kernel_task(new_bytes);
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    if (donated[j])
+      outputs[j].copy_shared_buffer(inputs[donor_of(j)]);
     else
       outputs[j].set_data(mx::allocator::malloc(outputs[j].nbytes()));
   }
@@ -141,6 +153,10 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   }
   if (kernel_profile_enabled())
     task = profiled_task(kernel_profile_key(name(), inputs, outputs), std::move(task));
+  task = [task = std::move(task), ticket = std::move(ticket)] {
+    task();
+    ticket->finish();  // the outputs are written: the evaluating thread may encode the next kernel
+  };
   for (const mx::array& in : inputs) encoder.set_input_array(in);
   for (mx::array& out : outputs) encoder.set_output_array(out);
   encoder.dispatch(std::move(task));

@@ -1,0 +1,70 @@
+#include "kernels/cpu/kernel_lookahead.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+namespace transmuter::kernels {
+
+namespace {
+
+// A wait longer than this gives up and lets the kernel be encoded: a kernel
+// task takes milliseconds, so only a stream that cannot progress reaches it.
+constexpr std::chrono::milliseconds kLongestWait{200};
+
+std::atomic<size_t> budget_bytes{0};
+
+// Kernel tasks admitted and not yet finished, and the bytes they allocated.
+class PendingTasks {
+ public:
+  void admit(size_t bytes) {
+    std::unique_lock lock(mutex_);
+    const size_t budget = budget_bytes.load(std::memory_order_relaxed);
+    if (budget != 0) {
+      changed_.wait_for(lock, kLongestWait, [&] { return tasks_ == 0 || bytes_ + bytes <= budget; });
+    }
+    ++tasks_;
+    bytes_ += bytes;
+  }
+
+  void finish(size_t bytes) {
+    {
+      std::lock_guard lock(mutex_);
+      --tasks_;
+      bytes_ -= bytes;
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int64_t tasks_ = 0;
+  size_t bytes_ = 0;
+};
+
+PendingTasks& pending() {
+  static auto* tasks = new PendingTasks;  // never destroyed: tasks may finish during exit
+  return *tasks;
+}
+
+}  // namespace
+
+void set_kernel_lookahead(size_t bytes) { budget_bytes.store(bytes, std::memory_order_relaxed); }
+
+size_t kernel_lookahead() { return budget_bytes.load(std::memory_order_relaxed); }
+
+void KernelTaskTicket::finish() {
+  if (finished_) return;
+  finished_ = true;
+  pending().finish(bytes_);
+}
+
+std::shared_ptr<KernelTaskTicket> admit_kernel_task(size_t bytes) {
+  pending().admit(bytes);
+  return std::make_shared<KernelTaskTicket>(bytes);
+}
+
+}  // namespace transmuter::kernels
