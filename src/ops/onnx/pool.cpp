@@ -12,6 +12,7 @@
 // This works for any number of spatial axes, strides, dilations, pads and
 // ceil_mode, is plain MLX ops (so it traces under mx::compile), and everything
 // that depends on shapes alone (divisors, indices) is computed on the host.
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -19,6 +20,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/max_pool.h"
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/registry.h"
@@ -273,12 +275,35 @@ OpOutputs max_pool(NodeContext& ctx) {
   return {result, max_indices(p, slices, column_major, s)};
 }
 
+// A 2-D pooling's window as kernels::max_pool_nhwc takes it; nullopt for
+// other ranks, or an attribute beyond int32 (make_pooling checks the sizes
+// that MLX shapes hold, not each stride).
+std::optional<kernels::MaxPoolOptions> max_pool_2d_options(const Pooling& p) {
+  if (p.rank() != 2) return std::nullopt;
+  kernels::MaxPoolOptions o;
+  for (size_t i = 0; i < 2; ++i) {
+    for (int64_t v : {p.attrs.kernel_shape[i], p.attrs.strides[i], p.attrs.dilations[i],
+                      p.geometry.pad_begin[i], p.geometry.output[i]}) {
+      if (v < 0 || v > std::numeric_limits<int32_t>::max()) return std::nullopt;
+    }
+    o.kernel[i] = static_cast<int>(p.attrs.kernel_shape[i]);
+    o.strides[i] = static_cast<int>(p.attrs.strides[i]);
+    o.dilations[i] = static_cast<int>(p.attrs.dilations[i]);
+    o.pads_begin[i] = static_cast<int>(p.geometry.pad_begin[i]);
+    o.output[i] = static_cast<int>(p.geometry.output[i]);
+  }
+  return o;
+}
+
 // MaxPoolNhwc (ai.transmuter, since 1), made by src/passes/channels_last_convs.cpp:
 // MaxPool's attributes and Y over a channels-last X [N, D..., C]; no Indices.
 OpOutputs max_pool_channels_last(NodeContext& ctx) {
   if (ctx.output_requested(1)) throw ctx.error("the channels-last MaxPool has no Indices output");
   Pooling p = make_pooling(ctx, true);
   auto s = ctx.stream();
+  if (std::optional<kernels::MaxPoolOptions> options = max_pool_2d_options(p)) {
+    return {kernels::max_pool_nhwc(p.x, *options, s)};  // the CPU kernel, or its reference elsewhere
+  }
   return {fold_window(p, lowest_of(p.x.dtype()), [&](auto& a, auto& b) { return mx::maximum(a, b, s); }, s)};
 }
 
