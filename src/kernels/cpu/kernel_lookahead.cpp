@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <set>
 
 namespace transmuter::kernels {
 
@@ -22,25 +23,34 @@ class PendingTasks {
   void admit(size_t bytes) {
     std::unique_lock lock(mutex_);
     const size_t budget = budget_bytes.load(std::memory_order_relaxed);
-    if (budget != 0) {
-      changed_.wait_for(lock, kLongestWait, [&] { return tasks_ == 0 || bytes_ + bytes <= budget; });
+    if (budget != 0 && !fits(bytes, budget)) {
+      const auto request = requests_.insert(bytes);
+      changed_.wait_for(lock, kLongestWait, [&] { return fits(bytes, budget); });
+      requests_.erase(request);
     }
     ++tasks_;
     bytes_ += bytes;
   }
 
   void finish(size_t bytes) {
+    bool wake = false;
     {
       std::lock_guard lock(mutex_);
       --tasks_;
       bytes_ -= bytes;
+      // Wakes a waiting thread only when the smallest request now fits: a
+      // wake-up that finds it does not costs the cores the kernels run on.
+      wake = !requests_.empty() && fits(*requests_.begin(), budget_bytes.load(std::memory_order_relaxed));
     }
-    changed_.notify_all();
+    if (wake) changed_.notify_all();
   }
 
  private:
+  bool fits(size_t bytes, size_t budget) const { return tasks_ == 0 || bytes_ + bytes <= budget; }
+
   std::mutex mutex_;
   std::condition_variable changed_;
+  std::multiset<size_t> requests_;  // of the threads waiting
   int64_t tasks_ = 0;
   size_t bytes_ = 0;
 };
