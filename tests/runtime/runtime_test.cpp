@@ -242,6 +242,22 @@ TEST(Run, BoundsHowFarKernelsAllocateAheadOnTheCpu) {
   EXPECT_NEAR(first, -std::sqrt(3.0) * 820 * 1023 / std::sqrt(1024.0 * 1024 - 1), 0.05);
 }
 
+TEST(Run, KeepsSmallKernelsWithinAQuarterOfTheLookAheadBehindTwoPending) {
+  // The same chain over 128 rows: 512 KiB outputs, 16 of them in the 8 MiB budget (MLX alone
+  // encodes ~20 ahead). Behind two pending kernels the evaluating thread keeps within a quarter.
+  Model model = layer_norms_summed(40);
+  mx::array x = mx::contiguous(mx::broadcast_to(mx::astype(mx::arange(1024), mx::float32), {128, 1024}));
+  mx::eval(x);
+  const Inputs in = {{"x", x}};
+  const size_t tensor = x.nbytes(), budget = size_t{8} << 20;
+  const size_t unbounded = peak_growth_of_one_run(
+      model, in, {.device = mx::Device::cpu, .cpu_eval_lookahead = 0, .cpu_kernel_lookahead = 0});
+  const size_t bounded = peak_growth_of_one_run(
+      model, in, {.device = mx::Device::cpu, .cpu_eval_lookahead = 0, .cpu_kernel_lookahead = budget});
+  EXPECT_LE(bounded, budget / 4 + 4 * tensor) << "unbounded: " << unbounded;
+  EXPECT_GE(unbounded, 2 * bounded) << "bounded: " << bounded;
+}
+
 TEST(Run, RejectsWrongDtype) {
   Model model = dense_relu();
   try {

@@ -46,7 +46,14 @@ class PendingTasks {
   }
 
  private:
-  bool fits(size_t bytes, size_t budget) const { return tasks_ == 0 || bytes_ + bytes <= budget; }
+  // One pending kernel may be followed up to the budget; behind two or more, the stream has its next
+  // kernel queued and the evaluating thread keeps within a quarter of it (small kernels' outputs
+  // then stay few without the stream ever waiting for the next one to be encoded).
+  bool fits(size_t bytes, size_t budget) const {
+    if (tasks_ == 0) return true;
+    const size_t limit = tasks_ == 1 ? budget : budget / 4;
+    return bytes_ + bytes <= limit;
+  }
 
   std::mutex mutex_;
   std::condition_variable changed_;

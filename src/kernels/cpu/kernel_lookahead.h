@@ -11,10 +11,13 @@
 //
 // Before a kernel allocates its outputs, admit_kernel_task() waits while
 // kernel tasks are queued or running and their new outputs plus this one's
-// would pass the budget. It never waits when none is pending, so the stream
-// always has the next kernel once the current one ends; a wait is also cut
-// off after a while (see the .cpp), so a stream that cannot progress (work
-// of another device it waits on, not yet committed) delays, never deadlocks.
+// would pass the budget -- or a quarter of it once two or more are pending:
+// the stream then has its next kernel queued, and small kernels' outputs stay
+// few (MiniLM-L6 b1 s128 peaked at 119 MiB instead of 125). It never waits
+// when none is pending, so the stream always has the next kernel once the
+// current one ends; a wait is also cut off after a while (see the .cpp), so a
+// stream that cannot progress (work of another device it waits on, not yet
+// committed) delays, never deadlocks.
 #pragma once
 
 #include <cstddef>
