@@ -59,6 +59,20 @@ std::optional<mx::allocator::Data> map_buffer(size_t nbytes) {
   });
 }
 
+// Maps the pages under `bytes` in one system call (MADV_POPULATE_READ); errors
+// are ignored: only time is at stake.
+void prefault_for_reading(std::span<const uint8_t> bytes) {
+#ifdef MADV_POPULATE_READ
+  if (bytes.empty()) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()) / page * page;
+  const uintptr_t end = round_up(reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size(), page);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+#else
+  (void)bytes;
+#endif
+}
+
 mx::allocator::Data fresh_buffer(size_t nbytes, BufferLifetime lifetime) {
   if (lifetime == BufferLifetime::kModel && nbytes >= kOwnMappingBytes) {
     if (std::optional<mx::allocator::Data> mapped = map_buffer(nbytes)) return std::move(*mapped);
@@ -174,31 +188,24 @@ std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a) {
 
 std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::array& keep) {
   if (!as_float32 || a.dtype() == mx::float32) {
-    if (std::optional<std::span<const uint8_t>> bytes = deferred_bytes(a)) return *bytes;
+    if (std::optional<std::span<const uint8_t>> bytes = deferred_bytes(a)) {
+      prefault_for_reading(*bytes);
+      return *bytes;
+    }
     // Already row-major in memory: read in place. mx::contiguous would copy an
     // array aliasing its model file, whose allocator header (the file's bytes
     // before it) gives no buffer size it can trust.
     if (a.is_available() && a.flags().row_contiguous && a.data_size() == a.size()) {
       keep = a;
-      return {a.data<uint8_t>(), a.nbytes()};
+      const std::span<const uint8_t> bytes{a.data<uint8_t>(), a.nbytes()};
+      prefault_for_reading(bytes);
+      return bytes;
     }
   }
   keep = as_float32 ? mx::astype(a, mx::float32, mx::Device::cpu) : a;
   keep = mx::contiguous(keep, false, mx::Device::cpu);
   keep.eval();
   return {keep.data<uint8_t>(), keep.nbytes()};
-}
-
-void prefault_for_reading(std::span<const uint8_t> bytes) {
-#ifdef MADV_POPULATE_READ
-  if (bytes.empty()) return;
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()) / page * page;
-  const uintptr_t end = round_up(reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size(), page);
-  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
-#else
-  (void)bytes;
-#endif
 }
 
 }  // namespace transmuter

@@ -80,18 +80,15 @@ mx::array deferred_copy(std::span<const uint8_t> bytes, std::shared_ptr<const vo
  * nullopt for any other array. */
 std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a);
 
-/** The row-major element bytes of `a` for a host-side reader: a deferred
- * copy's source bytes in place, or else `a` evaluated, as row-contiguous
- * float32 when `as_float32`. `keep` holds what the bytes lie in. */
+/** The row-major element bytes of `a` for a host-side reader that reads them
+ * all: a deferred copy's source bytes in place, or else `a` evaluated, as
+ * row-contiguous float32 when `as_float32`. `keep` holds what the bytes lie
+ * in. Bytes read in place (often a model file's pages) are mapped in one
+ * system call first: faulting them in 64 KiB at a time costs more. */
 std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::array& keep);
 
 /** True when this MLX build's allocator keeps a size_t header right before
  * the data, which alias_memory relies on for CPU arrays. */
 bool allocator_uses_size_header();
-
-/** Maps the pages under `bytes` (a weight's, in its model file) in one
- * system call before a pass over them: faulting them in one 64 KiB run at a
- * time costs more. Errors are ignored (only time is at stake). */
-void prefault_for_reading(std::span<const uint8_t> bytes);
 
 }  // namespace transmuter

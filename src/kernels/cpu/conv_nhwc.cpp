@@ -700,9 +700,7 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
     throw std::invalid_argument("pack_conv_weight_nhwc: the weight must be a non-empty 4-D float array");
   }
   mx::array source = w;
-  const std::span<const uint8_t> weight_bytes = host_bytes(w, /*as_float32=*/true, source);
-  prefault_for_reading(weight_bytes);
-  const uint8_t* weight = weight_bytes.data();  // at any alignment
+  const uint8_t* weight = host_bytes(w, /*as_float32=*/true, source).data();  // at any alignment
   const int64_t m = w.shape(0), channels = w.shape(1), taps = int64_t{w.shape(2)} * w.shape(3);
   const int64_t k = taps * channels, width = gemm_panel_width(), panels = (m + width - 1) / width;
   // MLX's own buffer: an array built over foreign memory would be copied.

@@ -111,12 +111,14 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   // and each extra primitive costs the calling thread its set-up and bookkeeping.
   auto& encoder = mx::cpu::get_command_encoder(stream());
   // Before any copy of the inputs below (a copy is another holder, which would stop the donation).
-  std::vector<bool> donated(outputs.size(), false);
+  std::vector<int> donors(outputs.size(), -1);  // the input whose buffer each output takes, or -1
   size_t new_bytes = 0;
   for (size_t j = 0; j < outputs.size(); ++j) {
     const int donor = donor_of(j);
-    donated[j] = donor >= 0 && can_take_buffer(inputs[donor], outputs[j]);
-    if (!donated[j]) new_bytes += outputs[j].nbytes();
+    if (donor >= 0 && can_take_buffer(inputs[donor], outputs[j]))
+      donors[j] = donor;
+    else
+      new_bytes += outputs[j].nbytes();
   }
   for (const mx::array& in : inputs) {
     if (!in.flags().row_contiguous) new_bytes += in.nbytes();  // its dense copy, below
@@ -124,8 +126,8 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   // Waits here, before allocating, while earlier kernels' outputs fill the look-ahead budget.
   std::shared_ptr<KernelTaskTicket> ticket = admit_kernel_task(new_bytes);
   for (size_t j = 0; j < outputs.size(); ++j) {
-    if (donated[j])
-      outputs[j].copy_shared_buffer(inputs[donor_of(j)]);
+    if (donors[j] >= 0)
+      outputs[j].copy_shared_buffer(inputs[donors[j]]);
     else
       outputs[j].set_data(mx::allocator::malloc(outputs[j].nbytes()));
   }

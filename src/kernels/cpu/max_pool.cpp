@@ -81,6 +81,11 @@ namespace transmuter::kernels {
 
 HWY_EXPORT(MaxPoolRows);
 
+mx::array lowest_value(mx::Dtype dtype) {
+  if (mx::issubdtype(dtype, mx::inexact)) return mx::array(-std::numeric_limits<double>::infinity(), dtype);
+  return mx::array(mx::iinfo(dtype).min, dtype);
+}
+
 mx::array max_pool_nhwc_reference(const mx::array& x, const MaxPoolOptions& o, mx::Stream s) {
   // Pad each spatial axis far enough for the last window (ceil_mode's may
   // reach past the end) with the lowest value: it never wins a max.
@@ -89,10 +94,8 @@ mx::array max_pool_nhwc_reference(const mx::array& x, const MaxPoolOptions& o, m
     const int reach = (o.output[i] - 1) * o.strides[i] + (o.kernel[i] - 1) * o.dilations[i] + 1;
     high[1 + i] = std::max(0, reach - o.pads_begin[i] - x.shape(1 + i));
   }
-  const mx::array lowest = mx::issubdtype(x.dtype(), mx::inexact)
-                               ? mx::array(-std::numeric_limits<double>::infinity(), x.dtype())
-                               : mx::array(mx::iinfo(x.dtype()).min, x.dtype());
-  const mx::array padded = mx::pad(x, std::vector<int>{0, 1, 2, 3}, low, high, lowest, "constant", s);
+  const mx::array padded =
+      mx::pad(x, std::vector<int>{0, 1, 2, 3}, low, high, lowest_value(x.dtype()), "constant", s);
   std::optional<mx::array> result;
   for (int ky = 0; ky < o.kernel[0]; ++ky) {
     for (int kx = 0; kx < o.kernel[1]; ++kx) {

@@ -37,7 +37,10 @@ struct MaxPoolOptions {
  * gradient is the kernel's too. */
 mx::array max_pool_nhwc(const mx::array& x, const MaxPoolOptions& options, mx::StreamOrDevice s = {});
 
-/** The MLX composition: x padded with the lowest value of its dtype, one
+/** The smallest value of `dtype` (-inf for floats): padding that never wins a max. */
+mx::array lowest_value(mx::Dtype dtype);
+
+/** The MLX composition: x padded with lowest_value of its dtype, one
  * strided slice per window offset, folded with mx::maximum. */
 mx::array max_pool_nhwc_reference(const mx::array& x, const MaxPoolOptions& options, mx::Stream s);
 

@@ -28,16 +28,9 @@
 namespace transmuter {
 namespace {
 
-// The smallest value of `dtype` (-inf for floats): padding that never wins a max.
-mx::array lowest_of(mx::Dtype dtype) {
-  if (mx::issubdtype(dtype, mx::inexact)) return mx::array(-std::numeric_limits<double>::infinity(), dtype);
-  return mx::array(mx::iinfo(dtype).min, dtype);
-}
-
 int64_t product(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<int64_t>());
 }
-
 
 // The pooling problem, resolved: input, attributes, window geometry.
 struct Pooling {
@@ -267,8 +260,8 @@ OpOutputs max_pool(NodeContext& ctx) {
   auto s = ctx.stream();
   Pooling p = make_pooling(ctx);
   auto maximum = [&](const mx::array& a, const mx::array& b) { return mx::maximum(a, b, s); };
-  if (!ctx.output_requested(1)) return {fold_window(p, lowest_of(p.x.dtype()), maximum, s)};
-  std::vector<mx::array> slices = window_slices(ctx, p, lowest_of(p.x.dtype()), s);
+  if (!ctx.output_requested(1)) return {fold_window(p, kernels::lowest_value(p.x.dtype()), maximum, s)};
+  std::vector<mx::array> slices = window_slices(ctx, p, kernels::lowest_value(p.x.dtype()), s);
   mx::array result = slices[0];
   for (size_t j = 1; j < slices.size(); ++j) result = maximum(result, slices[j]);
   const bool column_major = ctx.attr_int("storage_order", 0) != 0;
@@ -304,7 +297,8 @@ OpOutputs max_pool_channels_last(NodeContext& ctx) {
   if (std::optional<kernels::MaxPoolOptions> options = max_pool_2d_options(p)) {
     return {kernels::max_pool_nhwc(p.x, *options, s)};  // the CPU kernel, or its reference elsewhere
   }
-  return {fold_window(p, lowest_of(p.x.dtype()), [&](auto& a, auto& b) { return mx::maximum(a, b, s); }, s)};
+  return {fold_window(
+      p, kernels::lowest_value(p.x.dtype()), [&](auto& a, auto& b) { return mx::maximum(a, b, s); }, s)};
 }
 
 // --- LpPool ---------------------------------------------------------------------------
