@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <utility>
@@ -101,9 +102,11 @@ void copy_in_pieces(std::span<const uint8_t> bytes, uint8_t* destination, const 
 // stream's task.
 class DeferredCopy : public mx::UnaryPrimitive {
  public:
-  DeferredCopy(std::span<const uint8_t> bytes, std::shared_ptr<const void> owner, AfterCopy after_copy)
+  DeferredCopy(std::span<const uint8_t> bytes, std::span<const uint8_t> region,
+               std::shared_ptr<const void> owner, AfterCopy after_copy)
       : mx::UnaryPrimitive(mx::default_stream(mx::Device::cpu)),
         bytes_(bytes),
+        region_(region),
         owner_(std::move(owner)),
         after_copy_(std::move(after_copy)) {}
 
@@ -123,9 +126,12 @@ class DeferredCopy : public mx::UnaryPrimitive {
   const char* name() const override { return "DeferredCopy"; }
 
   std::span<const uint8_t> bytes() const { return bytes_; }
+  std::span<const uint8_t> region() const { return region_; }
+  const std::shared_ptr<const void>& owner() const { return owner_; }
 
  private:
   std::span<const uint8_t> bytes_;
+  std::span<const uint8_t> region_;
   std::shared_ptr<const void> owner_;
   AfterCopy after_copy_;
 };
@@ -171,19 +177,38 @@ std::optional<mx::array> alias_memory(std::span<const uint8_t> bytes, std::span<
 }
 
 mx::array deferred_copy(std::span<const uint8_t> bytes, std::shared_ptr<const void> owner,
-                        const mx::Shape& shape, mx::Dtype dtype, AfterCopy after_copy) {
-  auto primitive = std::make_shared<DeferredCopy>(bytes, std::move(owner), std::move(after_copy));
+                        const mx::Shape& shape, mx::Dtype dtype, AfterCopy after_copy,
+                        std::span<const uint8_t> region) {
+  auto primitive = std::make_shared<DeferredCopy>(bytes, region, std::move(owner), std::move(after_copy));
   mx::array out(shape, dtype, std::move(primitive), {});
   if (out.nbytes() != bytes.size())
     throw std::invalid_argument("deferred_copy: the bytes do not fill the array");
   return out;
 }
 
+namespace {
+
+const DeferredCopy* pending_deferred_copy(const mx::array& a) {
+  if (a.is_available() || !a.has_primitive()) return nullptr;
+  return dynamic_cast<const DeferredCopy*>(&a.primitive());
+}
+
+}  // namespace
+
 std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a) {
-  if (a.is_available() || !a.has_primitive()) return std::nullopt;
-  const auto* copy = dynamic_cast<const DeferredCopy*>(&a.primitive());
+  const DeferredCopy* copy = pending_deferred_copy(a);
   if (copy == nullptr) return std::nullopt;
   return copy->bytes();
+}
+
+std::optional<mx::array> deferred_rows_as_bytes(const mx::array& a) {
+  const DeferredCopy* copy = pending_deferred_copy(a);
+  if (copy == nullptr || a.ndim() == 0 || a.shape(0) == 0 || copy->region().empty()) return std::nullopt;
+  const int rows = a.shape(0);
+  const int64_t row_bytes = static_cast<int64_t>(a.nbytes()) / rows;
+  if (row_bytes > std::numeric_limits<int>::max()) return std::nullopt;
+  return alias_memory(copy->bytes(), copy->region(), copy->owner(), {rows, static_cast<int>(row_bytes)},
+                      mx::uint8);
 }
 
 std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::array& keep) {

@@ -67,18 +67,27 @@ using AfterCopy = std::function<void(std::span<const uint8_t>)>;
 
 /** An unevaluated array (on the CPU stream) whose evaluation copies `bytes`
  * into a fresh MLX buffer, then calls `after_copy(bytes)` when set. `owner`
- * keeps the bytes alive until then. For tensors that cannot be aliased (raw
+ * keeps the bytes alive until then; `region` (what alias_memory needs; empty:
+ * unknown) is the memory the bytes lie in. For tensors that cannot be aliased (raw
  * data misaligned in its file): a load-time pass that repacks such a weight
  * reads `deferred_bytes` in place, so the copy, and the fresh pages that the
  * kernel would zero for it, are never made. The array is an ordinary lazy MLX
  * array otherwise; `bytes` must hold exactly its row-major elements. */
 mx::array deferred_copy(std::span<const uint8_t> bytes, std::shared_ptr<const void> owner,
-                        const mx::Shape& shape, mx::Dtype dtype, AfterCopy after_copy = nullptr);
+                        const mx::Shape& shape, mx::Dtype dtype, AfterCopy after_copy = nullptr,
+                        std::span<const uint8_t> region = {});
 
 /** The source bytes of an array made by deferred_copy that is not yet
  * evaluated (possibly misaligned for its dtype: read them with memcpy);
  * nullopt for any other array. */
 std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a);
+
+/** The source bytes of an array made by deferred_copy that is not yet
+ * evaluated, without a copy: uint8 [d0, bytes per row along axis 0], aliasing
+ * them as alias_memory does (holding their owner), so never misaligned.
+ * nullopt for any other array, a scalar or empty one, a copy made without a
+ * region, or memory alias_memory cannot wrap. */
+std::optional<mx::array> deferred_rows_as_bytes(const mx::array& a);
 
 /** The row-major element bytes of `a` for a host-side reader that reads them
  * all: a deferred copy's source bytes in place, or else `a` evaluated, as

@@ -365,7 +365,7 @@ mx::array copy_out_of(std::span<const uint8_t> bytes, const mx::Shape& shape, mx
   AfterCopy release = nullptr;
   if (memory.file_mapping) release = [](std::span<const uint8_t> copied) { release_mapped_pages(copied); };
   if (memory.owner != nullptr && bytes.size() >= kDeferredCopyBytes) {
-    return deferred_copy(bytes, memory.owner, shape, dtype, std::move(release));
+    return deferred_copy(bytes, memory.owner, shape, dtype, std::move(release), memory.region);
   }
   mx::array copy = copy_bytes(bytes.data(), bytes.size(), shape, dtype);
   if (release) release(bytes);

@@ -83,6 +83,7 @@ OpRegistry make_builtin_registry() {
   register_transmuter_matmul(registry);
   register_transmuter_activation(registry);
   register_transmuter_conv(registry);
+  register_transmuter_indexing(registry);
   register_microsoft_activation(registry);
   register_microsoft_normalization(registry);
   register_microsoft_conv(registry);

@@ -132,6 +132,7 @@ void register_transmuter_rotary(OpRegistry& registry);
 void register_transmuter_matmul(OpRegistry& registry);
 void register_transmuter_activation(OpRegistry& registry);
 void register_transmuter_conv(OpRegistry& registry);
+void register_transmuter_indexing(OpRegistry& registry);
 // com.microsoft (ONNX Runtime's contrib operators), src/ops/microsoft/<family>.cpp.
 void register_microsoft_activation(OpRegistry& registry);
 void register_microsoft_normalization(OpRegistry& registry);

@@ -43,7 +43,8 @@ const std::vector<Pass>& default_passes() {
       {"pack_qmoe_weights", pack_qmoe_weights},
       {"pack_integer_matmul_weights", pack_integer_matmul_weights},
       {"pack_matmul_weights", pack_matmul_weights},  // takes the bias Adds and GELUs the others left
-      {"fuse_gated_mlp", fuse_gated_mlp},  // last: stacks the packed (quantized or float) gate and up weights
+      {"fuse_gated_mlp", fuse_gated_mlp},  // stacks the packed (quantized or float) gate and up weights
+      {"gather_rows_in_place", gather_rows_in_place},  // last: on the tables no other pass took
   };
   return passes;
 }

@@ -55,6 +55,7 @@ size_t pack_qmoe_weights(Graph& graph);
 size_t pack_integer_matmul_weights(Graph& graph);
 size_t fuse_gated_mlp(Graph& graph);
 size_t pack_matmul_weights(Graph& graph);
+size_t gather_rows_in_place(Graph& graph);
 
 /** Not a default pass: LoadOptions::last_position_outputs asks for it. Cuts each named output to
  * the last position of its last-but-one axis, before the product that makes it when the nodes

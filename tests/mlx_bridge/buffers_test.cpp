@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -150,6 +151,32 @@ TEST(MlxBridgeBuffers, DeferredCopiesComposeAndConvertLikeAnyArray) {
   EXPECT_EQ(mx::sum(mx::transpose(a)).item<int32_t>(), 429);
   EXPECT_THROW(deferred_copy(bytes, storage, {3}, mx::int32), std::invalid_argument)
       << "the bytes must fill the array";
+}
+
+TEST(MlxBridgeBuffers, DeferredRowsAreWrappedAsBytesWhereTheyLie) {
+  // A [3, 2] int32 table 11 bytes into its storage: misaligned for int32, never for bytes.
+  auto storage = std::make_shared<std::vector<uint8_t>>(6 * sizeof(int32_t) + 16);
+  const int32_t values[6] = {1, -2, 30, 400, -5000, 60000};
+  std::memcpy(storage->data() + 11, values, sizeof(values));
+  std::span<const uint8_t> bytes(storage->data() + 11, sizeof(values));
+  mx::array table =
+      deferred_copy(bytes, storage, {3, 2}, mx::int32, nullptr, std::span<const uint8_t>(*storage));
+
+  std::optional<mx::array> rows = deferred_rows_as_bytes(table);
+  ASSERT_TRUE(rows.has_value());
+  EXPECT_EQ(rows->dtype(), mx::uint8);
+  EXPECT_EQ(rows->shape(), (mx::Shape{3, 8}));
+  EXPECT_EQ(rows->data<uint8_t>(), bytes.data()) << "no copy";
+  // Row 2, read back as int32 through a gathered (aligned) copy.
+  mx::array row = mx::view(mx::take(*rows, mx::array(2), 0), mx::int32);
+  EXPECT_TRUE(mx::array_equal(row, mx::array({-5000, 60000})).item<bool>());
+  EXPECT_FALSE(table.is_available()) << "the table itself is never copied";
+
+  EXPECT_FALSE(deferred_rows_as_bytes(mx::array({1, 2})).has_value()) << "not a deferred copy";
+  EXPECT_FALSE(deferred_rows_as_bytes(deferred_copy(bytes, storage, {3, 2}, mx::int32)).has_value())
+      << "made without its region: whether the bytes before it are readable is unknown";
+  table.eval();
+  EXPECT_FALSE(deferred_rows_as_bytes(table).has_value()) << "copied already";
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ inline mx::array misaligned_deferred(mx::array values) {
   const size_t offset = 9 - reinterpret_cast<uintptr_t>(storage->data()) % 8;  // address = 1 mod 8
   std::memcpy(storage->data() + offset, values.data<uint8_t>(), values.nbytes());
   return deferred_copy(std::span<const uint8_t>(storage->data() + offset, values.nbytes()), storage,
-                       values.shape(), values.dtype());
+                       values.shape(), values.dtype(), nullptr, std::span<const uint8_t>(*storage));
 }
 
 /** max |a - b| over all elements, computed in float32 (half inputs widen). */

@@ -12,6 +12,8 @@
 // an OpError; inside a compiled segment, where values are unknown while
 // tracing, gathers clamp each index to the nearest valid one and scatters drop
 // out-of-range updates (JAX's defaults). docs/architecture.md, "Bad values".
+#include "ops/onnx/indexing.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -213,11 +215,7 @@ OpOutputs slice_v10(NodeContext& ctx) {
 // shape is data.shape[:axis] + indices.shape + data.shape[axis+1:].
 OpOutputs gather(NodeContext& ctx) {
   const mx::array& data = ctx.input(0);
-  const mx::array& indices = ctx.input(1);
-  require_integer_indices(ctx, indices);
-  require_data_rank(ctx, data);
-  int axis = ctx.normalize_axis(ctx.attr_int("axis", 0), rank_of(data));
-  return {mx::take(data, bounded_index(ctx, indices, axis, data.shape(axis)), axis, ctx.stream())};
+  return {checked_gather(ctx, data, ctx.input(1), ctx.attr_int("axis", 0))};
 }
 
 // out[i][j][k] = data[i][indices[i][j][k]][k] (axis 1). Indices have the
@@ -506,6 +504,15 @@ OpOutputs non_zero(NodeContext& ctx) {
 constexpr std::string_view kNoStrings = "no string tensors";
 
 }  // namespace
+
+mx::array checked_gather(const NodeContext& ctx, const mx::array& data, const mx::array& indices,
+                         int64_t axis) {
+  require_integer_indices(ctx, indices);
+  require_data_rank(ctx, data);
+  const int normalized = ctx.normalize_axis(axis, rank_of(data));
+  return mx::take(data, bounded_index(ctx, indices, normalized, data.shape(normalized)), normalized,
+                  ctx.stream());
+}
 
 void register_indexing(OpRegistry& r) {
   r.add({
