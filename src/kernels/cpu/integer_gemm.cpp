@@ -175,6 +175,37 @@ void IntegerGemmBlock(const IntegerGemmArgs&, int64_t, int64_t, int64_t, int64_t
 void RowSums(const IntegerGemmArgs&, int64_t, int64_t, int32_t*) {}
 #endif
 
+// The packed layout's quads of B (row-major [k, n] bytes, XORed with `flip`): quad q of panel p holds
+// rows 4q..4q+3 of the panel's 32 columns, column j's four bytes at 4j. Four rows' vectors are stored
+// interleaved, a vector of columns at a time; a panel past N or a quad past K is filled byte by byte
+// (the buffer is zeroed beforehand).
+void PackIntegerQuads(const uint8_t* b, int64_t k, int64_t n, uint8_t flip, int8_t* packed) {
+  const hn::CappedTag<uint8_t, kIntPanelColumns> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto flip_v = hn::Set(d, flip);
+  const int64_t quads = (k + 3) / 4, panels = (n + kIntPanelColumns - 1) / kIntPanelColumns;
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t col0 = p * kIntPanelColumns, cols = std::min(kIntPanelColumns, n - col0);
+    for (int64_t q = 0; q < quads; ++q) {
+      auto* quad = reinterpret_cast<uint8_t*>(packed + (p * quads + q) * kIntQuadBytes);
+      const uint8_t* row = b + 4 * q * n + col0;
+      if (cols == kIntPanelColumns && 4 * q + 4 <= k) {
+        for (int64_t j = 0; j < kIntPanelColumns; j += lanes) {
+          const auto r0 = hn::Xor(hn::LoadU(d, row + j), flip_v),
+                     r1 = hn::Xor(hn::LoadU(d, row + n + j), flip_v);
+          const auto r2 = hn::Xor(hn::LoadU(d, row + 2 * n + j), flip_v);
+          const auto r3 = hn::Xor(hn::LoadU(d, row + 3 * n + j), flip_v);
+          hn::StoreInterleaved4(r0, r1, r2, r3, d, quad + 4 * j);
+        }
+        continue;
+      }
+      for (int64_t r = 0; r < 4 && 4 * q + r < k; ++r) {
+        for (int64_t j = 0; j < cols; ++j) quad[j * 4 + r] = row[r * n + j] ^ flip;
+      }
+    }
+  }
+}
+
 }  // namespace transmuter::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -188,12 +219,14 @@ HWY_AFTER_NAMESPACE();
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
+#include "mlx_bridge/buffers.h"
 
 namespace transmuter::kernels {
 
 HWY_EXPORT(HasIntegerGemm);
 HWY_EXPORT(IntegerGemmBlock);
 HWY_EXPORT(RowSums);
+HWY_EXPORT(PackIntegerQuads);
 
 namespace {
 
@@ -327,9 +360,6 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
   const int32_t shift = b.dtype() == mx::uint8 ? 128 : 0;
   const int64_t panels = ceil_div(n, kIntPanelColumns), quads = ceil_div(k, 4);
   const int64_t padded_n = panels * kIntPanelColumns;
-  // B's bytes as they are: int8 values, or uint8 ones that XOR 0x80 turns into value - 128.
-  mx::array bytes = mx::contiguous(b, false, mx::Device::cpu);
-  const uint8_t flip = shift != 0 ? 0x80 : 0;
   std::vector<int32_t> zero(static_cast<size_t>(n), 0);
   if (b_zero_point) {
     const mx::array& z = *b_zero_point;
@@ -339,25 +369,28 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
     zi.eval();
     for (int64_t j = 0; j < n; ++j) zero[j] = zi.data<int32_t>()[z.size() == 1 ? 0 : j];
   }
-  bytes.eval();
-  const uint8_t* v = bytes.data<uint8_t>();
-  std::vector<int8_t> packed(static_cast<size_t>(panels * quads * kIntQuadBytes), 0);
-  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0), zeros(static_cast<size_t>(padded_n), 0);
+  // B's bytes where they lie (often the model file): int8 values, or uint8 ones that XOR 0x80 turns
+  // into value - 128.
+  mx::array keep = b;
+  const uint8_t* v = host_bytes(b, /*as_float32=*/false, keep).data();
+  const uint8_t flip = shift != 0 ? 0x80 : 0;
   const int64_t panel_bytes = quads * kIntQuadBytes;
+  MlxBuffer packed_buffer(static_cast<size_t>(panels * panel_bytes));
+  auto* packed = packed_buffer.as<int8_t>();
+  std::memset(packed, 0, static_cast<size_t>(panels * panel_bytes));  // zeros past K and N
+  HWY_DYNAMIC_DISPATCH(PackIntegerQuads)(v, k, n, flip, packed);
+  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0), zeros(static_cast<size_t>(padded_n), 0);
   for (int64_t kk = 0; kk < k; ++kk) {
     const uint8_t* row = v + kk * n;
-    int8_t* quad = packed.data() + (kk / 4) * kIntQuadBytes + kk % 4;  // depth kk of panel 0, column 0
-    for (int64_t j = 0; j < n; ++j) {
-      const auto shifted = static_cast<int8_t>(row[j] ^ flip);
-      quad[(j / kIntPanelColumns) * panel_bytes + (j % kIntPanelColumns) * 4] = shifted;
-      sums[static_cast<size_t>(j)] += shifted;
-    }
+    for (int64_t j = 0; j < n; ++j) sums[static_cast<size_t>(j)] += static_cast<int8_t>(row[j] ^ flip);
   }
   for (int64_t j = 0; j < n; ++j) zeros[static_cast<size_t>(j)] = zero[static_cast<size_t>(j)] - shift;
-  return {mx::array(packed.data(), {static_cast<int>(panels), static_cast<int>(quads),
-                                    static_cast<int>(kIntQuadBytes)}, mx::int8),
-          mx::array(sums.data(), {static_cast<int>(padded_n)}, mx::int32),
-          mx::array(zeros.data(), {static_cast<int>(padded_n)}, mx::int32)};
+  return {
+      std::move(packed_buffer)
+          .into_array({static_cast<int>(panels), static_cast<int>(quads), static_cast<int>(kIntQuadBytes)},
+                      mx::int8),
+      mx::array(sums.data(), {static_cast<int>(padded_n)}, mx::int32),
+      mx::array(zeros.data(), {static_cast<int>(padded_n)}, mx::int32)};
 }
 
 mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t k, int64_t n,
