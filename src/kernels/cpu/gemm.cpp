@@ -306,6 +306,14 @@ BlockSplit::BlockSplit(int64_t m_, int64_t panels_, int64_t max_rows, int64_t ti
   block_panels = max_panels;
   while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads()) block_panels /= 2;
   panel_blocks = ceil_div(panels, block_panels);
+  // Still too few tasks to share evenly (a 7x7 layer's 49 x 960 x 160: five one-panel tasks, three on one
+  // of two threads): the rows split too, down to blocks of two tiles.
+  const int64_t threads = kernel_threads();
+  while (row_blocks * panel_blocks < 4 * threads && (row_blocks * panel_blocks) % threads != 0 &&
+         block_rows > 2 * tile_rows) {
+    block_rows = ceil_div(ceil_div(m, row_blocks + 1), tile_rows) * tile_rows;
+    row_blocks = ceil_div(m, block_rows);
+  }
 }
 
 void BlockSplit::task(int64_t t, int64_t& row0, int64_t& rows, int64_t& panel0, int64_t& panel_count) const {
