@@ -1,21 +1,21 @@
 // Gathers the rows of a table that sits misaligned in its model file from the file's bytes, instead of
 // copying the whole table into aligned memory at load.
 //
-//   T (initializer, misaligned: a deferred copy)   indices        T/rows (uint8 [R, B], the file's bytes)
-//   indices
-//                     \                           /                            \                          /
-//                      Gather (axis 0)                     =>      ai.transmuter GatherRows (to = T's type,
-//                           |                                                    row_shape = T's dims past R)
-//                           Y                                                        |
-//                                                                                    Y
+//   T (initializer: a deferred copy)   indices          T/rows (uint8 [R, B]: T's bytes in the file) indices
+//               \                     /                              \                                /
+//                Gather (axis 0)              =>             ai.transmuter GatherRows
+//                      |                                     (to = T's type, row_shape = T's dims past R)
+//                      Y                                                      |
+//                                                                             Y
 //
-// The loader wraps a tensor's bytes in place when they are aligned for its type; misaligned ones (3 in 4
-// raw_data offsets of a float table, wherever protobuf put it) are copied at load unless a pass reads
-// them where they lie (mlx_bridge deferred_copy). An embedding table is the largest such tensor of a text
-// model (BERT's 30522 x 384 x 4 bytes = 45 MiB) and a run reads a few of its rows: as bytes it needs no
+// The loader wraps a tensor's bytes in place when they are aligned for its type; a float table's
+// raw_data lands on a multiple of 4 only by chance (wherever protobuf put it), and a misaligned one of
+// 64 KiB or more is copied at the end of the load unless a pass reads it where it lies (mlx_bridge
+// deferred_copy). An embedding table is the largest such tensor of a text model (all-MiniLM's 30522 x
+// 384 floats, 45 MiB; BERT-base's 90 MiB) and a run reads a few of its rows: as bytes it needs no
 // alignment, GatherRows takes the rows asked for and reads them as T's type, and the table's pages are
-// read from the file when a run first touches them. Applies when every reader of T is a Gather on axis 0
-// taking T as its data, and T is no graph output; loads for the CPU (deferred copies are CPU-only).
+// read from the file when a run first touches them. Applies when every reader of T is a Gather on axis
+// 0 taking T as its data, and T is no graph output; loads for the CPU (deferred copies are CPU-only).
 // params() then holds T/rows (uint8, no gradient) instead of T.
 #include <cstdint>
 #include <optional>

@@ -10,8 +10,8 @@
 //
 // A table whose bytes sit misaligned in the model file cannot be wrapped as a float array; as bytes it
 // can. Gathering the bytes of the rows asked for and reading them as `to` (mx::view of the freshly
-// gathered, aligned rows) replaces a copy of the whole table at load (an embedding table: 30522 x 384
-// floats, 45 MiB, for a handful of rows per run). The gather's index checks are Gather's.
+// gathered, aligned rows) replaces a copy of the whole table at load (all-MiniLM's embedding table:
+// 30522 x 384 floats, 45 MiB, for a handful of rows per run). The gather's index checks are Gather's.
 #include <cstdint>
 #include <optional>
 #include <vector>
