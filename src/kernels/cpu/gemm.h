@@ -110,7 +110,9 @@ void run_gemm(const GemmArgs& args);
  * parallel_for: rows evenly into blocks of at most `max_rows` (whole tiles of `tile_rows`; 128 rows:
  * 66 + 62, not 96 + 32), panels into blocks of `max_panels`, halved down to one panel until each
  * thread has about four tasks (a short sequence's 16 x 384 x 384: 12 panels, 3 blocks of 4 for 2
- * threads, get narrower ones). Shared by the float GEMM and the int8 one (integer_gemm.h). */
+ * threads, get narrower ones); then, while fewer tasks than that do not divide among the threads,
+ * rows into more blocks, down to two tiles (a 7x7 layer's 49 rows x 5 panels: 10 tasks, not 5).
+ * Shared by the float GEMM, the int8 one (integer_gemm.h) and the Winograd convolution. */
 struct BlockSplit {
   int64_t m, panels, block_rows, row_blocks, block_panels, panel_blocks;
 
