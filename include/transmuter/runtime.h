@@ -81,10 +81,11 @@ struct RunOptions {
    * be allocated ahead of the computation: before encoding a kernel, the
    * evaluating thread waits while earlier kernels that have not finished hold
    * more than this, or more than a quarter of it behind two or more of them
-   * (never while none is pending, so the stream is not left idle). Unlike cpu_eval_lookahead it waits for the
-   * oldest kernel only: all-MiniLM-L6 at batch 32 peaked at 200 MiB instead of 284 and ResNet-50 at batch 8
-   * at 291-314 instead of 429, at the same speed (docs/roadmap.md). Process-wide, as MLX's memory limit; 0
-   * turns it off. Default: 8 MiB. */
+   * (never while none is pending, so the stream is not left idle). Unlike
+   * cpu_eval_lookahead it waits for the oldest kernel only: all-MiniLM-L6 at
+   * batch 32 peaked at 200 MiB instead of 284 and ResNet-50 at batch 8 at
+   * 291-314 instead of 429, at the same speed (docs/roadmap.md). Process-wide,
+   * as MLX's memory limit; 0 turns it off. Default: 8 MiB. */
   std::optional<size_t> cpu_kernel_lookahead = std::nullopt;
   /** Sees (and may replace) every node's outputs: for inspecting a run
    * (`transmuter run --dump-all`, scripts/diff) and for interventions such as

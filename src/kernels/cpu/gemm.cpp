@@ -299,19 +299,23 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-BlockSplit::BlockSplit(int64_t m_, int64_t panels_, int64_t max_rows, int64_t tile_rows, int64_t max_panels)
+BlockSplit::BlockSplit(int64_t m_, int64_t panels_, int64_t max_rows, int64_t tile_rows, int64_t max_panels,
+                       int64_t threads)
     : m(m_), panels(panels_) {
+  if (threads <= 0) threads = kernel_threads();
   block_rows = ceil_div(ceil_div(m, ceil_div(m, max_rows)), tile_rows) * tile_rows;
   row_blocks = ceil_div(m, block_rows);
   block_panels = max_panels;
-  while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * kernel_threads()) block_panels /= 2;
+  while (block_panels > 1 && row_blocks * ceil_div(panels, block_panels) < 4 * threads) block_panels /= 2;
   panel_blocks = ceil_div(panels, block_panels);
   // Still too few tasks to share evenly (a 7x7 layer's 49 x 960 x 160: five one-panel tasks, three on one
-  // of two threads): the rows split too, down to blocks of two tiles.
-  const int64_t threads = kernel_threads();
-  while (row_blocks * panel_blocks < 4 * threads && (row_blocks * panel_blocks) % threads != 0 &&
-         block_rows > 2 * tile_rows) {
-    block_rows = ceil_div(ceil_div(m, row_blocks + 1), tile_rows) * tile_rows;
+  // of two threads): the rows split too, down to blocks of two tiles. `wanted` counts up on its own: a
+  // rounded block size may leave the row blocks as they were (49 rows in 3 or 4 blocks: 18 each).
+  for (int64_t wanted = row_blocks + 1;
+       row_blocks * panel_blocks < 4 * threads && (row_blocks * panel_blocks) % threads != 0 &&
+       block_rows > 2 * tile_rows;
+       ++wanted) {
+    block_rows = ceil_div(ceil_div(m, wanted), tile_rows) * tile_rows;
     row_blocks = ceil_div(m, block_rows);
   }
 }

@@ -116,7 +116,9 @@ void run_gemm(const GemmArgs& args);
 struct BlockSplit {
   int64_t m, panels, block_rows, row_blocks, block_panels, panel_blocks;
 
-  BlockSplit(int64_t m, int64_t panels, int64_t max_rows, int64_t tile_rows, int64_t max_panels);
+  /** `threads`: the threads the tasks share (0: kernel_threads()). */
+  BlockSplit(int64_t m, int64_t panels, int64_t max_rows, int64_t tile_rows, int64_t max_panels,
+             int64_t threads = 0);
   int64_t tasks() const { return row_blocks * panel_blocks; }
   /** Task t's first row, rows, first panel and panels. */
   void task(int64_t t, int64_t& row0, int64_t& rows, int64_t& panel0, int64_t& panel_count) const;

@@ -177,8 +177,8 @@ void RowSums(const IntegerGemmArgs&, int64_t, int64_t, int32_t*) {}
 
 // The packed layout's quads of B (row-major [k, n] bytes, XORed with `flip`): quad q of panel p holds
 // rows 4q..4q+3 of the panel's 32 columns, column j's four bytes at 4j. Four rows' vectors are stored
-// interleaved, a vector of columns at a time; a panel past N or a quad past K is filled byte by byte
-// (the buffer is zeroed beforehand).
+// interleaved, a vector of columns at a time; a panel past N or a quad past K is zeroed, then filled
+// byte by byte (every byte of `packed` is written).
 void PackIntegerQuads(const uint8_t* b, int64_t k, int64_t n, uint8_t flip, int8_t* packed) {
   const hn::CappedTag<uint8_t, kIntPanelColumns> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -199,6 +199,7 @@ void PackIntegerQuads(const uint8_t* b, int64_t k, int64_t n, uint8_t flip, int8
         }
         continue;
       }
+      std::memset(quad, 0, kIntQuadBytes);  // zeros past K and N
       for (int64_t r = 0; r < 4 && 4 * q + r < k; ++r) {
         for (int64_t j = 0; j < cols; ++j) quad[j * 4 + r] = row[r * n + j] ^ flip;
       }
@@ -377,7 +378,6 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
   const int64_t panel_bytes = quads * kIntQuadBytes;
   MlxBuffer packed_buffer(static_cast<size_t>(panels * panel_bytes));
   auto* packed = packed_buffer.as<int8_t>();
-  std::memset(packed, 0, static_cast<size_t>(panels * panel_bytes));  // zeros past K and N
   HWY_DYNAMIC_DISPATCH(PackIntegerQuads)(v, k, n, flip, packed);
   std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0), zeros(static_cast<size_t>(padded_n), 0);
   for (int64_t kk = 0; kk < k; ++kk) {

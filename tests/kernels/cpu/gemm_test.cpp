@@ -13,7 +13,6 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cpu/thread_pool.h"
 #include "support/random_arrays.h"
 #include "support/simd_targets.h"
 
@@ -148,25 +147,28 @@ TEST(PackedGemm, ThreadedBlocksCoverLargeProducts) {
 // shares evenly between the threads (a 7x7 layer's 49 rows x 5 panels had five one-panel tasks, three
 // on one of two threads) unless the row blocks are down to two tiles.
 TEST(PackedGemm, BlockSplitCoversTheOutputOnceInTasksTheThreadsShare) {
-  const int64_t threads = kernel_threads();
   struct Case {
     int64_t m, panels;
   };
-  for (const Case c : {Case{49, 5}, Case{49, 10}, Case{128, 12}, Case{16, 12}, Case{1, 3}, Case{300, 10},
-                       Case{13, 1}, Case{3136, 2}}) {
-    const BlockSplit split(c.m, c.panels, 96, 6, 4);
-    std::vector<int> covered(static_cast<size_t>(c.m * c.panels), 0);
-    for (int64_t t = 0; t < split.tasks(); ++t) {
-      int64_t row0, rows, panel0, panels;
-      split.task(t, row0, rows, panel0, panels);
-      EXPECT_EQ(row0 % 6, 0) << c.m << "x" << c.panels << ": tasks start on a tile";
-      for (int64_t r = row0; r < row0 + rows; ++r)
-        for (int64_t p = panel0; p < panel0 + panels; ++p) covered[static_cast<size_t>(r * c.panels + p)]++;
+  for (const int64_t threads : {int64_t{2}, int64_t{3}, int64_t{4}, int64_t{8}}) {
+    // 49 x 1 with 4 threads: 3 row blocks of 18 rows, and 4 blocks round to 18 rows as well.
+    for (const Case c : {Case{49, 5}, Case{49, 1}, Case{49, 10}, Case{128, 12}, Case{16, 12}, Case{1, 3},
+                         Case{300, 10}, Case{13, 1}, Case{3136, 2}, Case{200, 1}}) {
+      const BlockSplit split(c.m, c.panels, 96, 6, 4, threads);
+      const std::string shape = std::to_string(c.m) + "x" + std::to_string(c.panels) + " on " +
+                                std::to_string(threads) + " threads";
+      std::vector<int> covered(static_cast<size_t>(c.m * c.panels), 0);
+      for (int64_t t = 0; t < split.tasks(); ++t) {
+        int64_t row0, rows, panel0, panels;
+        split.task(t, row0, rows, panel0, panels);
+        EXPECT_EQ(row0 % 6, 0) << shape << ": tasks start on a tile";
+        for (int64_t r = row0; r < row0 + rows; ++r)
+          for (int64_t p = panel0; p < panel0 + panels; ++p) covered[static_cast<size_t>(r * c.panels + p)]++;
+      }
+      EXPECT_TRUE(std::all_of(covered.begin(), covered.end(), [](int n) { return n == 1; })) << shape;
+      if (split.tasks() < 4 * threads && split.block_rows > 12)
+        EXPECT_EQ(split.tasks() % threads, 0) << shape << ": " << split.tasks() << " tasks";
     }
-    EXPECT_TRUE(std::all_of(covered.begin(), covered.end(), [](int n) { return n == 1; }))
-        << c.m << "x" << c.panels;
-    if (split.tasks() < 4 * threads && split.block_rows > 12)
-      EXPECT_EQ(split.tasks() % threads, 0) << c.m << "x" << c.panels << ": " << split.tasks() << " tasks";
   }
 }
 
