@@ -42,7 +42,7 @@
 // or MobileNetV2 block's shortcut, becomes ConvNhwc(X, W', B, Z) [Relu]: the
 // residual is added in the GEMM's epilogue.
 //
-// Step 4: a group-1 ConvNhwc over at most kConvDirectMaxChannels channels
+// Step 4: a group-1 ConvNhwc over at most kConvDirectMaxChannels channels (QLinearConvNhwc: at most 4)
 // (a stem over RGB) whose input is a Transpose(0,2,3,1) of A reads A itself
 // (input_layout "NCHW": its direct kernel reads through strides), and the
 // transpose goes when nothing else reads it.
@@ -536,16 +536,21 @@ size_t read_channels_first_inputs(Graph& graph) {
   const GraphIndex index(graph);
   size_t changed = 0;
   for (Node& conv : graph.nodes) {
-    if (conv.domain != kDomain || conv.op_type != "ConvNhwc" || int_attribute_or(conv, "group", 1) != 1)
+    const bool integer = conv.op_type == "QLinearConvNhwc";
+    if (conv.domain != kDomain || (conv.op_type != "ConvNhwc" && !integer) ||
+        int_attribute_or(conv, "group", 1) != 1)
       continue;
     std::optional<size_t> producer = index.producer(conv.inputs[0]);
     if (!producer || !is_transpose(graph.nodes[*producer], kToChannelsLast)) continue;
     const std::vector<int64_t> kernel = ints_attribute_or(conv, "kernel_shape", {});
-    auto packed = graph.initializers.find(conv.inputs[1]);
+    auto packed = graph.initializers.find(conv.inputs[integer ? 2 : 1]);
     if (kernel.size() != 2 || packed == graph.initializers.end() || !packed->second.is_tensor()) continue;
-    const int64_t channels =
-        packed->second.tensor().shape(1) / (kernel[0] * kernel[1]);  // packed [panels, K, P]
-    if (channels > kernels::kConvDirectMaxChannels) continue;
+    const int64_t taps = kernel[0] * kernel[1];
+    // Float: packed [panels, K, P]. Integer: packed [panels, ceil(K / 4), 128], K = taps * C, so
+    // ceil(K / 4) <= taps exactly when C <= 4 (the integer unfold reads such inputs value by value).
+    const int64_t depth = packed->second.tensor().shape(1);
+    const bool few_channels = integer ? depth <= taps : depth / taps <= kernels::kConvDirectMaxChannels;
+    if (!few_channels) continue;
     conv.inputs[0] = graph.nodes[*producer].inputs[0];
     conv.attributes.push_back(string_attribute("input_layout", "NCHW"));
     ++changed;
@@ -562,7 +567,11 @@ size_t channels_last_convs(Graph& graph) {
   if (onnx_opset < 1) return 0;
   ValueNames names(graph);
   const size_t converted = convert_convolutions(graph, names, onnx_opset);
-  if (converted == 0) return 0;
+  // qlinear_convs_nhwc's integer convolutions, converted before, take the same layout moves.
+  const auto integer_convolutions = std::count_if(graph.nodes.begin(), graph.nodes.end(), [](const Node& n) {
+    return n.domain == kDomain && n.op_type == "QLinearConvNhwc";
+  });
+  if (converted == 0 && integer_convolutions == 0) return 0;
   while (sink_transposes_once(graph, names, onnx_opset) > 0) {
   }
   bypass_identities(graph);
@@ -570,7 +579,7 @@ size_t channels_last_convs(Graph& graph) {
   fuse_residual_adds(graph);
   if (read_channels_first_inputs(graph) > 0) remove_unread_layout_nodes(graph);
   import_domain(graph, kDomain, 1);
-  return converted;
+  return converted + static_cast<size_t>(integer_convolutions);  // the convolutions laid out channels-last
 }
 
 }  // namespace transmuter

@@ -27,7 +27,8 @@ const std::vector<Pass>& default_passes() {
   static const std::vector<Pass> passes = {
       {"compute_in_float32", compute_in_float32},  // first: the fusions and packing see float32 weights
       {"fold_constant_dequantize", fold_constant_dequantize},  // QDQ weights as initializers the others take
-      {"qlinear_conv_as_conv", qlinear_conv_as_conv},          // QOperator convolutions as float ones
+      {"qlinear_convs_nhwc", qlinear_convs_nhwc},      // QOperator convolutions on the integer kernels (VNNI)
+      {"qlinear_conv_as_conv", qlinear_conv_as_conv},  // the other QOperator convolutions as float ones
       {"fold_batch_norm_into_conv", fold_batch_norm_into_conv},
       {"fuse_conv_activation", fuse_conv_activation},  // after BatchNorm folding: Conv -> BN -> Relu
       {"fuse_attention", fuse_attention},

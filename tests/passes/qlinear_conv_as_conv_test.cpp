@@ -10,6 +10,7 @@
 
 #include <mlx/mlx.h>
 
+#include "passes/pass_manager.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
 #include "support/random_arrays.h"
@@ -21,6 +22,16 @@ namespace {
 using testing::GraphBuilder;
 using testing::int_attr;
 using testing::ints_attr;
+
+// The default passes without qlinear_convs_nhwc, which takes these convolutions first where the CPU has
+// the integer kernels (tests/passes/qlinear_convs_nhwc_test.cpp).
+LoadOptions float_convolutions() {
+  LoadOptions options;
+  for (const Pass& pass : default_passes()) {
+    if (std::string(pass.name) != "qlinear_convs_nhwc") options.only_passes.emplace_back(pass.name);
+  }
+  return options;
+}
 
 mx::array random_integers(mx::Shape shape, mx::Dtype dtype, uint64_t seed, int lo = -128, int hi = 128) {
   if (dtype == mx::uint8) lo = 0, hi = 256;
@@ -84,7 +95,7 @@ TEST(QlinearConvAsConv, FloatConvolutionsGiveTheIntegerOperatorsBytes) {
                                      {24, 1, 1, 1, true, false},
                                      {24, 3, 4, 2, true, true}};
   for (mx::Dtype weight_type : {mx::int8, mx::uint8}) {
-    Model converted = qoperator_convs(layers, weight_type).build();
+    Model converted = qoperator_convs(layers, weight_type).build(float_convolutions());
     Model plain = qoperator_convs(layers, weight_type).build({.run_passes = false});
     const auto& applied = converted.passes_applied();
     ASSERT_NE(std::find(applied.begin(), applied.end(), "qlinear_conv_as_conv"), applied.end());
@@ -142,7 +153,7 @@ TEST(QlinearConvAsConv, QLinearAddAndGlobalPoolStayChannelsLast) {
       .domain_node("com.microsoft", 1, "QLinearGlobalAveragePool",
                    {"sum", "sum_scale", "sum_zero", "pool_scale", "pool_zero"}, {"pooled"})
       .output("pooled");
-  Model converted = b.build();
+  Model converted = b.build(float_convolutions());
   Model plain = b.build({.run_passes = false});
   EXPECT_EQ(converted.op_histogram().at("Transpose"), 3u);
   for (uint64_t seed : {1, 2}) {

@@ -43,6 +43,9 @@ class CpuKernel : public mx::Primitive {
   std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
                              const std::vector<int>& argnums) override;
 
+  /** The same function as MLX ops (other streams, gradients; tests compare the kernel with it). */
+  const Reference& reference() const { return reference_; }
+
  protected:
   /** The task computing `outputs` (already allocated, row-contiguous) from
    * `inputs` (row-contiguous). Called on the thread that evaluates. */
@@ -53,8 +56,6 @@ class CpuKernel : public mx::Primitive {
    * MLX would donate it (nothing else holds the input: is_donatable) and it is row-contiguous with
    * the output's type and size; make_task sees that it was by comparing the two data pointers. */
   virtual int donor_of(size_t /*output*/) const { return -1; }
-
-  const Reference& reference() const { return reference_; }
 
  private:
   Reference reference_;

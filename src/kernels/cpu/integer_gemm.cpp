@@ -9,36 +9,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
-#ifndef TRANSMUTER_KERNELS_CPU_INTEGER_GEMM_ARGS
-#define TRANSMUTER_KERNELS_CPU_INTEGER_GEMM_ARGS
-namespace transmuter::kernels {
-// Columns of one packed panel (two vectors of 16 int32 lanes) and bytes of one of its depth quads.
-inline constexpr int64_t kIntPanelColumns = 32;
-inline constexpr int64_t kIntQuadBytes = 4 * kIntPanelColumns;
-// Rows of one register tile: 6 rows x 2 vectors = 12 accumulators.
-inline constexpr int64_t kIntTileRows = 6;
-
-// One call's pointers and sizes (outside the per-target namespaces).
-struct IntegerGemmArgs {
-  const uint8_t* a;             // [m, k], rows k bytes apart, k a multiple of 4
-  const int32_t* row_sums;      // [m]: sum_k of each row of a
-  const int8_t* packed;         // [panels, k / 4, kIntQuadBytes]
-  const int32_t* column_sums;   // [panels * kIntPanelColumns]
-  const int32_t* column_zeros;  // [panels * kIntPanelColumns]
-  int32_t a_zero;
-  int64_t m, k, n;
-  int32_t* y;  // [m, n], or null when y_float is written instead
-  // The float epilogue (y_float non-null): y_float = float(acc) * scale[j or 0] [+ bias[j]].
-  float* y_float;
-  const float* scale;
-  bool scale_per_column;
-  const float* factor;  // null: none; else scale is scale * factor
-  bool factor_per_column;
-  const float* bias;  // null: none
-};
-}  // namespace transmuter::kernels
-#endif
+#include "kernels/cpu/integer_gemm_args.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace transmuter::kernels::HWY_NAMESPACE {
@@ -73,6 +46,53 @@ HWY_INLINE void StoreColumns(hn::Vec<Tag> v, Tag d, T* out, int64_t valid) {
   std::memcpy(out, buffer, static_cast<size_t>(valid) * sizeof(T));
 }
 
+// The exact sum of row r of a tile: the raw products minus zb' times the row's sum of A (when B has zero
+// points), plus the column terms.
+HWY_INLINE VI CenteredSum(const IntegerGemmArgs& g, VI raw, VI zeros, VI column_term, const int32_t* row_sums,
+                          int r) {
+  if (g.b_zero_free) return hn::Add(raw, column_term);
+  return hn::Add(hn::Sub(raw, hn::Mul(zeros, hn::Set(DI(), row_sums[r]))), column_term);
+}
+
+// The requantizing epilogue's constants for one vector of a panel's columns (col0 .., `valid` of them).
+struct RequantizeColumns {
+  hn::Vec<hn::Rebind<float, DI>> scale, low, high;
+  VI bias, y_zero;
+  __mmask16 mask;
+};
+
+HWY_INLINE RequantizeColumns RequantizeColumnsOf(const IntegerGemmArgs& g, VI column_term, int64_t col0,
+                                                 int64_t valid) {
+  const DI di;
+  const hn::Rebind<float, DI> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));
+  RequantizeColumns c;
+  c.mask = valid == lanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
+  c.scale = g.scale_per_column
+                ? hn::MaskedLoad(hn::FirstN(df, static_cast<size_t>(valid)), df, g.scale + col0)
+                : hn::Set(df, g.scale[0]);
+  c.bias = column_term;
+  if (g.bias_int != nullptr)
+    c.bias =
+        hn::Add(c.bias, hn::MaskedLoad(hn::FirstN(di, static_cast<size_t>(valid)), di, g.bias_int + col0));
+  c.y_zero = hn::Set(di, g.y_zero);
+  c.low = hn::Set(df, static_cast<float>(g.y_min - g.y_zero));
+  c.high = hn::Set(df, static_cast<float>(g.y_max - g.y_zero));
+  return c;
+}
+
+// One row's vector of the requantizing epilogue: the exact int32 sum plus the bias, converted to float,
+// times the scale, clamped to the output's range less the zero point (as ONNX Runtime's requantization
+// clamps: the same as clamping after rounding, the bounds being integers), rounded half to even
+// (vcvtps2dq under the default rounding mode), plus the zero point, stored as bytes (vpmovdb: the values
+// fit).
+HWY_INLINE void RequantizeStore(const RequantizeColumns& c, VI sum, uint8_t* out) {
+  const hn::Rebind<float, DI> df;
+  const auto f = hn::Min(hn::Max(hn::Mul(hn::ConvertTo(df, sum), c.scale), c.low), c.high);
+  const VI q = hn::Add(VI{_mm512_cvtps_epi32(f.raw)}, c.y_zero);
+  _mm_mask_storeu_epi8(out, c.mask, _mm512_cvtepi32_epi8(q.raw));
+}
+
 // y[row .. row + R, panel p's columns]: the raw products over the packed quads, then the zero points
 // through the row sums of A and the column sums of B'.
 template <int R>
@@ -83,15 +103,15 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));  // 16: two vectors make a panel
   VI acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(di);
-  const int64_t quads = g.k / 4;
+  const int64_t quads = (g.k + 3) / 4;
   const int8_t* b = g.packed + p * quads * kIntQuadBytes;
-  const uint8_t* a = g.a + row * g.k;
+  const uint8_t* a = g.a + row * g.lda;
   for (int64_t q = 0; q < quads; ++q) {
     const auto b0 = hn::LoadU(di8, b + q * kIntQuadBytes);
     const auto b1 = hn::LoadU(di8, b + q * kIntQuadBytes + kIntQuadBytes / 2);
     for (int r = 0; r < R; ++r) {
       int32_t four;
-      std::memcpy(&four, a + r * g.k + 4 * q, sizeof(four));
+      std::memcpy(&four, a + r * g.lda + 4 * q, sizeof(four));
       const auto a4 = hn::BitCast(du8, hn::Set(di, four));
       acc[r][0] = DotBytes(acc[r][0], a4, b0);
       acc[r][1] = DotBytes(acc[r][1], a4, b1);
@@ -120,7 +140,7 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
       if (g.factor != nullptr) scale = hn::Mul(scale, g.factor_per_column ? columns(g.factor) : hn::Set(df, g.factor[0]));
       const auto bias = g.bias != nullptr ? columns(g.bias) : hn::Zero(df);
       for (int r = 0; r < R; ++r) {
-        const VI v = hn::Add(hn::Sub(acc[r][h], hn::Mul(zeros, hn::Set(di, row_sums[r]))), column_term);
+        const VI v = CenteredSum(g, acc[r][h], zeros, column_term, row_sums, r);
         auto f = hn::Mul(hn::ConvertTo(df, v), scale);
         // The product rounded before the bias is added, as the separate Mul and Add round it: the empty
         // asm keeps the compiler from contracting the two into a fused multiply-add.
@@ -130,8 +150,15 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
       }
       continue;
     }
+    if (g.y_quant != nullptr) {
+      const RequantizeColumns c = RequantizeColumnsOf(g, column_term, col0, valid);
+      for (int r = 0; r < R; ++r)
+        RequantizeStore(c, CenteredSum(g, acc[r][h], zeros, c.bias, row_sums, r),
+                        g.y_quant + (row + r) * g.n + col0);
+      continue;
+    }
     for (int r = 0; r < R; ++r) {
-      const VI v = hn::Add(hn::Sub(acc[r][h], hn::Mul(zeros, hn::Set(di, row_sums[r]))), column_term);
+      const VI v = CenteredSum(g, acc[r][h], zeros, column_term, row_sums, r);
       StoreColumns(v, di, g.y + (row + r) * g.n + col0, valid);
     }
   }
@@ -160,7 +187,7 @@ void RowSums(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int32_t* sums
   const hn::Repartition<uint64_t, decltype(d8)> d64;
   const int64_t bytes = static_cast<int64_t>(hn::Lanes(d8));
   for (int64_t r = row0; r < row0 + rows; ++r) {
-    const uint8_t* a = g.a + r * g.k;
+    const uint8_t* a = g.a + r * g.lda;
     auto acc = hn::Zero(d64);
     int64_t i = 0;
     for (; i + bytes <= g.k; i += bytes) acc = hn::Add(acc, hn::SumsOf8(hn::LoadU(d8, a + i)));
@@ -169,10 +196,28 @@ void RowSums(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int32_t* sums
     sums[r] = static_cast<int32_t>(sum);
   }
 }
+
+// Rows [row0, row0 + rows) over every panel, their row sums first: a task of a kernel that made the rows.
+void IntegerGemmRows(const IntegerGemmArgs& g, int64_t row0, int64_t rows) {
+  IntegerGemmArgs local = g;
+  local.a = g.a + row0 * g.lda;
+  if (local.y != nullptr) local.y += row0 * g.n;
+  if (local.y_float != nullptr) local.y_float += row0 * g.n;
+  if (local.y_quant != nullptr) local.y_quant += row0 * g.n;
+  local.m = rows;
+  thread_local std::vector<int32_t> sums;
+  if (!g.b_zero_free) {
+    sums.resize(static_cast<size_t>(rows));
+    RowSums(local, 0, rows, sums.data());
+    local.row_sums = sums.data();
+  }
+  IntegerGemmBlock(local, 0, rows, 0, (g.n + kIntPanelColumns - 1) / kIntPanelColumns);
+}
 #else
 bool HasIntegerGemm() { return false; }
 void IntegerGemmBlock(const IntegerGemmArgs&, int64_t, int64_t, int64_t, int64_t) {}
 void RowSums(const IntegerGemmArgs&, int64_t, int64_t, int32_t*) {}
+void IntegerGemmRows(const IntegerGemmArgs&, int64_t, int64_t) {}
 #endif
 
 // The packed layout's quads of B (row-major [k, n] bytes, XORed with `flip`): quad q of panel p holds
@@ -228,6 +273,7 @@ HWY_EXPORT(HasIntegerGemm);
 HWY_EXPORT(IntegerGemmBlock);
 HWY_EXPORT(RowSums);
 HWY_EXPORT(PackIntegerQuads);
+HWY_EXPORT(IntegerGemmRows);
 
 namespace {
 
@@ -283,6 +329,7 @@ class IntegerMatmulKernel : public CpuKernel {
     // The zero point's value is read in the task: inputs are computed by then, not when it is made.
     const uint8_t* a_zero = kind_.has_zero ? in[4].data<uint8_t>() : nullptr;
     g.k = k_;
+    g.lda = k_;
     g.n = n_;
     g.m = static_cast<int64_t>(in[0].size()) / std::max<int64_t>(k_, 1);
     if (kind_.has_scale) {
@@ -299,20 +346,7 @@ class IntegerMatmulKernel : public CpuKernel {
     }
     return [g, a_zero]() mutable {
       g.a_zero = a_zero != nullptr ? static_cast<int32_t>(*a_zero) : 0;
-      // A's row sums once per call (every panel block's tiles use them).
-      std::vector<int32_t> row_sums(static_cast<size_t>(g.m));
-      parallel_for(g.m, kBlockRows, [&](int64_t begin, int64_t end) {
-        HWY_DYNAMIC_DISPATCH(RowSums)(g, begin, end - begin, row_sums.data());
-      });
-      g.row_sums = row_sums.data();
-      const BlockSplit split(g.m, ceil_div(g.n, kIntPanelColumns), kBlockRows, kIntTileRows, kBlockPanels);
-      parallel_for(split.tasks(), 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          int64_t row0, rows, panel0, panels;
-          split.task(t, row0, rows, panel0, panels);
-          HWY_DYNAMIC_DISPATCH(IntegerGemmBlock)(g, row0, rows, panel0, panels);
-        }
-      });
+      run_integer_gemm(g);
     };
   }
 
@@ -322,6 +356,36 @@ class IntegerMatmulKernel : public CpuKernel {
 };
 
 }  // namespace
+
+// Whether every column's zero point (shifted) is 0: then the products need no row sums of A.
+bool zero_free_columns(const IntegerGemmArgs& g) {
+  return std::all_of(g.column_zeros, g.column_zeros + g.n, [](int32_t z) { return z == 0; });
+}
+
+void integer_gemm_rows_on_this_thread(IntegerGemmArgs g, int64_t row0, int64_t rows) {
+  g.b_zero_free = zero_free_columns(g);
+  HWY_DYNAMIC_DISPATCH(IntegerGemmRows)(g, row0, rows);
+}
+
+void run_integer_gemm(IntegerGemmArgs g) {
+  g.b_zero_free = zero_free_columns(g);
+  // A's row sums once per call (every panel block's tiles use them), unless B has no zero points.
+  std::vector<int32_t> row_sums(g.b_zero_free ? 0 : static_cast<size_t>(g.m));
+  if (!g.b_zero_free) {
+    parallel_for(g.m, kBlockRows, [&](int64_t begin, int64_t end) {
+      HWY_DYNAMIC_DISPATCH(RowSums)(g, begin, end - begin, row_sums.data());
+    });
+    g.row_sums = row_sums.data();
+  }
+  const BlockSplit split(g.m, ceil_div(g.n, kIntPanelColumns), kBlockRows, kIntTileRows, kBlockPanels);
+  parallel_for(split.tasks(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t row0, rows, panel0, panels;
+      split.task(t, row0, rows, panel0, panels);
+      HWY_DYNAMIC_DISPATCH(IntegerGemmBlock)(g, row0, rows, panel0, panels);
+    }
+  });
+}
 
 mx::array exact_integer_matmul(mx::array a, mx::array b, mx::StreamOrDevice s) {
   // The own GEMM on the CPU (MLX's matmul there is OpenBLAS, whose worker spins on the core the kernel

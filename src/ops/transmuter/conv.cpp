@@ -17,6 +17,22 @@
 //   right], dilations (as ONNX Conv's, defaults 1 / 0), group, out_channels,
 //   activation ("" | "Relu" | "Clip" | "HardSwish") and activation_params
 //   (Clip: [min, max]), input_layout ("NHWC", the default, | "NCHW").
+//
+// QLinearConvNhwc (ai.transmuter, since 1), made by src/passes/qlinear_convs_nhwc.cpp: ONNX QLinearConv in
+// the channels-last layout on the integer kernels of src/kernels/cpu/qlinear_conv.h, its constant
+// operands prepared at load.
+//
+//   X uint8 [N, H, W, C]; x_zero_point uint8 (one value); Y [N, oH, oW, out_channels] of y_zero_point's
+//   type (uint8 or int8, one value): saturate(round(float(conv(X - x_zero_point, W) + B) * multiplier) +
+//   y_zero_point), rounded half to even.
+//   group 1:  W is the weight's rows packed by pack_integer_gemm_rhs (int8 [panels, ceil(K / 4), 128]),
+//             W_column_sums and W_column_zeros (int32) as it returns them;
+//   group C:  (depthwise, out_channels == C) W is float32 [kH, kW, C], the weight minus its zero point;
+//             W_column_sums and W_column_zeros are absent ("").
+//   multiplier float32, one value or [out_channels] (x_scale * w_scale / y_scale); B (optional) int32
+//   [out_channels]. Inputs in that order: X, x_zero_point, W, W_column_sums, W_column_zeros, multiplier,
+//   y_zero_point, B. Attributes: kernel_shape, strides, pads, dilations, group, out_channels, input_layout
+//   (group 1: "NCHW" reads X [N, C, H, W] in place; as ConvNhwc's).
 #include <array>
 #include <optional>
 #include <string>
@@ -26,6 +42,7 @@
 
 #include "kernels/cpu/conv_nhwc.h"
 #include "kernels/cpu/depthwise_block.h"
+#include "kernels/cpu/qlinear_conv.h"
 #include "kernels/cpu/winograd_conv.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
@@ -185,6 +202,36 @@ OpOutputs global_average_pool_nhwc(NodeContext& ctx) {
   return {mx::mean(x, axes, true, ctx.stream())};
 }
 
+OpOutputs qlinear_conv_nhwc(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  const kernels::NhwcConvOptions options = read_options(ctx);
+  if (options.activation != ConvActivation::kNone) throw ctx.error("takes no activation");
+  const int64_t out_channels = ctx.required_int("out_channels");
+  const int64_t group = ctx.attr_int("group", 1);
+  if (x.dtype() != mx::uint8 || x.ndim() != 4) {
+    throw ctx.error("X must be uint8 ", options.channels_first_input ? "[N, C, H, W]" : "[N, H, W, C]",
+                    ", got ", x.dtype(), " ", x.shape());
+  }
+  if (group != 1 && options.channels_first_input) throw ctx.error("input_layout NCHW goes with group 1 only");
+  if (group != 1 && (group != x.shape(3) || out_channels != group)) {
+    throw ctx.error("group must be 1 or the channel count ", x.shape(3), " with as many outputs, got group ",
+                    group, " and out_channels ", out_channels);
+  }
+  const kernels::QLinearRequantize requantize{ctx.input(5), ctx.optional_input(7), ctx.input(6)};
+  try {
+    if (group == 1) {
+      const kernels::PackedIntegerRhs w{ctx.input(2), ctx.input(3), ctx.input(4)};
+      return {
+          kernels::qlinear_conv_nhwc(x, ctx.input(1), w, out_channels, requantize, options, ctx.stream())};
+    }
+    if (ctx.has_input(3) || ctx.has_input(4)) throw ctx.error("a depthwise W takes no column sums or zeros");
+    return {kernels::qlinear_depthwise_conv_nhwc(x, ctx.input(1), ctx.input(2), requantize, options,
+                                                 ctx.stream())};
+  } catch (const std::invalid_argument& e) {
+    throw ctx.error(e.what());
+  }
+}
+
 }  // namespace
 
 void register_transmuter_conv(OpRegistry& r) {
@@ -193,6 +240,12 @@ void register_transmuter_conv(OpRegistry& r) {
       {"ConvWinogradNhwc", kTransmuter, 1, kOpen, conv_winograd_nhwc},
       {"DepthwiseBlockNhwc", kTransmuter, 1, kOpen, depthwise_block_nhwc},
       {"GlobalAveragePoolNhwc", kTransmuter, 1, kOpen, global_average_pool_nhwc},
+      {.op_type = "QLinearConvNhwc",
+       .domain = kTransmuter,
+       .since = 1,
+       .until = kOpen,
+       .fn = qlinear_conv_nhwc,
+       .not_differentiable = "outputs are quantized integers"},
   });
 }
 

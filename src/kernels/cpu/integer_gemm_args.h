@@ -1,0 +1,51 @@
+// The arguments of one 8-bit integer product (integer_gemm.cpp, compiled once per SIMD target), shared
+// with the kernels that run it on rows of their own: the channels-last QLinearConv (qlinear_conv.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace transmuter::kernels {
+
+// Columns of one packed panel (two vectors of 16 int32 lanes) and bytes of one of its depth quads.
+inline constexpr int64_t kIntPanelColumns = 32;
+inline constexpr int64_t kIntQuadBytes = 4 * kIntPanelColumns;
+// Rows of one register tile: 6 rows x 2 vectors = 12 accumulators.
+inline constexpr int64_t kIntTileRows = 6;
+
+// One call's pointers and sizes (outside the per-target namespaces). Exactly one of y, y_float and
+// y_quant is non-null: the int32 products, the float epilogue's or the requantizing one's results.
+struct IntegerGemmArgs {
+  const uint8_t* a;             // [m, lda]: row i's k values, then zeros up to the next multiple of 4
+  int64_t lda;                  // bytes between rows of a, >= k rounded up to a multiple of 4
+  const int32_t* row_sums;      // [m]: sum_k of each row of a
+  const int8_t* packed;         // [panels, ceil(k / 4), kIntQuadBytes]
+  const int32_t* column_sums;   // [panels * kIntPanelColumns]
+  const int32_t* column_zeros;  // [panels * kIntPanelColumns]
+  int32_t a_zero;
+  bool b_zero_free;  // every column_zeros value is 0 (set by the runners): row_sums is then not read
+  int64_t m, k, n;
+  int32_t* y;  // [m, n]
+  // The float epilogue: y_float = float(acc) * scale[j or 0] [+ bias[j]].
+  float* y_float;
+  const float* scale;
+  bool scale_per_column;
+  const float* factor;  // null: none; else scale is scale * factor
+  bool factor_per_column;
+  const float* bias;  // null: none
+  // The requantizing epilogue (QLinearConv's): y_quant = clamp(round_half_even(float(acc + bias_int[j]) *
+  // scale[j or 0]) + y_zero, y_min, y_max) as bytes (int8 when y_signed, else uint8).
+  uint8_t* y_quant;
+  const int32_t* bias_int;  // [n], or null
+  int32_t y_zero, y_min, y_max;
+  bool y_signed;
+};
+
+/** The product of rows [row0, row0 + rows) of g.a (all columns) on the calling thread, their row sums
+ * computed here (g.row_sums is not read). On the CPU's best SIMD target; requires
+ * integer_gemm_available(). */
+void integer_gemm_rows_on_this_thread(IntegerGemmArgs g, int64_t row0, int64_t rows);
+
+/** The whole product g (all g.m rows), its row sums computed here, split between the kernel threads. */
+void run_integer_gemm(IntegerGemmArgs g);
+
+}  // namespace transmuter::kernels

@@ -1,0 +1,641 @@
+// Compiled once per SIMD target (Highway's foreach_target re-includes this
+// file) for the depthwise loop; group 1 runs on the integer GEMM.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/qlinear_conv.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/partial_vectors-inl.h"
+
+#include "kernels/cpu/conv_nhwc_args.h"
+
+#ifndef TRANSMUTER_KERNELS_CPU_QLINEAR_DEPTHWISE_ARGS
+#define TRANSMUTER_KERNELS_CPU_QLINEAR_DEPTHWISE_ARGS
+namespace transmuter::kernels {
+// One depthwise call (outside the per-target namespaces).
+struct QLinearDepthwiseArgs {
+  NhwcConvArgs geometry;  // its pointers unused
+  const uint8_t* x;       // [N, in_h, in_w, C]
+  const float* w;         // [kH, kW, C]: w - w_zero
+  const float* multiplier;
+  bool multiplier_per_channel;
+  const int32_t* bias;  // [C] or null
+  uint8_t* y;           // [N, out_h, out_w, C] bytes, int8 when y_signed
+  int32_t x_zero, y_zero, y_min, y_max;
+  bool y_signed;
+  int64_t interior_lo, interior_hi;  // output columns whose every tap reads inside the row
+};
+}  // namespace transmuter::kernels
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace transmuter::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+using DI = hn::Rebind<int32_t, D>;
+using DU8 = hn::Rebind<uint8_t, D>;
+using DI8 = hn::Rebind<int8_t, D>;
+
+// kCols output columns ox0.. of one output row, the channel vector at c0 (its first `valid` lanes; all
+// of them when kFull): the sum of every tap's x times its weight (w - w_zero), less x_zero times the sum of
+// the weights of the taps inside the image, in float32 (exact: integers of at most kExactIntegerTerms
+// products of 8-bit values), then requantized to bytes. kChecked: some taps fall outside the row (the
+// border columns, one at a time: kCols is 1 there, so one weight sum serves).
+template <int kCols, bool kChecked, bool kFull>
+HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* const* rows, uint8_t* out_row,
+                                  int64_t ox0, int64_t c0, size_t valid) {
+  static_assert(!kChecked || kCols == 1, "border columns go one at a time");
+  const D d;
+  const DI di;
+  const DU8 du8;
+  const NhwcConvArgs& g = a.geometry;
+  const int64_t C = g.channels;
+  auto load_x = [&](const uint8_t* p) {
+    const auto bytes = kFull ? hn::LoadU(du8, p) : LoadFirst(du8, p, valid);
+    return hn::ConvertTo(d, hn::PromoteTo(di, bytes));
+  };
+  auto load_w = [&](const float* p) { return kFull ? hn::LoadU(d, p) : LoadFirst(d, p, valid); };
+  V acc[kCols];
+  for (int j = 0; j < kCols; ++j) acc[j] = hn::Zero(d);
+  V weight_sum = hn::Zero(d);
+  const int64_t column_step = g.stride_w * C;
+  for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+    if (rows[ky] == nullptr) continue;  // in the padding: x_zero - x_zero adds nothing
+    const uint8_t* row = rows[ky] + c0;
+    const float* w = a.w + ky * g.kernel_w * C + c0;
+    for (int64_t kx = 0; kx < g.kernel_w; ++kx, w += C) {
+      const V wv = load_w(w);
+      const int64_t ix0 = g.input_col(ox0) + kx * g.dilation_w;
+      if constexpr (kChecked) {
+        if (ix0 >= 0 && ix0 < g.in_w) {
+          acc[0] = hn::MulAdd(wv, load_x(row + ix0 * C), acc[0]);
+          weight_sum = hn::Add(weight_sum, wv);
+        }
+      } else {
+        const uint8_t* in = row + ix0 * C;
+        for (int j = 0; j < kCols; ++j) acc[j] = hn::MulAdd(wv, load_x(in + j * column_step), acc[j]);
+        weight_sum = hn::Add(weight_sum, wv);
+      }
+    }
+  }
+  const V zero_term = hn::Mul(weight_sum, hn::Set(d, static_cast<float>(a.x_zero)));
+  for (int j = 0; j < kCols; ++j) acc[j] = hn::Sub(acc[j], zero_term);
+  auto channel_values = [&](const auto* p, auto tag) {
+    return kFull ? hn::LoadU(tag, p) : LoadFirst(tag, p, valid);
+  };
+  const V multiplier =
+      a.multiplier_per_channel ? channel_values(a.multiplier + c0, d) : hn::Set(d, a.multiplier[0]);
+  const auto bias = a.bias != nullptr ? channel_values(a.bias + c0, di) : hn::Zero(di);
+#if HWY_TARGET <= HWY_AVX3
+  // AVX-512: clamped in float to the output's range less the zero point (as ONNX Runtime's requantization
+  // clamps; the same as saturating after rounding, the bounds being integers), converted with vcvtps2dq
+  // (half to even), stored with vpmovdb: no overflow fix-ups and packs, as the portable form below needs.
+  static_assert(sizeof(hn::TFromD<D>) * hn::MaxLanes(D()) == 64, "16 float lanes");
+  const auto low = hn::Set(d, static_cast<float>(a.y_min - a.y_zero));
+  const auto high = hn::Set(d, static_cast<float>(a.y_max - a.y_zero));
+  const __m512i y_zero = _mm512_set1_epi32(a.y_zero);
+  const __mmask16 mask = static_cast<__mmask16>(kFull ? 0xFFFFu : (1u << valid) - 1);
+  for (int j = 0; j < kCols; ++j) {
+    const __m512i sum = _mm512_add_epi32(_mm512_cvttps_epi32(acc[j].raw), bias.raw);
+    const auto f = hn::Min(hn::Max(hn::Mul(hn::ConvertTo(d, hn::Vec<DI>{sum}), multiplier), low), high);
+    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(f.raw), y_zero);
+    _mm_mask_storeu_epi8(out_row + (ox0 + j) * C + c0, mask, _mm512_cvtepi32_epi8(q));
+  }
+#else
+  const auto y_zero = hn::Set(di, a.y_zero), y_min = hn::Set(di, a.y_min), y_max = hn::Set(di, a.y_max);
+  for (int j = 0; j < kCols; ++j) {
+    // The sum as int32 (exact) plus the bias, then as ONNX Runtime requantizes: float, scaled, rounded
+    // half to even, shifted by the zero point, saturated.
+    const auto sum = hn::Add(hn::ConvertTo(di, acc[j]), bias);
+    const auto q = hn::Min(
+        hn::Max(hn::Add(hn::NearestInt(hn::Mul(hn::ConvertTo(d, sum), multiplier)), y_zero), y_min), y_max);
+    uint8_t* out = out_row + (ox0 + j) * C + c0;
+    if (a.y_signed) {
+      const DI8 di8;
+      StoreFirst(hn::DemoteTo(di8, q), di8, reinterpret_cast<int8_t*>(out), valid);
+    } else {
+      StoreFirst(hn::DemoteTo(du8, q), du8, out, valid);
+    }
+  }
+#endif
+}
+
+template <int kCols, bool kChecked>
+HWY_INLINE void QDepthwiseAllChannels(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
+                                      uint8_t* out_row, int64_t ox0) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
+  const int64_t C = a.geometry.channels;
+  int64_t c0 = 0;
+  for (; c0 + lanes <= C; c0 += lanes)
+    QDepthwiseColumns<kCols, kChecked, true>(a, rows, out_row, ox0, c0, static_cast<size_t>(lanes));
+  if (c0 < C)
+    QDepthwiseColumns<kCols, kChecked, false>(a, rows, out_row, ox0, c0, static_cast<size_t>(C - c0));
+}
+
+// One output row from the input rows under its taps (rows[ky], null in the padding): interior columns
+// eight at a time (eight independent multiply-add chains), the border columns with their taps checked.
+void QLinearDepthwiseRow(const QLinearDepthwiseArgs& a, const uint8_t* const* rows, uint8_t* out_row) {
+  const int64_t lo = a.interior_lo, hi = a.interior_hi, out_w = a.geometry.out_w;
+  for (int64_t ox = 0; ox < lo; ++ox) QDepthwiseAllChannels<1, true>(a, rows, out_row, ox);
+  int64_t ox = lo;
+  for (; ox + 8 <= hi; ox += 8) QDepthwiseAllChannels<8, false>(a, rows, out_row, ox);
+  for (; ox + 4 <= hi; ox += 4) QDepthwiseAllChannels<4, false>(a, rows, out_row, ox);
+  for (; ox < hi; ++ox) QDepthwiseAllChannels<1, false>(a, rows, out_row, ox);
+  for (ox = std::max(hi, lo); ox < out_w; ++ox) QDepthwiseAllChannels<1, true>(a, rows, out_row, ox);
+}
+
+// dst [count, channels] from `channels` planes of `count` bytes, plane_stride apart (1 to 4 channels: an
+// NCHW stem input's row of pixels into NHWC), a vector of pixels per interleaved store.
+void InterleavePlanes(const uint8_t* src, int64_t plane_stride, int64_t count, int64_t channels,
+                      uint8_t* dst) {
+  const hn::ScalableTag<uint8_t> d8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d8));
+  const uint8_t* p0 = src;
+  const uint8_t* p1 = src + plane_stride;
+  const uint8_t* p2 = src + 2 * plane_stride;
+  const uint8_t* p3 = src + 3 * plane_stride;
+  int64_t i = 0;
+  if (channels == 1) {
+    std::memcpy(dst, src, static_cast<size_t>(count));
+    return;
+  }
+  for (; i + lanes <= count; i += lanes) {
+    if (channels == 2) {
+      hn::StoreInterleaved2(hn::LoadU(d8, p0 + i), hn::LoadU(d8, p1 + i), d8, dst + 2 * i);
+    } else if (channels == 3) {
+      hn::StoreInterleaved3(hn::LoadU(d8, p0 + i), hn::LoadU(d8, p1 + i), hn::LoadU(d8, p2 + i), d8,
+                            dst + 3 * i);
+    } else {
+      hn::StoreInterleaved4(hn::LoadU(d8, p0 + i), hn::LoadU(d8, p1 + i), hn::LoadU(d8, p2 + i),
+                            hn::LoadU(d8, p3 + i), d8, dst + 4 * i);
+    }
+  }
+  for (; i < count; ++i) {
+    for (int64_t c = 0; c < channels; ++c) dst[i * channels + c] = src[c * plane_stride + i];
+  }
+}
+
+}  // namespace transmuter::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "kernels/cpu/qlinear_conv.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/integer_gemm_args.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace transmuter::kernels {
+
+HWY_EXPORT(QLinearDepthwiseRow);
+HWY_EXPORT(InterleavePlanes);
+
+namespace {
+
+int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+// Output columns whose every tap reads inside the input row: [lo, hi), empty when none does.
+void interior_columns(const NhwcConvArgs& g, int64_t& lo, int64_t& hi) {
+  lo = g.pad_left <= 0 ? 0 : (g.pad_left + g.stride_w - 1) / g.stride_w;
+  const int64_t last_tap = (g.kernel_w - 1) * g.dilation_w - g.pad_left;  // ix = ox * sW + last_tap
+  const int64_t room = g.in_w - last_tap;
+  hi = room <= 0 ? 0 : std::min(g.out_w, (room + g.stride_w - 1) / g.stride_w);
+  if (hi <= lo) lo = hi = 0;
+}
+
+// The output bytes' type and range from y_zero_point.
+struct OutputRange {
+  int32_t min, max;
+  bool is_signed;
+};
+
+OutputRange output_range(mx::Dtype y_type) {
+  return y_type == mx::int8 ? OutputRange{-128, 127, true} : OutputRange{0, 255, false};
+}
+
+// ---- group 1 ----
+
+// One call's operands for the integer GEMM; the rows (a, lda, m) are set per use.
+IntegerGemmArgs product_args(const std::vector<mx::array>& in, uint8_t* y, int64_t k, int64_t m,
+                             bool has_bias, mx::Dtype y_type) {
+  IntegerGemmArgs g{};
+  g.packed = in[2].data<int8_t>();
+  g.column_sums = in[3].data<int32_t>();
+  g.column_zeros = in[4].data<int32_t>();
+  g.k = k;
+  g.n = m;
+  g.y_quant = y;
+  g.scale = in[5].data<float>();
+  g.scale_per_column = in[5].size() > 1;
+  g.bias_int = has_bias ? in[7].data<int32_t>() : nullptr;
+  const OutputRange range = output_range(y_type);
+  g.y_min = range.min;
+  g.y_max = range.max;
+  g.y_signed = range.is_signed;
+  return g;
+}
+
+bool is_pointwise(const NhwcConvArgs& a) {
+  return a.kernel_h == 1 && a.kernel_w == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_top == 0 &&
+         a.pad_left == 0 && a.out_h == a.in_h && a.out_w == a.in_w;
+}
+
+// Copies n bytes. A stem's window rows are a few bytes each (3x3 over RGB: 9), where a libc call per copy
+// costs more than the copy; fixed-size copies compile to register moves.
+inline void copy_bytes(uint8_t* dst, const uint8_t* src, int64_t n) {
+  if (n >= 64) {
+    std::memcpy(dst, src, static_cast<size_t>(n));
+    return;
+  }
+  for (; n >= 8; n -= 8, dst += 8, src += 8) std::memcpy(dst, src, 8);
+  for (; n > 0; --n) *dst++ = *src++;
+}
+
+inline void fill_bytes(uint8_t* dst, uint8_t value, int64_t n) {
+  if (n >= 64) {
+    std::memset(dst, value, static_cast<size_t>(n));
+    return;
+  }
+  for (; n > 0; --n) *dst++ = value;
+}
+
+// Bytes an unfolded buffer holds beyond its last row (see unfold_position).
+constexpr int64_t kUnfoldSlack = 16;
+
+// Row of the unfolded input for output position (n, oy, ox): the window under it, tap-major, x_zero where
+// a tap falls in the padding, zeros from the window's end to lda. With dilation 1 the taps of one kernel
+// row inside the image are one copy.
+void unfold_position(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, int64_t lda, int64_t n,
+                     int64_t oy, int64_t ox, uint8_t* dst) {
+  const int64_t C = a.channels, ix0 = a.input_col(ox);
+  // Kernel columns [kx_first, kx_last) read inside the row.
+  int64_t kx_first = 0, kx_last = a.kernel_w;
+  while (kx_first < a.kernel_w && ix0 + kx_first * a.dilation_w < 0) ++kx_first;
+  while (kx_last > kx_first && ix0 + (kx_last - 1) * a.dilation_w >= a.in_w) --kx_last;
+  const int64_t row_bytes = a.kernel_w * C;
+  // A window row of at most 16 bytes wholly inside the image (a stem's 3 x 3 over RGB: 9) is one 16-byte
+  // copy; the bytes past it land where the next row, the tail or the next position's row is written
+  // after (the buffer has kUnfoldSlack bytes beyond its last row), and it must not read past the input.
+  const bool whole_rows =
+      a.dilation_w == 1 && row_bytes <= kUnfoldSlack && kx_first == 0 && kx_last == a.kernel_w;
+  const uint8_t* x_end = x + a.batch * a.in_h * a.in_w * C;
+  uint8_t* out = dst;
+  for (int64_t ky = 0; ky < a.kernel_h; ++ky, out += row_bytes) {
+    const int64_t iy = a.input_row(oy) + ky * a.dilation_h;
+    if (iy < 0 || iy >= a.in_h || kx_first >= kx_last) {
+      fill_bytes(out, x_zero, row_bytes);
+      continue;
+    }
+    const uint8_t* row = x + (n * a.in_h + iy) * a.in_w * C;
+    if (whole_rows && row + ix0 * C + kUnfoldSlack <= x_end) {
+      std::memcpy(out, row + ix0 * C, kUnfoldSlack);
+      continue;
+    }
+    fill_bytes(out, x_zero, kx_first * C);
+    fill_bytes(out + kx_last * C, x_zero, row_bytes - kx_last * C);
+    if (a.dilation_w == 1) {
+      copy_bytes(out + kx_first * C, row + (ix0 + kx_first) * C, (kx_last - kx_first) * C);
+    } else {
+      for (int64_t kx = kx_first; kx < kx_last; ++kx)
+        copy_bytes(out + kx * C, row + (ix0 + kx * a.dilation_w) * C, C);
+    }
+  }
+  fill_bytes(out, 0, lda - (out - dst));
+}
+
+// Unfolded rows per task: about 64 KiB (in L1/L2 while the product reads them), whole tiles, at least four
+// tasks a thread.
+int64_t unfold_task_rows(int64_t positions, int64_t lda) {
+  int64_t rows = std::min<int64_t>((int64_t{64} << 10) / lda,
+                                   (positions + 4 * kernel_threads() - 1) / (4 * kernel_threads()));
+  return std::max(kIntTileRows, round_up(rows, kIntTileRows));
+}
+
+// An NCHW input over at most 4 channels in NHWC: interleaved a row of pixels at a time, then unfolded
+// with whole-window-row copies (a byte-by-byte unfold through NCHW's strides cost 4x the product).
+void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, IntegerGemmArgs g);
+
+void run_qlinear_conv_channels_first(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero,
+                                     const IntegerGemmArgs& g) {
+  const int64_t rows = a.batch * a.in_h, plane = a.in_h * a.in_w;
+  std::vector<uint8_t> nhwc(static_cast<size_t>(rows * a.in_w * a.channels));
+  parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, a.in_w * a.channels)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t r = begin; r < end; ++r) {
+                   const int64_t n = r / a.in_h, y = r % a.in_h;
+                   HWY_DYNAMIC_DISPATCH(InterleavePlanes)(x + n * a.channels * plane + y * a.in_w, plane,
+                                                          a.in_w, a.channels,
+                                                          nhwc.data() + r * a.in_w * a.channels);
+                 }
+               });
+  NhwcConvArgs channels_last = a;
+  channels_last.channels_first = false;
+  run_qlinear_conv(channels_last, nhwc.data(), x_zero, g);
+}
+
+void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, IntegerGemmArgs g) {
+  if (a.channels_first) {
+    run_qlinear_conv_channels_first(a, x, x_zero, g);
+    return;
+  }
+  g.a_zero = x_zero;
+  const int64_t positions = a.positions();
+  if (is_pointwise(a) && a.channels % 4 == 0) {  // the image's rows are the product's left-hand side
+    g.a = x;
+    g.lda = a.channels;
+    g.m = positions;
+    run_integer_gemm(g);
+    return;
+  }
+  const int64_t lda = round_up(a.window(), 4);
+  const int64_t rows = unfold_task_rows(positions, lda);
+  uint8_t* y = g.y_quant;
+  parallel_for((positions + rows - 1) / rows, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint8_t> unfolded;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t first = t * rows, count = std::min(rows, positions - first);
+      unfolded.resize(static_cast<size_t>(count * lda + kUnfoldSlack));
+      int64_t ox = first % a.out_w, oy = (first / a.out_w) % a.out_h, n = first / (a.out_w * a.out_h);
+      for (int64_t r = 0; r < count; ++r) {
+        unfold_position(a, x, x_zero, lda, n, oy, ox, unfolded.data() + r * lda);
+        if (++ox == a.out_w) {
+          ox = 0;
+          if (++oy == a.out_h) oy = 0, ++n;
+        }
+      }
+      IntegerGemmArgs task = g;
+      task.a = unfolded.data();
+      task.lda = lda;
+      task.m = count;
+      task.y_quant = y + first * g.n;
+      integer_gemm_rows_on_this_thread(task, 0, count);
+    }
+  });
+}
+
+// ---- depthwise ----
+
+void run_qlinear_depthwise(QLinearDepthwiseArgs a) {
+  const NhwcConvArgs& g = a.geometry;
+  interior_columns(g, a.interior_lo, a.interior_hi);
+  const int64_t rows = g.batch * g.out_h;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.out_w * g.channels));
+  parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<const uint8_t*> input_rows(static_cast<size_t>(g.kernel_h));
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / g.out_h, oy = r % g.out_h;
+      for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+        const int64_t iy = g.input_row(oy) + ky * g.dilation_h;
+        input_rows[ky] = iy >= 0 && iy < g.in_h ? a.x + ((n * g.in_h + iy) * g.in_w) * g.channels : nullptr;
+      }
+      HWY_DYNAMIC_DISPATCH(QLinearDepthwiseRow)(a, input_rows.data(), a.y + r * g.out_w * g.channels);
+    }
+  });
+}
+
+// ---- the kernel ----
+
+// The geometry of a call over x [N, H, W, C] (or [N, C, H, W] with channels_first_input) into y.
+NhwcConvArgs geometry_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y) {
+  const bool first = o.channels_first_input;
+  NhwcConvArgs a = nhwc_conv_geometry(o, x.shape(0), x.shape(first ? 2 : 1), x.shape(first ? 3 : 2),
+                                      x.shape(first ? 1 : 3), y.shape(1), y.shape(2), y.shape(3));
+  if (first) {
+    a.channels_first = true;
+    a.x_stride_c = a.in_h * a.in_w, a.x_stride_h = a.in_w, a.x_stride_w = 1;
+  }
+  return a;
+}
+
+// Inputs: x, x_zero, then group 1: packed, column sums, column zeros; depthwise: w; then multiplier,
+// y_zero, [bias].
+class QLinearConvKernel : public CpuKernel {
+ public:
+  QLinearConvKernel(mx::Stream stream, Reference reference, NhwcConvOptions options, bool depthwise,
+                    bool has_bias)
+      : CpuKernel(stream, std::move(reference)),
+        options_(options),
+        depthwise_(depthwise),
+        has_bias_(has_bias) {}
+  const char* name() const override {
+    return depthwise_ ? "transmuter::QLinearDepthwiseConvNhwc" : "transmuter::QLinearConvNhwc";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const QLinearConvKernel*>(&other);
+    return o != nullptr && o->options_ == options_ && o->depthwise_ == depthwise_ &&
+           o->has_bias_ == has_bias_;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const mx::array& x = in[0];
+    const mx::array& y = out[0];
+    NhwcConvArgs geometry = geometry_of(options_, x, y);
+    const uint8_t* x_data = x.data<uint8_t>();
+    // Zero points are read in the task: inputs are computed by then, not when it is made.
+    const uint8_t* x_zero = in[1].data<uint8_t>();
+    auto* y_data = static_cast<uint8_t*>(static_cast<void*>(out[0].data<uint8_t>()));
+    const OutputRange range = output_range(y.dtype());
+    if (!depthwise_) {
+      const uint8_t* y_zero = in[6].data<uint8_t>();
+      IntegerGemmArgs g =
+          product_args(in, y_data, geometry.window(), geometry.out_channels, has_bias_, y.dtype());
+      return [geometry, x_data, x_zero, y_zero, g, range]() mutable {
+        g.y_zero = range.is_signed ? static_cast<int8_t>(*y_zero) : *y_zero;
+        run_qlinear_conv(geometry, x_data, *x_zero, g);
+      };
+    }
+    QLinearDepthwiseArgs a{};
+    a.geometry = geometry;
+    a.x = x_data;
+    a.w = in[2].data<float>();
+    a.multiplier = in[3].data<float>();
+    a.multiplier_per_channel = in[3].size() > 1;
+    const uint8_t* y_zero = in[4].data<uint8_t>();
+    a.bias = has_bias_ ? in[5].data<int32_t>() : nullptr;
+    a.y = y_data;
+    a.y_min = range.min;
+    a.y_max = range.max;
+    a.y_signed = range.is_signed;
+    return [a, x_zero, y_zero]() mutable {
+      a.x_zero = *x_zero;
+      a.y_zero = a.y_signed ? static_cast<int8_t>(*y_zero) : *y_zero;
+      run_qlinear_depthwise(a);
+    };
+  }
+
+ private:
+  NhwcConvOptions options_;
+  bool depthwise_, has_bias_;
+};
+
+// ---- the reference: the same integers through exact MLX and integer_matmul paths ----
+
+// The unfolded input [N * oH * oW, kH * kW * C] (tap-major rows, x_zero in the padding), uint8.
+mx::array unfold_reference(const mx::array& x, const mx::array& x_zero, const NhwcConvOptions& o,
+                           const mx::Shape& y, mx::Stream s) {
+  mx::array padded =
+      mx::pad(x, {{0, 0}, {o.pads_begin[0], o.pads_end[0]}, {o.pads_begin[1], o.pads_end[1]}, {0, 0}},
+              mx::reshape(x_zero, {}, s), "constant", s);
+  const int n = x.shape(0), c = x.shape(3), oh = y[1], ow = y[2];
+  std::vector<mx::array> taps;
+  for (int ky = 0; ky < o.kernel[0]; ++ky) {
+    for (int kx = 0; kx < o.kernel[1]; ++kx) {
+      const int y0 = ky * o.dilations[0], x0 = kx * o.dilations[1];
+      taps.push_back(mx::slice(padded, {0, y0, x0, 0},
+                               {n, y0 + (oh - 1) * o.strides[0] + 1, x0 + (ow - 1) * o.strides[1] + 1, c},
+                               {1, o.strides[0], o.strides[1], 1}, s));
+    }
+  }
+  const int taps_count = static_cast<int>(taps.size());
+  return mx::reshape(mx::stack(taps, 3, s), {n * oh * ow, taps_count * c}, s);
+}
+
+// saturate(round_half_even(float(acc + bias) * multiplier) + y_zero) as y_zero's type; acc int32 [..., M].
+mx::array requantize_reference(mx::array acc, const mx::array& multiplier,
+                               const std::optional<mx::array>& bias, const mx::array& y_zero, mx::Stream s) {
+  if (bias) acc = mx::add(acc, *bias, s);
+  mx::array scaled =
+      mx::round(mx::multiply(mx::astype(acc, mx::float32, s), mx::reshape(multiplier, {-1}, s), s), s);
+  const OutputRange range = output_range(y_zero.dtype());
+  mx::array q = mx::add(scaled, mx::astype(mx::reshape(y_zero, {}, s), mx::float32, s), s);
+  q = mx::clip(q, mx::array(static_cast<float>(range.min)), mx::array(static_cast<float>(range.max)), s);
+  return mx::astype(q, y_zero.dtype(), s);
+}
+
+void check_common(const mx::array& x, const mx::array& x_zero, const QLinearRequantize& r, int64_t m,
+                  const NhwcConvOptions& o) {
+  check_conv_options(o);
+  if (o.activation != ConvActivation::kNone) throw std::invalid_argument("QLinearConv takes no activation");
+  if (x.dtype() != mx::uint8 || x.ndim() != 4) {
+    throw std::invalid_argument(o.channels_first_input ? "QLinearConv input must be uint8 [N, C, H, W]"
+                                                       : "QLinearConv input must be uint8 [N, H, W, C]");
+  }
+  if (x_zero.dtype() != mx::uint8 || x_zero.size() != 1)
+    throw std::invalid_argument("QLinearConv x_zero_point must be one uint8 value");
+  if ((r.y_zero_point.dtype() != mx::uint8 && r.y_zero_point.dtype() != mx::int8) ||
+      r.y_zero_point.size() != 1)
+    throw std::invalid_argument("QLinearConv y_zero_point must be one uint8 or int8 value");
+  if (r.multiplier.dtype() != mx::float32 ||
+      (r.multiplier.size() != 1 && !(r.multiplier.ndim() == 1 && r.multiplier.shape(0) == m)))
+    throw std::invalid_argument("QLinearConv multiplier must be float32, one value or [" + std::to_string(m) +
+                                "]");
+  if (r.bias && (r.bias->dtype() != mx::int32 || r.bias->ndim() != 1 || r.bias->shape(0) != m))
+    throw std::invalid_argument("QLinearConv bias must be int32 [" + std::to_string(m) + "]");
+}
+
+mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, const mx::Shape& shape,
+                     mx::Dtype y_type, const NhwcConvOptions& o, bool depthwise, bool has_bias,
+                     mx::Stream stream) {
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<QLinearConvKernel>(kernel_stream, reference, o, depthwise, has_bias);
+      },
+      reference, std::move(inputs), {shape}, {y_type}, stream)[0];
+}
+
+}  // namespace
+
+mx::array qlinear_conv_weight_rows(const mx::array& w) {
+  if (w.ndim() != 4 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
+    throw std::invalid_argument("QLinearConv weight must be 8-bit [M, C, kH, kW]");
+  const int m = w.shape(0), k = w.shape(1) * w.shape(2) * w.shape(3);
+  return mx::reshape(mx::transpose(w, {2, 3, 1, 0}, mx::Device::cpu), {k, m}, mx::Device::cpu);
+}
+
+mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::array>& w_zero_point) {
+  if (w.ndim() != 4 || w.shape(1) != 1 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
+    throw std::invalid_argument("depthwise QLinearConv weight must be 8-bit [C, 1, kH, kW]");
+  const mx::Device cpu = mx::Device::cpu;
+  mx::array centered = mx::astype(w, mx::float32, cpu);
+  if (w_zero_point) {
+    const mx::array& z = *w_zero_point;
+    if (z.dtype() != w.dtype() || (z.size() != 1 && !(z.ndim() == 1 && z.shape(0) == w.shape(0))))
+      throw std::invalid_argument("depthwise QLinearConv w_zero_point must be w's type, one value or [C]");
+    centered = mx::subtract(centered, mx::reshape(mx::astype(z, mx::float32, cpu), {-1, 1, 1, 1}, cpu), cpu);
+  }
+  return mx::contiguous(mx::transpose(mx::squeeze(centered, 1, cpu), {1, 2, 0}, cpu), false, cpu);
+}
+
+mx::array qlinear_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, const PackedIntegerRhs& w,
+                            int64_t m, const QLinearRequantize& r, const NhwcConvOptions& o,
+                            mx::StreamOrDevice s) {
+  check_common(x, x_zero_point, r, m, o);
+  const int64_t k = int64_t{o.kernel[0]} * o.kernel[1] * x.shape(o.channels_first_input ? 1 : 3);
+  if (o.channels_first_input && x.shape(1) > 4)
+    throw std::invalid_argument("QLinearConv reads NCHW input over at most 4 channels");
+  const int64_t panels = (m + kIntPanelColumns - 1) / kIntPanelColumns;
+  if (w.packed.dtype() != mx::int8 || w.packed.ndim() != 3 || w.packed.shape(0) != panels ||
+      w.packed.shape(1) != (k + 3) / 4 || w.packed.shape(2) != kIntQuadBytes ||
+      w.column_sums.size() != static_cast<size_t>(panels * kIntPanelColumns) ||
+      w.column_zeros.size() != static_cast<size_t>(panels * kIntPanelColumns)) {
+    throw std::invalid_argument("packed QLinearConv weight does not match " + std::to_string(m) +
+                                " output channels over a window of " + std::to_string(k) + " values");
+  }
+  const mx::Stream stream = mx::to_stream(s);
+  const mx::Shape shape = nhwc_conv_output_shape(x, m, o);
+  const bool has_bias = r.bias.has_value();
+  Reference reference = [o, k, m, has_bias, shape, stream](const std::vector<mx::array>& in) {
+    const mx::array x = o.channels_first_input ? mx::transpose(in[0], {0, 2, 3, 1}, stream) : in[0];
+    mx::array rows = unfold_reference(x, in[1], o, shape, stream);
+    mx::array acc = integer_matmul(rows, PackedIntegerRhs{in[2], in[3], in[4]}, k, m, in[1], stream);
+    acc = mx::reshape(acc, shape, stream);
+    const std::optional<mx::array> bias = has_bias ? std::optional<mx::array>(in[7]) : std::nullopt;
+    return std::vector<mx::array>{requantize_reference(acc, in[5], bias, in[6], stream)};
+  };
+  std::vector<mx::array> inputs = {
+      x, x_zero_point, w.packed, w.column_sums, w.column_zeros, r.multiplier, r.y_zero_point};
+  if (has_bias) inputs.push_back(*r.bias);
+  if (!is_cpu_stream(stream) || x.size() == 0 || !integer_gemm_available()) return reference(inputs)[0];
+  return run_kernel(std::move(inputs), reference, shape, r.y_zero_point.dtype(), o, false, has_bias, stream);
+}
+
+mx::array qlinear_depthwise_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, const mx::array& w,
+                                      const QLinearRequantize& r, const NhwcConvOptions& o,
+                                      mx::StreamOrDevice s) {
+  const int64_t c = x.ndim() == 4 ? x.shape(3) : 0;
+  check_common(x, x_zero_point, r, c, o);
+  if (o.channels_first_input)
+    throw std::invalid_argument("a depthwise QLinearConv reads channels-last input only");
+  if (w.dtype() != mx::float32 || w.ndim() != 3 || w.shape(0) != o.kernel[0] || w.shape(1) != o.kernel[1] ||
+      w.shape(2) != c) {
+    throw std::invalid_argument("depthwise QLinearConv weight must be float32 [" +
+                                std::to_string(o.kernel[0]) + ", " + std::to_string(o.kernel[1]) + ", " +
+                                std::to_string(c) + "]");
+  }
+  if (int64_t{o.kernel[0]} * o.kernel[1] > kExactIntegerTerms)
+    throw std::invalid_argument("depthwise QLinearConv window has more taps than float32 sums exactly");
+  const mx::Stream stream = mx::to_stream(s);
+  const mx::Shape shape = nhwc_conv_output_shape(x, c, o);
+  const bool has_bias = r.bias.has_value();
+  Reference reference = [o, has_bias, stream](const std::vector<mx::array>& in) {
+    mx::array centered =
+        mx::subtract(mx::astype(in[0], mx::float32, stream),
+                     mx::astype(mx::reshape(in[1], {}, stream), mx::float32, stream), stream);
+    // [kH, kW, C] -> [C, kH, kW, 1]; the float32 sums of at most kExactIntegerTerms products are exact.
+    mx::array weight = mx::expand_dims(mx::transpose(in[2], {2, 0, 1}, stream), 3, stream);
+    mx::array sums = mx::conv_general(centered, weight, {o.strides[0], o.strides[1]},
+                                      {o.pads_begin[0], o.pads_begin[1]}, {o.pads_end[0], o.pads_end[1]},
+                                      {o.dilations[0], o.dilations[1]}, {}, in[0].shape(3), false, stream);
+    const std::optional<mx::array> bias = has_bias ? std::optional<mx::array>(in[5]) : std::nullopt;
+    return std::vector<mx::array>{
+        requantize_reference(mx::astype(sums, mx::int32, stream), in[3], bias, in[4], stream)};
+  };
+  std::vector<mx::array> inputs = {x, x_zero_point, w, r.multiplier, r.y_zero_point};
+  if (has_bias) inputs.push_back(*r.bias);
+  if (!is_cpu_stream(stream) || x.size() == 0) return reference(inputs)[0];
+  return run_kernel(std::move(inputs), reference, shape, r.y_zero_point.dtype(), o, true, has_bias, stream);
+}
+
+}  // namespace transmuter::kernels
+#endif  // HWY_ONCE

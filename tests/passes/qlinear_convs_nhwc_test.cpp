@@ -1,0 +1,230 @@
+// qlinear_convs_nhwc: QLinearConv with constant weights over uint8 activations runs on the channels-last
+// integer kernels (QLinearConvNhwc) with exactly the operator's bytes, eager and compiled: a stem over
+// RGB read in NCHW, depthwise, pointwise per channel, int8 and uint8 weights, chained without transposes
+// between them; a grouped convolution (no integer kernel) stays on qlinear_conv_as_conv's float path;
+// QLinearAdd and QLinearGlobalAveragePool follow the layout; QGemm with a constant B runs as a 1x1
+// QLinearConvNhwc; computed weights and int8 activations are left alone. Applies only where the CPU has
+// AVX512-VNNI (kernels::integer_gemm_available), so the checks of what it rewrote are skipped elsewhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "kernels/cpu/integer_gemm.h"
+#include "support/graph_builder.h"
+#include "support/op_test_support.h"
+#include "transmuter/runtime.h"
+
+namespace transmuter {
+namespace {
+
+using testing::float_attr;
+using testing::GraphBuilder;
+using testing::int_attr;
+using testing::ints_attr;
+
+mx::array random_integers(mx::Shape shape, mx::Dtype dtype, uint64_t seed, int lo = -128, int hi = 128) {
+  if (dtype == mx::uint8) lo = std::max(lo, 0), hi = std::min(hi, 256);
+  return mx::astype(mx::random::randint(lo, hi, shape, mx::int32, mx::random::key(seed)), dtype);
+}
+
+bool applied(const Model& model, const std::string& pass) {
+  const auto& passes = model.passes_applied();
+  return std::find(passes.begin(), passes.end(), pass) != passes.end();
+}
+
+size_t count(const Model& model, const std::string& op) {
+  const auto histogram = model.op_histogram();
+  auto it = histogram.find(op);
+  return it == histogram.end() ? 0 : it->second;
+}
+
+// The bytes of `output` with the passes and without, eager and compiled, over two random inputs of x.
+void expect_same_bytes(const GraphBuilder& b, const mx::Shape& x_shape, mx::Dtype x_type,
+                       const std::string& output) {
+  Model converted = b.build();
+  Model plain = b.build({.run_passes = false});
+  for (uint64_t seed : {1, 2}) {
+    const Inputs in = {{"x", Value(random_integers(x_shape, x_type, seed, 0, 256))}};
+    mx::array want = run(plain, plain.params(), in, {mx::Device::cpu}).tensor(output);
+    mx::array eager = run(converted, converted.params(), in, {mx::Device::cpu}).tensor(output);
+    mx::array compiled = compile(converted, in, {.device = mx::Device::cpu})(in).tensor(output);
+    ASSERT_EQ(eager.dtype(), want.dtype());
+    EXPECT_TRUE(mx::array_equal(eager, want).item<bool>()) << "seed " << seed;
+    EXPECT_TRUE(mx::array_equal(compiled, want).item<bool>()) << "seed " << seed;
+    EXPECT_GT(mx::max(mx::astype(want, mx::int32)).item<int32_t>() -
+                  mx::min(mx::astype(want, mx::int32)).item<int32_t>(),
+              5)
+        << "a constant output checks little";
+  }
+}
+
+struct Layer {
+  int out_channels, kernel, group, stride;
+  bool per_channel, bias;
+};
+
+// x (uint8 [1, 3, 12, 12]) -> QLinearConv per layer -> y, as quantize_static's QOperator format chains them.
+GraphBuilder qoperator_convs(const std::vector<Layer>& layers, mx::Dtype weight_type) {
+  GraphBuilder b(13);
+  b.input("x", OnnxType::kUint8, {1, 3, 12, 12})
+      .initializer("act_scale", mx::array(0.05f))
+      .initializer("act_zero", mx::array(static_cast<uint8_t>(120)))
+      .initializer("out_scale", mx::array(0.08f))
+      .initializer("out_zero", mx::array(static_cast<uint8_t>(131)));
+  std::string x = "x";
+  int channels = 3;
+  uint64_t seed = 10;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Layer& l = layers[i];
+    const std::string p = "l" + std::to_string(i);
+    const int per = l.per_channel ? l.out_channels : 1;
+    b.initializer(p + "_w", random_integers({l.out_channels, channels / l.group, l.kernel, l.kernel},
+                                            weight_type, seed++, weight_type == mx::uint8 ? 64 : -64,
+                                            weight_type == mx::uint8 ? 192 : 64))
+        .initializer(p + "_w_scale",
+                     mx::random::uniform(0.002f, 0.01f, l.per_channel ? mx::Shape{per} : mx::Shape{},
+                                         mx::float32, mx::random::key(seed++)))
+        .initializer(
+            p + "_w_zero",
+            weight_type == mx::uint8
+                ? random_integers(l.per_channel ? mx::Shape{per} : mx::Shape{}, weight_type, seed++, 123, 133)
+                : random_integers(l.per_channel ? mx::Shape{per} : mx::Shape{}, weight_type, seed++, -5, 5));
+    std::vector<std::string> inputs = {x,
+                                       "act_scale",
+                                       "act_zero",
+                                       p + "_w",
+                                       p + "_w_scale",
+                                       p + "_w_zero",
+                                       i + 1 == layers.size() ? "out_scale" : "act_scale",
+                                       i + 1 == layers.size() ? "out_zero" : "act_zero"};
+    if (l.bias) {
+      b.initializer(p + "_b", random_integers({l.out_channels}, mx::int32, seed++, -2000, 2000));
+      inputs.push_back(p + "_b");
+    }
+    const int pad = l.kernel / 2;
+    b.node("QLinearConv", inputs, {p + "_y"},
+           {int_attr("group", l.group), ints_attr("strides", {l.stride, l.stride}),
+            ints_attr("pads", {pad, pad, pad, pad}), ints_attr("kernel_shape", {l.kernel, l.kernel})});
+    x = p + "_y";
+    channels = l.out_channels;
+  }
+  b.output(x);
+  return b;
+}
+
+TEST(QlinearConvsNhwc, IntegerKernelsGiveTheOperatorsBytes) {
+  // A stem over RGB (stride 2), a depthwise 3x3, a pointwise 1x1 per channel, a grouped strided conv (float
+  // path), a last pointwise with a per-tensor weight scale.
+  const std::vector<Layer> layers = {{16, 3, 1, 2, false, true},
+                                     {16, 3, 16, 1, true, true},
+                                     {24, 1, 1, 1, true, false},
+                                     {24, 3, 4, 2, true, true},
+                                     {12, 1, 1, 1, false, true}};
+  for (mx::Dtype weight_type : {mx::int8, mx::uint8}) {
+    SCOPED_TRACE(weight_type == mx::int8 ? "int8 weights" : "uint8 weights");
+    const GraphBuilder b = qoperator_convs(layers, weight_type);
+    expect_same_bytes(b, {1, 3, 12, 12}, mx::uint8, "l4_y");
+    if (!kernels::integer_gemm_available()) continue;
+    Model converted = b.build();
+    EXPECT_TRUE(applied(converted, "qlinear_convs_nhwc"));
+    EXPECT_EQ(count(converted, "ai.transmuter.QLinearConvNhwc"), 4u);
+    EXPECT_EQ(count(converted, "QLinearConv"), 0u);  // the grouped one: a float Conv (qlinear_conv_as_conv)
+    // The stem reads x in NCHW (no transpose in); the two first layers hand bytes over without a transpose.
+    EXPECT_LE(count(converted, "Transpose"), 3u);
+  }
+}
+
+// A shortcut QLinearAdd of two convolutions' outputs, then QLinearGlobalAveragePool: the transposes left
+// are x's into the two convolutions (one copy, shared) and the pooled [1, 1, 1, C] back to [1, C, 1, 1].
+TEST(QlinearConvsNhwc, QLinearAddAndGlobalPoolStayChannelsLast) {
+  GraphBuilder b(13);
+  b.input("x", OnnxType::kUint8, {1, 8, 10, 10})
+      .initializer("act_scale", mx::array(0.05f))
+      .initializer("act_zero", mx::array(static_cast<uint8_t>(120)))
+      .initializer("conv_scale", mx::array(0.08f))
+      .initializer("conv_zero", mx::array(static_cast<uint8_t>(131)))
+      .initializer("sum_scale", mx::array(0.1f))
+      .initializer("sum_zero", mx::array(static_cast<uint8_t>(125)))
+      .initializer("pool_scale", mx::array(0.03f))
+      .initializer("pool_zero", mx::array(static_cast<uint8_t>(110)))
+      .initializer("w", random_integers({8, 8, 3, 3}, mx::int8, 70, -64, 64))
+      .initializer("w_scale", mx::random::uniform(0.002f, 0.01f, {8}, mx::float32, mx::random::key(71)))
+      .initializer("w_zero", random_integers({8}, mx::int8, 72, -5, 5))
+      .initializer("s", random_integers({8, 8, 1, 1}, mx::int8, 73, -64, 64))
+      .initializer("s_scale", mx::array(0.004f))
+      .initializer("s_zero", mx::array(static_cast<int8_t>(0)))
+      .node("QLinearConv",
+            {"x", "act_scale", "act_zero", "w", "w_scale", "w_zero", "conv_scale", "conv_zero"}, {"conv"},
+            {ints_attr("pads", {1, 1, 1, 1}), ints_attr("kernel_shape", {3, 3})})
+      .node("QLinearConv",
+            {"x", "act_scale", "act_zero", "s", "s_scale", "s_zero", "conv_scale", "conv_zero"}, {"shortcut"})
+      .domain_node(
+          "com.microsoft", 1, "QLinearAdd",
+          {"conv", "conv_scale", "conv_zero", "shortcut", "conv_scale", "conv_zero", "sum_scale", "sum_zero"},
+          {"sum"})
+      .domain_node("com.microsoft", 1, "QLinearGlobalAveragePool",
+                   {"sum", "sum_scale", "sum_zero", "pool_scale", "pool_zero"}, {"pooled"})
+      .output("pooled");
+  expect_same_bytes(b, {1, 8, 10, 10}, mx::uint8, "pooled");
+  if (!kernels::integer_gemm_available()) return;
+  Model converted = b.build();
+  EXPECT_EQ(count(converted, "ai.transmuter.QLinearConvNhwc"), 2u);
+  EXPECT_EQ(count(converted, "Transpose"), 2u);
+}
+
+// QGemm(A, ..., B constant, ..., C, y_scale, y_zero) -> Reshape -> QLinearConvNhwc (1x1) -> Reshape, both
+// layouts of B, C per column and one value, per-column and per-tensor b_scale.
+TEST(QlinearConvsNhwc, QGemmRunsAsAPointwiseConvolution) {
+  for (bool trans_b : {true, false}) {
+    SCOPED_TRACE(trans_b ? "transB 1" : "transB 0");
+    GraphBuilder b(13);
+    const int k = 40, n = 37;
+    b.input("x", OnnxType::kUint8, {3, k})
+        .initializer("a_scale", mx::array(0.05f))
+        .initializer("a_zero", mx::array(static_cast<uint8_t>(121)))
+        .initializer("b",
+                     random_integers(trans_b ? mx::Shape{n, k} : mx::Shape{k, n}, mx::int8, 80, -100, 100))
+        .initializer("b_scale",
+                     trans_b ? mx::random::uniform(0.002f, 0.01f, {n}, mx::float32, mx::random::key(81))
+                             : mx::array(0.006f))
+        .initializer("b_zero",
+                     trans_b ? mx::array(static_cast<int8_t>(0)) : random_integers({n}, mx::int8, 82, -3, 3))
+        .initializer("c", trans_b ? random_integers({n}, mx::int32, 83, -3000, 3000) : mx::array({1500}))
+        .initializer("y_scale", mx::array(0.2f))
+        .initializer("y_zero", mx::array(static_cast<uint8_t>(128)))
+        .domain_node("com.microsoft", 1, "QGemm",
+                     {"x", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c", "y_scale", "y_zero"}, {"y"},
+                     {int_attr("transB", trans_b ? 1 : 0), float_attr("alpha", 1.0f)})
+        .output("y");
+    expect_same_bytes(b, {3, k}, mx::uint8, "y");
+    if (!kernels::integer_gemm_available()) continue;
+    Model converted = b.build();
+    EXPECT_EQ(count(converted, "com.microsoft.QGemm"), 0u);
+    EXPECT_EQ(count(converted, "ai.transmuter.QLinearConvNhwc"), 1u);
+  }
+}
+
+// Weights computed at run time, int8 activations (x_zero_point int8) and a float output of QGemm (no
+// y_zero_point) have no integer kernel here.
+TEST(QlinearConvsNhwc, LeavesWhatTheKernelsDoNotTake) {
+  GraphBuilder b(13);
+  b.input("x", OnnxType::kInt8, {1, 4, 6, 6})
+      .input("w", OnnxType::kInt8, {4, 4, 1, 1})
+      .initializer("s", mx::array(0.1f))
+      .initializer("z", mx::array(static_cast<int8_t>(3)))
+      .initializer("wz", mx::array(static_cast<int8_t>(0)))
+      .initializer("w2", random_integers({4, 4, 1, 1}, mx::int8, 90, -50, 50))
+      .node("QLinearConv", {"x", "s", "z", "w", "s", "wz", "s", "z"}, {"y"})
+      .node("QLinearConv", {"y", "s", "z", "w2", "s", "wz", "s", "z"}, {"y2"})
+      .output("y2");
+  Model model = b.build();
+  EXPECT_EQ(count(model, "ai.transmuter.QLinearConvNhwc"), 0u);
+  EXPECT_FALSE(applied(model, "qlinear_convs_nhwc"));
+}
+
+}  // namespace
+}  // namespace transmuter
