@@ -26,6 +26,7 @@ void drop_unread_initializers(Graph& graph) {
 const std::vector<Pass>& default_passes() {
   static const std::vector<Pass> passes = {
       {"compute_in_float32", compute_in_float32},  // first: the fusions and packing see float32 weights
+      {"qdq_as_qlinear", qdq_as_qlinear},  // QDQ convolutions and adds as integer operators (VNNI), then
       {"fold_constant_dequantize", fold_constant_dequantize},  // QDQ weights as initializers the others take
       {"qlinear_convs_nhwc", qlinear_convs_nhwc},      // QOperator convolutions on the integer kernels (VNNI)
       {"qlinear_conv_as_conv", qlinear_conv_as_conv},  // the other QOperator convolutions as float ones

@@ -38,6 +38,7 @@ std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passe
 // keep_float32_islands (the model's types).
 size_t compute_in_float32(Graph& graph);
 size_t keep_float32_islands(Graph& graph);
+size_t qdq_as_qlinear(Graph& graph);
 size_t fold_constant_dequantize(Graph& graph);
 size_t qlinear_convs_nhwc(Graph& graph);
 size_t qlinear_conv_as_conv(Graph& graph);
