@@ -17,6 +17,11 @@
 //                                   sa,
 //   bq -> DequantizeLinear(sb, zb) /                                            za, bq, sb, zb, sc, zc)
 //
+// and Gemm over the same DequantizeLinears (alpha 1, beta 1, transA 0; the weight's scale per tensor or
+// per column of B) before a QuantizeLinear => com.microsoft QGemm (the classifier), which
+// qlinear_convs_nhwc runs as a 1x1 integer convolution; GlobalAveragePool likewise => com.microsoft
+// QLinearGlobalAveragePool.
+//
 // qlinear_convs_nhwc then runs the convolutions on bytes, channels-last, and QLinearAdd adds bytes. The
 // integer operators round once, at their output, where the QDQ graph computes in float32 between the
 // roundings, so an output may differ from the QDQ graph's by a step of its quantization scale where a
@@ -178,6 +183,92 @@ std::optional<Rewrite> add_rewrite(const Graph& graph, const GraphIndex& index, 
   return Rewrite{i, *q, std::move(n)};
 }
 
+// The weight of a Gemm: an 8-bit initializer [N, K] (transB) or [K, N], scale float32 one value or [N] on
+// B's N axis, zero point absent or of B's type with the scale's size.
+bool gemm_weight_fits(const Graph& graph, const Node& dq, bool trans_b) {
+  const mx::array* w = stored_initializer(graph, dq.inputs[0]);
+  const mx::array* scale = stored_initializer(graph, dq.inputs[1]);
+  if (w == nullptr || !is_8bit(w->dtype()) || w->ndim() != 2 || scale == nullptr ||
+      scale->dtype() != mx::float32)
+    return false;
+  const int n_axis = trans_b ? 0 : 1;
+  if (scale->size() != 1 && (scale->ndim() != 1 || scale->shape(0) != w->shape(n_axis) ||
+                             int_attribute_or(dq, "axis", 1) != n_axis))
+    return false;
+  if (dq.inputs.size() >= 3 && !dq.inputs[2].empty()) {
+    const mx::array* zero = stored_initializer(graph, dq.inputs[2]);
+    if (zero == nullptr || zero->dtype() != w->dtype() || zero->size() != scale->size()) return false;
+  }
+  return true;
+}
+
+// Gemm(DequantizeLinear(a), DequantizeLinear(b), [DequantizeLinear(c)]) -> QuantizeLinear => com.microsoft
+// QGemm (alpha 1, beta 1, transA 0): the classifier of a QDQ CNN.
+std::optional<Rewrite> gemm_rewrite(const Graph& graph, const GraphIndex& index, size_t i) {
+  const Node& gemm = graph.nodes[i];
+  if (!is_onnx_op(gemm, "Gemm") || gemm.outputs.size() != 1 || gemm.inputs.size() < 2 ||
+      int_attribute_or(gemm, "transA", 0) != 0 || float_attribute_or(gemm, "alpha", 1.0f) != 1.0f ||
+      float_attribute_or(gemm, "beta", 1.0f) != 1.0f)
+    return std::nullopt;
+  const bool trans_b = int_attribute_or(gemm, "transB", 0) != 0;
+  const Node* a = dequantize_of(graph, index, gemm.inputs[0]);
+  const Node* b = dequantize_of(graph, index, gemm.inputs[1]);
+  if (a == nullptr || b == nullptr || !per_tensor(graph, *a, mx::uint8) ||
+      !gemm_weight_fits(graph, *b, trans_b))
+    return std::nullopt;
+  const mx::array& w = *stored_initializer(graph, b->inputs[0]);
+  const int n = trans_b ? w.shape(0) : w.shape(1);
+  const Node* c = nullptr;
+  if (gemm.inputs.size() >= 3 && !gemm.inputs[2].empty()) {
+    c = dequantize_of(graph, index, gemm.inputs[2]);
+    if (c == nullptr || !bias_dequantize_fits(graph, *c, *scalar_initializer(graph, a->inputs[1]),
+                                              *stored_initializer(graph, b->inputs[1]), n))
+      return std::nullopt;
+  }
+  std::optional<size_t> q = sole_quantize(graph, index, gemm.outputs[0]);
+  if (!q) return std::nullopt;
+  const Node& quantize = graph.nodes[*q];
+  Node r;
+  r.op_type = "QGemm";
+  r.domain = "com.microsoft";
+  r.opset = 1;
+  r.name = gemm.name.empty() ? quantize.outputs[0] : gemm.name;
+  const bool b_zero = b->inputs.size() >= 3 && !b->inputs[2].empty();
+  r.inputs = {a->inputs[0],
+              a->inputs[1],
+              a->inputs[2],
+              b->inputs[0],
+              b->inputs[1],
+              b_zero ? b->inputs[2] : std::string(),
+              c != nullptr ? c->inputs[0] : std::string(),
+              quantize.inputs[1],
+              quantize.inputs[2]};
+  r.outputs = quantize.outputs;
+  r.attributes = {int_attribute("transB", trans_b ? 1 : 0)};
+  return Rewrite{i, *q, std::move(r)};
+}
+
+// GlobalAveragePool(DequantizeLinear(x)) -> QuantizeLinear => com.microsoft QLinearGlobalAveragePool.
+std::optional<Rewrite> pool_rewrite(const Graph& graph, const GraphIndex& index, size_t i) {
+  const Node& pool = graph.nodes[i];
+  if (!is_onnx_op(pool, "GlobalAveragePool") || pool.outputs.size() != 1 || pool.inputs.size() != 1)
+    return std::nullopt;
+  const Node* x = dequantize_of(graph, index, pool.inputs[0]);
+  if (x == nullptr || !per_tensor(graph, *x, mx::uint8)) return std::nullopt;
+  std::optional<size_t> q = sole_quantize(graph, index, pool.outputs[0]);
+  if (!q || scalar_initializer(graph, graph.nodes[*q].inputs[2])->dtype() != mx::uint8) return std::nullopt;
+  const Node& quantize = graph.nodes[*q];
+  Node r;
+  r.op_type = "QLinearGlobalAveragePool";
+  r.domain = "com.microsoft";
+  r.opset = 1;
+  r.name = pool.name.empty() ? quantize.outputs[0] : pool.name;
+  r.inputs = {x->inputs[0], x->inputs[1], x->inputs[2], quantize.inputs[1], quantize.inputs[2]};
+  r.outputs = quantize.outputs;
+  r.attributes = {int_attribute("channels_last", 0)};
+  return Rewrite{i, *q, std::move(r)};
+}
+
 // Removes DequantizeLinear nodes whose output nothing reads any more (the rewrites' operands), repeatedly
 // none: they read initializers or activations only.
 void drop_unread_dequantizes(Graph& graph) {
@@ -201,6 +292,8 @@ size_t qdq_as_qlinear(Graph& graph) {
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     std::optional<Rewrite> r = conv_rewrite(graph, index, i);
     if (!r) r = add_rewrite(graph, index, i);
+    if (!r) r = gemm_rewrite(graph, index, i);
+    if (!r) r = pool_rewrite(graph, index, i);
     if (!r || taken[r->quantize]) continue;
     taken[r->node] = taken[r->quantize] = true;
     rewrites.push_back(std::move(*r));

@@ -1,5 +1,6 @@
 // qdq_as_qlinear: the QDQ format's DequantizeLinear -> Conv -> QuantizeLinear and DequantizeLinear x 2 ->
-// Add -> QuantizeLinear become QLinearConv and QLinearAdd. The rewritten graph computes exactly what the
+// Add -> QuantizeLinear become QLinearConv and QLinearAdd (and a classifier's GlobalAveragePool and Gemm,
+// QLinearGlobalAveragePool and QGemm). The rewritten graph computes exactly what the
 // same network written with the integer operators (quantize_static's QOperator format) computes, and
 // stays within one quantization step of the QDQ graph (which rounds once more, in float32, between the
 // operators). Bias scales that are not x_scale * w_scale, int8 activations and float values read by
@@ -116,6 +117,68 @@ TEST(QdqAsQlinear, EqualsTheIntegerOperatorsAndStaysWithinAStepOfTheQdqGraph) {
     EXPECT_GT(mx::max(mx::astype(integer, mx::int32)).item<int32_t>() -
                   mx::min(mx::astype(integer, mx::int32)).item<int32_t>(),
               20);
+  }
+}
+
+// A QDQ CNN's classifier: DequantizeLinear -> GlobalAveragePool -> QuantizeLinear, then Gemm by a
+// per-channel int8 weight with an int32 bias -> QuantizeLinear. The rewrite (QLinearGlobalAveragePool,
+// QGemm) computes what those integer operators compute.
+GraphBuilder classifier(bool qdq) {
+  GraphBuilder b(17);
+  const mx::array w_scale = mx::random::uniform(0.002f, 0.01f, {10}, mx::float32, mx::random::key(15));
+  b.input("x", OnnxType::kUint8, {2, 16, 4, 4})
+      .initializer("x_scale", mx::array(0.05f))
+      .initializer("x_zero", mx::array(static_cast<uint8_t>(120)))
+      .initializer("p_scale", mx::array(0.02f))
+      .initializer("p_zero", mx::array(static_cast<uint8_t>(100)))
+      .initializer("w", random_integers({10, 16}, mx::int8, 16, -100, 100))
+      .initializer("w_scale", w_scale)
+      .initializer("w_zero", mx::zeros({10}, mx::int8))
+      .initializer("b", random_integers({10}, mx::int32, 17, -3000, 3000))
+      .initializer("b_scale", mx::multiply(mx::array(0.02f), w_scale))
+      .initializer("y_scale", mx::array(0.1f))
+      .initializer("y_zero", mx::array(static_cast<uint8_t>(128)));
+  if (qdq) {
+    b.node("DequantizeLinear", {"x", "x_scale", "x_zero"}, {"xf"})
+        .node("GlobalAveragePool", {"xf"}, {"pf"})
+        .node("QuantizeLinear", {"pf", "p_scale", "p_zero"}, {"p"})
+        .node("DequantizeLinear", {"p", "p_scale", "p_zero"}, {"pd"})
+        .node("Flatten", {"pd"}, {"ff"})
+        .node("QuantizeLinear", {"ff", "p_scale", "p_zero"}, {"f"})
+        .node("DequantizeLinear", {"f", "p_scale", "p_zero"}, {"fd"})
+        .node("DequantizeLinear", {"w", "w_scale", "w_zero"}, {"wf"}, {int_attr("axis", 0)})
+        .node("DequantizeLinear", {"b", "b_scale"}, {"bf"}, {int_attr("axis", 0)})
+        .node("Gemm", {"fd", "wf", "bf"}, {"yf"}, {int_attr("transB", 1)})
+        .node("QuantizeLinear", {"yf", "y_scale", "y_zero"}, {"y"});
+  } else {
+    b.domain_node("com.microsoft", 1, "QLinearGlobalAveragePool",
+                  {"x", "x_scale", "x_zero", "p_scale", "p_zero"}, {"p"}, {int_attr("channels_last", 0)})
+        .node("Flatten", {"p"}, {"f"})
+        .domain_node("com.microsoft", 1, "QGemm",
+                     {"f", "p_scale", "p_zero", "w", "w_scale", "w_zero", "b", "y_scale", "y_zero"}, {"y"},
+                     {int_attr("transB", 1)});
+  }
+  b.output("y");
+  return b;
+}
+
+TEST(QdqAsQlinear, ClassifierBecomesQLinearGlobalAveragePoolAndQGemm) {
+  Model rewritten = classifier(true).build();
+  Model qoperator = classifier(false).build({.run_passes = false});
+  if (kernels::integer_gemm_available()) {
+    EXPECT_EQ(count(rewritten, "Gemm"), 0u);
+    EXPECT_EQ(count(rewritten, "GlobalAveragePool"), 0u);
+    EXPECT_EQ(count(rewritten, "com.microsoft.QLinearGlobalAveragePool"), 1u);
+    EXPECT_EQ(count(rewritten, "ai.transmuter.QLinearConvNhwc"), 1u);  // the QGemm, as a 1x1 convolution
+  }
+  for (uint64_t seed : {1, 2}) {
+    const Inputs in = {{"x", Value(random_integers({2, 16, 4, 4}, mx::uint8, seed, 0, 256))}};
+    mx::array want = run(qoperator, qoperator.params(), in, {mx::Device::cpu}).tensor("y");
+    mx::array got = run(rewritten, rewritten.params(), in, {mx::Device::cpu}).tensor("y");
+    EXPECT_TRUE(mx::array_equal(got, want).item<bool>()) << "seed " << seed;
+    EXPECT_GT(mx::max(mx::astype(want, mx::int32)).item<int32_t>() -
+                  mx::min(mx::astype(want, mx::int32)).item<int32_t>(),
+              5);
   }
 }
 

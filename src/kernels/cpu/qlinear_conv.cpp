@@ -95,7 +95,7 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
 #if HWY_TARGET <= HWY_AVX3
   // AVX-512: clamped in float to the output's range less the zero point (as ONNX Runtime's requantization
   // clamps; the same as saturating after rounding, the bounds being integers), converted with vcvtps2dq
-  // (half to even), stored with vpmovdb: no overflow fix-ups and packs, as the portable form below needs.
+  // (half to even), narrowed with vpmovdb: no overflow fix-ups and packs, as the portable form below needs.
   static_assert(sizeof(hn::TFromD<D>) * hn::MaxLanes(D()) == 64, "16 float lanes");
   const auto low = hn::Set(d, static_cast<float>(a.y_min - a.y_zero));
   const auto high = hn::Set(d, static_cast<float>(a.y_max - a.y_zero));
@@ -104,8 +104,16 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
   for (int j = 0; j < kCols; ++j) {
     const __m512i sum = _mm512_add_epi32(_mm512_cvttps_epi32(acc[j].raw), bias.raw);
     const auto f = hn::Min(hn::Max(hn::Mul(hn::ConvertTo(d, hn::Vec<DI>{sum}), multiplier), low), high);
-    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(f.raw), y_zero);
-    _mm_mask_storeu_epi8(out_row + (ox0 + j) * C + c0, mask, _mm512_cvtepi32_epi8(q));
+    __m128i bytes = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f.raw), y_zero));
+    // vpmovdb into a register, then a store: its memory form (which the compiler would fuse) is slow on
+    // Zen 4.
+    asm("" : "+v"(bytes));
+    uint8_t* out = out_row + (ox0 + j) * C + c0;
+    if constexpr (kFull) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bytes);
+    } else {
+      _mm_mask_storeu_epi8(out, mask, bytes);
+    }
   }
 #else
   const auto y_zero = hn::Set(di, a.y_zero), y_min = hn::Set(di, a.y_min), y_max = hn::Set(di, a.y_max);
