@@ -76,6 +76,32 @@ void QuantizeDequantizeRange(const float* x, int64_t n, float scale, float zero,
   }
 }
 
+// y[i] = clip(round(x[i] / scale) + zero, low, high) for i in [0, n), as bytes (int8 when is_signed): in
+// float until the clip, so quotients far outside the range saturate instead of overflowing an integer.
+void QuantizePerTensorRange(const float* x, int64_t n, float scale, float zero, float low, float high,
+                            bool is_signed, uint8_t* y) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(di)> du8;
+  const hn::Rebind<int8_t, decltype(di)> di8;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto s = hn::Set(d, scale), z = hn::Set(d, zero), lo = hn::Set(d, low), hi = hn::Set(d, high);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto q =
+        hn::ConvertTo(di, hn::Min(hn::Max(hn::Add(hn::Round(hn::Div(hn::LoadU(d, x + i), s)), z), lo), hi));
+    if (is_signed) {
+      hn::StoreU(hn::DemoteTo(di8, q), di8, reinterpret_cast<int8_t*>(y + i));
+    } else {
+      hn::StoreU(hn::DemoteTo(du8, q), du8, y + i);
+    }
+  }
+  for (; i < n; ++i) {
+    const auto q = static_cast<int32_t>(std::clamp(std::nearbyint(x[i] / scale) + zero, low, high));
+    y[i] = static_cast<uint8_t>(q);  // two's complement bytes for int8
+  }
+}
+
 // y[i] = (float(x[i]) - zero) * scale for i in [0, n), x uint8 or int8.
 template <typename T>
 void DequantizeRangeOf(const T* x, int64_t n, float scale, float zero, float* y) {
@@ -200,6 +226,7 @@ namespace transmuter::kernels {
 HWY_EXPORT(RangeOf);
 HWY_EXPORT(QuantizeRange);
 HWY_EXPORT(QuantizeDequantizeRange);
+HWY_EXPORT(QuantizePerTensorRange);
 HWY_EXPORT(DequantizeRange);
 HWY_EXPORT(RequantizeRows);
 HWY_EXPORT(QLinearAddRange);
@@ -283,6 +310,36 @@ class QuantizeDequantizeKernel : public CpuKernel {
 
  private:
   float low_, high_;
+};
+
+// quantize_per_tensor's kernel: inputs x, scale, zero (float32 scalars, read in the task).
+class QuantizeKernel : public CpuKernel {
+ public:
+  using CpuKernel::CpuKernel;
+  const char* name() const override { return "transmuter::QuantizePerTensor"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const QuantizeKernel*>(&other) != nullptr;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const float* x = in[0].data<float>();
+    const float* scale = in[1].data<float>();
+    const float* zero = in[2].data<float>();
+    const int64_t n = static_cast<int64_t>(in[0].size());
+    const bool is_signed = out[0].dtype() == mx::int8;
+    auto* y = static_cast<uint8_t*>(static_cast<void*>(out[0].data<uint8_t>()));
+    return [x, scale, zero, n, is_signed, y] {
+      const float s = *scale, z = *zero;
+      const float low = is_signed ? -128.0f : 0.0f, high = is_signed ? 127.0f : 255.0f;
+      parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          HWY_DYNAMIC_DISPATCH(QuantizePerTensorRange)
+          (x + c * kChunk, std::min(kChunk, n - c * kChunk), s, z, low, high, is_signed, y + c * kChunk);
+        }
+      });
+    };
+  }
 };
 
 mx::array quantize_dequantize_reference(const mx::array& x, const mx::array& scale, const mx::array& zero,
@@ -471,6 +528,27 @@ mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::
         return std::make_shared<RequantizeKernel>(kernel_stream, reference, type == mx::int8);
       },
       reference, inputs, {v.shape()}, {then ? mx::float32 : type}, stream)[0];
+}
+
+mx::array quantize_per_tensor(const mx::array& x, const mx::array& scale, const mx::array& zero,
+                              mx::Dtype type, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  const bool is_signed = type == mx::int8;
+  Reference reference = [type, is_signed, stream](const std::vector<mx::array>& in) {
+    mx::array q = mx::add(mx::round(mx::divide(in[0], in[1], stream), 0, stream), in[2], stream);
+    q = mx::clip(q, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f), stream);
+    return std::vector<mx::array>{mx::astype(q, type, stream)};
+  };
+  if (type != mx::uint8 && type != mx::int8)
+    throw std::invalid_argument("quantize_per_tensor: the output must be uint8 or int8");
+  const bool scalars =
+      scale.size() == 1 && zero.size() == 1 && scale.dtype() == mx::float32 && zero.dtype() == mx::float32;
+  const std::vector<mx::array> inputs = {x, mx::reshape(scale, {}, stream), mx::reshape(zero, {}, stream)};
+  if (!is_cpu_stream(stream) || x.dtype() != mx::float32 || x.size() == 0 || !scalars)
+    return reference(inputs)[0];
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) { return std::make_shared<QuantizeKernel>(kernel_stream, reference); },
+      reference, inputs, {x.shape()}, {type}, stream)[0];
 }
 
 mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,

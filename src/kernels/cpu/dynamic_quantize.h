@@ -39,6 +39,13 @@ std::vector<mx::array> dynamic_quantize_linear_reference(const mx::array& x, mx:
 mx::array quantize_dequantize(const mx::array& x, const mx::array& scale, const mx::array& zero, float low,
                               float high, mx::StreamOrDevice s = {});
 
+/** QuantizeLinear with one scale and zero point (float32 scalars, the zero holding an integer) to uint8 or
+ * int8 `type`: y = clip(round(x / scale) + zero) (round half to even), one pass over float32 x instead of
+ * MLX's five (a division, a rounding, an addition, a clip and a cast; the same bytes). Other inputs and
+ * streams: that composition. */
+mx::array quantize_per_tensor(const mx::array& x, const mx::array& scale, const mx::array& zero,
+                              mx::Dtype type, mx::StreamOrDevice s = {});
+
 /** DequantizeLinear with one scale and zero point: y = (float(x) - zero) * scale, float32, from uint8 or
  * int8 x, one pass (MLX: a cast, a subtraction, a multiplication). Other inputs: the MLX composition. */
 mx::array dequantize_per_tensor(const mx::array& x, const mx::array& scale, const mx::array& zero,

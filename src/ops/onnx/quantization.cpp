@@ -202,6 +202,13 @@ OpOutputs quantize_linear(NodeContext& ctx) {
     zp = broadcast_param(ctx, z, x, g, "y_zero_point");
   }
   const bool saturate = ctx.attr_int("saturate", 1) != 0;
+  // One float32 scale and zero point to 8 bits (a quantized CNN's input): one kernel pass, the same bytes.
+  if ((type == OnnxType::kUint8 || type == OnnxType::kInt8) && g.block_size == 0 &&
+      x.dtype() == mx::float32 && scale.dtype() == mx::float32 && scale.size() == 1 && zp &&
+      zp->size() == 1 && division_dtype(ctx, scale) == mx::float32) {
+    return {kernels::quantize_per_tensor(x, scale, mx::astype(*zp, mx::float32, ctx.stream()),
+                                         storage_of(ctx, type, "output type"), ctx.stream())};
+  }
   return {typed(quantize(ctx, x, scale_b, zp, type, saturate), type)};
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +64,33 @@ TEST(QuantizeDequantizeKernel, EqualsTheOperatorsComposition) {
     mx::array got = quantize_dequantize(ties, mx::array(0.5f), mx::array(zero), low, high, mx::Device::cpu);
     EXPECT_TRUE(mx::array_equal(got, composition(ties, 0.5f, zero, type)).item<bool>());
   }
+}
+
+// QuantizeLinear per tensor in one pass: ONNX's composition's bytes (x / scale rounded half to even,
+// shifted, saturated) for uint8 and int8, sizes around the vectors and chunks, ties and far-out values.
+TEST(QuantizePerTensorKernel, EqualsTheOperatorsComposition) {
+  auto composition = [](const mx::array& x, float scale, float zero, mx::Dtype type) {
+    mx::array q = mx::add(mx::round(mx::divide(x, mx::array(scale)), 0), mx::array(zero));
+    const bool is_signed = type == mx::int8;
+    return mx::astype(
+        mx::clip(q, mx::array(is_signed ? -128.0f : 0.0f), mx::array(is_signed ? 127.0f : 255.0f)), type);
+  };
+  std::vector<float> special = {0.25f, 0.75f,  -0.25f, -0.75f, 1e6f,  -1e6f,
+                                3e38f, -3e38f, 0.0f,   -0.0f,  63.75f};
+  for (auto [type, zero] : {std::pair{mx::uint8, 128.0f}, std::pair{mx::int8, -3.0f}}) {
+    for (int n : {1, 15, 17, 1000, 70001}) {
+      mx::array x = testing::random_array({n}, static_cast<uint64_t>(n) + 7, 10.0f);
+      mx::array got = quantize_per_tensor(x, mx::array(0.05f), mx::array(zero), type, mx::Device::cpu);
+      ASSERT_EQ(got.dtype(), type);
+      EXPECT_TRUE(mx::array_equal(got, composition(x, 0.05f, zero, type)).item<bool>()) << n;
+    }
+    mx::array ties(special.data(), {static_cast<int>(special.size())});
+    mx::array got = quantize_per_tensor(ties, mx::array(0.5f), mx::array(zero), type, mx::Device::cpu);
+    EXPECT_TRUE(mx::array_equal(got, composition(ties, 0.5f, zero, type)).item<bool>());
+  }
+  EXPECT_THROW(
+      quantize_per_tensor(mx::array({1.0f}), mx::array(0.5f), mx::array(0.0f), mx::int32, mx::Device::cpu),
+      std::invalid_argument);
 }
 
 // An input nothing else holds (a convolution's output in a model) is rounded in place: the result takes its
