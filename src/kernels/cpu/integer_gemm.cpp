@@ -105,15 +105,12 @@ HWY_INLINE void RequantizePanel(const IntegerGemmArgs& g, const VI (&acc)[R][2],
   }
 }
 
-// y[row .. row + R, panel p's columns]: the raw products over the packed quads, then the zero points
-// through the row sums of A and the column sums of B'.
+// acc[r][h] = the raw products of row row + r with panel p's columns h * 16 .. over the packed quads.
 template <int R>
-HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const int32_t* row_sums) {
+HWY_INLINE void IntProducts(const IntegerGemmArgs& g, int64_t row, int64_t p, VI (&acc)[R][2]) {
   const DI di;
   const DU8 du8;
   const DI8 di8;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));  // 16: two vectors make a panel
-  VI acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(di);
   const int64_t quads = (g.k + 3) / 4;
   const int8_t* b = g.packed + p * quads * kIntQuadBytes;
@@ -129,12 +126,31 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
       acc[r][1] = DotBytes(acc[r][1], a4, b1);
     }
   }
+}
+
+// y_quant[row .. row + R, panel p's columns]: the products, then the requantizing epilogue. Apart from
+// IntTile: there the other epilogues index the accumulators by a run-time vector, which kept them in
+// memory (stored after the products, reloaded by the epilogue) for this one too.
+template <int R>
+HWY_INLINE void IntTileQuantized(const IntegerGemmArgs& g, int64_t row, int64_t p, const int32_t* row_sums) {
+  const DI di;
+  VI acc[R][2];
+  IntProducts<R>(g, row, p, acc);
   const VI za = hn::Set(di, g.a_zero);
   const VI k_za = hn::Set(di, static_cast<int32_t>(g.k) * g.a_zero);
-  if (g.y_quant != nullptr) {
-    RequantizePanel<R>(g, acc, row, p * kIntPanelColumns, za, k_za, row_sums);
-    return;
-  }
+  RequantizePanel<R>(g, acc, row, p * kIntPanelColumns, za, k_za, row_sums);
+}
+
+// y or y_float [row .. row + R, panel p's columns]: the products, then the zero points through the row
+// sums of A and the column sums of B', then the float epilogue if any.
+template <int R>
+HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const int32_t* row_sums) {
+  const DI di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));  // 16: two vectors make a panel
+  VI acc[R][2];
+  IntProducts<R>(g, row, p, acc);
+  const VI za = hn::Set(di, g.a_zero);
+  const VI k_za = hn::Set(di, static_cast<int32_t>(g.k) * g.a_zero);
   for (int h = 0; h < 2; ++h) {
     const int64_t col0 = p * kIntPanelColumns + h * lanes;
     if (col0 >= g.n) break;
@@ -173,21 +189,57 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
   }
 }
 
-// Rows [row0, row0 + rows) x panels [panel0, panel0 + panels): one task.
-void IntegerGemmBlock(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
+// The tiles of rows [row0, row0 + rows) x panels [panel0, panel0 + panels), 6 rows at a time.
+template <template <int> class Tile>
+HWY_INLINE void Tiles(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
   for (int64_t row = row0; row < row0 + rows; row += kIntTileRows) {
     const int64_t tile = std::min(kIntTileRows, row0 + rows - row);
     const int32_t* row_sums = g.row_sums + row;
     for (int64_t p = panel0; p < panel0 + panels; ++p) {
       switch (tile) {
-        case 6: IntTile<6>(g, row, p, row_sums); break;
-        case 5: IntTile<5>(g, row, p, row_sums); break;
-        case 4: IntTile<4>(g, row, p, row_sums); break;
-        case 3: IntTile<3>(g, row, p, row_sums); break;
-        case 2: IntTile<2>(g, row, p, row_sums); break;
-        default: IntTile<1>(g, row, p, row_sums); break;
+        case 6:
+          Tile<6>::Run(g, row, p, row_sums);
+          break;
+        case 5:
+          Tile<5>::Run(g, row, p, row_sums);
+          break;
+        case 4:
+          Tile<4>::Run(g, row, p, row_sums);
+          break;
+        case 3:
+          Tile<3>::Run(g, row, p, row_sums);
+          break;
+        case 2:
+          Tile<2>::Run(g, row, p, row_sums);
+          break;
+        default:
+          Tile<1>::Run(g, row, p, row_sums);
+          break;
       }
     }
+  }
+}
+
+template <int R>
+struct QuantizedTile {
+  static HWY_INLINE void Run(const IntegerGemmArgs& g, int64_t row, int64_t p, const int32_t* s) {
+    IntTileQuantized<R>(g, row, p, s);
+  }
+};
+
+template <int R>
+struct OtherTile {
+  static HWY_INLINE void Run(const IntegerGemmArgs& g, int64_t row, int64_t p, const int32_t* s) {
+    IntTile<R>(g, row, p, s);
+  }
+};
+
+// Rows [row0, row0 + rows) x panels [panel0, panel0 + panels): one task.
+void IntegerGemmBlock(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
+  if (g.y_quant != nullptr) {
+    Tiles<QuantizedTile>(g, row0, rows, panel0, panels);
+  } else {
+    Tiles<OtherTile>(g, row0, rows, panel0, panels);
   }
 }
 // sums[i] = sum_k a[i, k] for rows [row0, row0 + rows) (bytes summed eight at a time).
