@@ -169,15 +169,20 @@ ConvOperands conv_operands(const Graph& graph, const Node& q) {
           *stored_input(graph, q, kWScale), *stored_input(graph, q, kYScale)};
 }
 
-Node qlinear_conv_nhwc_node(const Node& q, const QConvMatch& m, const Prepared& p, const std::string& x,
-                            const std::string& y, int64_t out_channels) {
+// The node's byte operands beside the prepared ones: x's and y's zero points, the int32 bias ("" for none).
+struct ByteOperands {
+  std::string x, x_zero, y_zero, bias;
+};
+
+Node qlinear_conv_nhwc_node(const std::string& base, const QConvMatch& m, const Prepared& p,
+                            const ByteOperands& b, const std::string& y, int64_t out_channels) {
   Node n;
   n.op_type = "QLinearConvNhwc";
   n.domain = kDomain;
   n.opset = 1;
-  n.name = (q.name.empty() ? q.outputs[0] : q.name) + "/nhwc";
-  n.inputs = {x, q.inputs[kXZero], p.weight, p.column_sums, p.column_zeros, p.multiplier, q.inputs[kYZero]};
-  if (has_input(q, kBias)) n.inputs.push_back(q.inputs[kBias]);
+  n.name = base + "/nhwc";
+  n.inputs = {b.x, b.x_zero, p.weight, p.column_sums, p.column_zeros, p.multiplier, b.y_zero};
+  if (!b.bias.empty()) n.inputs.push_back(b.bias);
   n.outputs = {y};
   n.attributes.push_back(ints_attribute("kernel_shape", m.kernel));
   n.attributes.push_back(ints_attribute("strides", m.strides));
@@ -256,14 +261,12 @@ std::vector<Node> qgemm_as_convolution(Graph& graph, ValueNames& names, const No
   const QConvMatch m{false, {1, 1}, {1, 1}, {0, 0, 0, 0}, {1, 1}};
   const std::string x = names.fresh(q.inputs[kA] + "/rows_nhwc");
   const std::string y = names.fresh(q.outputs[0] + "/rows_nhwc");
-  Node conv = qlinear_conv_nhwc_node(q, m, p, x, y, n);
-  conv.inputs[1] = q.inputs[kAZero];
-  conv.inputs[6] = q.inputs[kGemmYZero];
-  conv.inputs.resize(7);
-  if (has_input(q, kC)) {
-    conv.inputs.push_back(
-        constant("/bias", mx::broadcast_to(mx::reshape(*stored_input(graph, q, kC), {-1}, cpu), {n}, cpu)));
-  }
+  // C (one value or [N]) as the convolution's bias [N].
+  const std::string bias =
+      has_input(q, kC)
+          ? constant("/bias", mx::broadcast_to(mx::reshape(*stored_input(graph, q, kC), {-1}, cpu), {n}, cpu))
+          : std::string();
+  Node conv = qlinear_conv_nhwc_node(base, m, p, {x, q.inputs[kAZero], q.inputs[kGemmYZero], bias}, y, n);
   return {reshape(q.inputs[kA], x, {-1, 1, 1, k}), std::move(conv), reshape(y, q.outputs[0], {-1, n})};
 }
 
@@ -306,7 +309,10 @@ size_t qlinear_convs_nhwc(Graph& graph) {
       nodes.push_back(transpose_node(node.inputs[kX], x, {0, 2, 3, 1}, opset));
     }
     const std::string y = names.fresh(node.outputs[0] + "/nhwc");
-    nodes.push_back(qlinear_conv_nhwc_node(node, *m, p, x, y, out_channels));
+    const ByteOperands bytes{x, node.inputs[kXZero], node.inputs[kYZero],
+                             has_input(node, kBias) ? node.inputs[kBias] : std::string()};
+    nodes.push_back(qlinear_conv_nhwc_node(node.name.empty() ? node.outputs[0] : node.name, *m, p, bytes, y,
+                                           out_channels));
     nodes.push_back(transpose_node(y, node.outputs[0], {0, 3, 1, 2}, opset));
     ++converted;
   }
