@@ -133,6 +133,22 @@ void drop_weight(Graph& graph, const std::string& name) {
   if (!release_if_file_backed(bytes)) mx::clear_cache();
 }
 
+void drop_unread_weights(Graph& graph, const std::vector<std::string>& names) {
+  const GraphIndex index(graph);
+  for (const std::string& name : names) {
+    if (graph.initializers.contains(name) && index.consumers(name).empty() && !index.is_graph_output(name))
+      drop_weight(graph, name);
+  }
+}
+
+std::string add_initializer(Graph& graph, ValueNames& names, const std::string& base, mx::array value) {
+  mx::eval(value);
+  const std::string name = fresh_initializer_name(graph, base);
+  names.reserve(name);
+  graph.initializers[name] = Value(std::move(value));
+  return name;
+}
+
 Attribute int_attribute(const std::string& name, int64_t value) {
   Attribute a;
   a.name = name;

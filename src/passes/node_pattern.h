@@ -100,6 +100,14 @@ class ValueNames {
  * cleared so the next preparation does not hold both). */
 void drop_weight(Graph& graph, const std::string& name);
 
+/** drop_weight of each of `names` that is still an initializer and that no node reads and no graph output
+ * names any more (the weights a pass replaced by prepared copies). */
+void drop_unread_weights(Graph& graph, const std::vector<std::string>& names);
+
+/** Evaluates `value` and stores it as a new initializer named fresh_initializer_name(base), reserved in
+ * `names`; returns the name. */
+std::string add_initializer(Graph& graph, ValueNames& names, const std::string& base, mx::array value);
+
 /** True for `op_type` of the default ONNX domain. */
 bool is_onnx_op(const Node& node, std::string_view op_type);
 

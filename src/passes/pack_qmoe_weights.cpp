@@ -216,13 +216,7 @@ size_t pack_qmoe_weights(Graph& graph) {
     ++count;
   }
   if (count == 0) return 0;
-  // The stored weights go once no node reads them (giving their file pages back).
-  const GraphIndex rewritten(graph);
-  for (const std::string& name : replaced) {
-    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() &&
-        !rewritten.is_graph_output(name))
-      drop_weight(graph, name);
-  }
+  drop_unread_weights(graph, replaced);  // the stored weights, giving their file pages back
   import_domain(graph, kDomain, 1);
   return count;
 }

@@ -85,11 +85,7 @@ std::vector<Node> float_convolution(Graph& graph, ValueNames& names, const Node&
   const std::string base = q.name.empty() ? q.outputs[0] : q.name;
   const int opset = static_cast<int>(graph.opsets.at(""));
   auto constant = [&](const std::string& suffix, mx::array value) {
-    mx::eval(value);
-    const std::string name = fresh_initializer_name(graph, base + suffix);
-    names.reserve(name);
-    graph.initializers[name] = Value(value);
-    return name;
+    return add_initializer(graph, names, base + suffix, std::move(value));
   };
   auto node = [&](const std::string& op, std::vector<std::string> inputs, const std::string& output) {
     Node n;
@@ -164,13 +160,7 @@ size_t qlinear_conv_as_conv(Graph& graph) {
     nodes.push_back(std::move(graph.nodes[i]));
   }
   graph.nodes = std::move(nodes);
-  // The integer weights go once nothing reads them.
-  const GraphIndex rewritten(graph);
-  for (const std::string& name : replaced) {
-    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() &&
-        !rewritten.is_graph_output(name))
-      drop_weight(graph, name);
-  }
+  drop_unread_weights(graph, replaced);  // the integer weights, once nothing reads them
   return matches.size();
 }
 

@@ -135,11 +135,7 @@ struct ConvOperands {
 Prepared prepare(Graph& graph, ValueNames& names, const std::string& base, const ConvOperands& c,
                  bool depthwise) {
   auto constant = [&](const std::string& suffix, mx::array value) {
-    mx::eval(value);
-    const std::string name = fresh_initializer_name(graph, base + suffix);
-    names.reserve(name);
-    graph.initializers[name] = Value(value);
-    return name;
+    return add_initializer(graph, names, base + suffix, std::move(value));
   };
   std::optional<mx::array> w_zero;
   if (c.w_zero) w_zero = c.w_zero->size() == 1 ? mx::reshape(*c.w_zero, {}) : mx::reshape(*c.w_zero, {-1});
@@ -242,11 +238,7 @@ std::vector<Node> qgemm_as_convolution(Graph& graph, ValueNames& names, const No
                               *stored_input(graph, q, kGemmYScale)};
   const Prepared p = prepare(graph, names, base, operands, false);
   auto constant = [&](const std::string& suffix, mx::array value) {
-    mx::eval(value);
-    const std::string name = fresh_initializer_name(graph, base + suffix);
-    names.reserve(name);
-    graph.initializers[name] = Value(value);
-    return name;
+    return add_initializer(graph, names, base + suffix, std::move(value));
   };
   auto reshape = [&](const std::string& input, const std::string& output, std::vector<int64_t> shape) {
     Node r;
@@ -318,13 +310,7 @@ size_t qlinear_convs_nhwc(Graph& graph) {
   }
   graph.nodes = std::move(nodes);
   if (converted == 0) return 0;
-  // The 8-bit weights go once nothing reads them.
-  const GraphIndex rewritten(graph);
-  for (const std::string& name : replaced) {
-    if (graph.initializers.contains(name) && rewritten.consumers(name).empty() &&
-        !rewritten.is_graph_output(name))
-      drop_weight(graph, name);
-  }
+  drop_unread_weights(graph, replaced);  // the 8-bit weights, once nothing reads them
   import_domain(graph, kDomain, 1);
   return converted;
 }

@@ -16,6 +16,7 @@
 #include "kernels/cpu/integer_gemm.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
+#include "support/qoperator_convs.h"
 #include "transmuter/runtime.h"
 
 namespace transmuter {
@@ -25,11 +26,7 @@ using testing::float_attr;
 using testing::GraphBuilder;
 using testing::int_attr;
 using testing::ints_attr;
-
-mx::array random_integers(mx::Shape shape, mx::Dtype dtype, uint64_t seed, int lo = -128, int hi = 128) {
-  if (dtype == mx::uint8) lo = std::max(lo, 0), hi = std::min(hi, 256);
-  return mx::astype(mx::random::randint(lo, hi, shape, mx::int32, mx::random::key(seed)), dtype);
-}
+using testing::random_integers;
 
 bool applied(const Model& model, const std::string& pass) {
   const auto& passes = model.passes_applied();
@@ -62,71 +59,17 @@ void expect_same_bytes(const GraphBuilder& b, const mx::Shape& x_shape, mx::Dtyp
   }
 }
 
-struct Layer {
-  int out_channels, kernel, group, stride;
-  bool per_channel, bias;
-};
-
-// x (uint8 [1, 3, 12, 12]) -> QLinearConv per layer -> y, as quantize_static's QOperator format chains them.
-GraphBuilder qoperator_convs(const std::vector<Layer>& layers, mx::Dtype weight_type) {
-  GraphBuilder b(13);
-  b.input("x", OnnxType::kUint8, {1, 3, 12, 12})
-      .initializer("act_scale", mx::array(0.05f))
-      .initializer("act_zero", mx::array(static_cast<uint8_t>(120)))
-      .initializer("out_scale", mx::array(0.08f))
-      .initializer("out_zero", mx::array(static_cast<uint8_t>(131)));
-  std::string x = "x";
-  int channels = 3;
-  uint64_t seed = 10;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const Layer& l = layers[i];
-    const std::string p = "l" + std::to_string(i);
-    const int per = l.per_channel ? l.out_channels : 1;
-    b.initializer(p + "_w", random_integers({l.out_channels, channels / l.group, l.kernel, l.kernel},
-                                            weight_type, seed++, weight_type == mx::uint8 ? 64 : -64,
-                                            weight_type == mx::uint8 ? 192 : 64))
-        .initializer(p + "_w_scale",
-                     mx::random::uniform(0.002f, 0.01f, l.per_channel ? mx::Shape{per} : mx::Shape{},
-                                         mx::float32, mx::random::key(seed++)))
-        .initializer(
-            p + "_w_zero",
-            weight_type == mx::uint8
-                ? random_integers(l.per_channel ? mx::Shape{per} : mx::Shape{}, weight_type, seed++, 123, 133)
-                : random_integers(l.per_channel ? mx::Shape{per} : mx::Shape{}, weight_type, seed++, -5, 5));
-    std::vector<std::string> inputs = {x,
-                                       "act_scale",
-                                       "act_zero",
-                                       p + "_w",
-                                       p + "_w_scale",
-                                       p + "_w_zero",
-                                       i + 1 == layers.size() ? "out_scale" : "act_scale",
-                                       i + 1 == layers.size() ? "out_zero" : "act_zero"};
-    if (l.bias) {
-      b.initializer(p + "_b", random_integers({l.out_channels}, mx::int32, seed++, -2000, 2000));
-      inputs.push_back(p + "_b");
-    }
-    const int pad = l.kernel / 2;
-    b.node("QLinearConv", inputs, {p + "_y"},
-           {int_attr("group", l.group), ints_attr("strides", {l.stride, l.stride}),
-            ints_attr("pads", {pad, pad, pad, pad}), ints_attr("kernel_shape", {l.kernel, l.kernel})});
-    x = p + "_y";
-    channels = l.out_channels;
-  }
-  b.output(x);
-  return b;
-}
-
 TEST(QlinearConvsNhwc, IntegerKernelsGiveTheOperatorsBytes) {
   // A stem over RGB (stride 2), a depthwise 3x3, a pointwise 1x1 per channel, a grouped strided conv (float
   // path), a last pointwise with a per-tensor weight scale.
-  const std::vector<Layer> layers = {{16, 3, 1, 2, false, true},
-                                     {16, 3, 16, 1, true, true},
-                                     {24, 1, 1, 1, true, false},
-                                     {24, 3, 4, 2, true, true},
-                                     {12, 1, 1, 1, false, true}};
+  const std::vector<testing::QConvLayer> layers = {{16, 3, 1, 2, false, true},
+                                                   {16, 3, 16, 1, true, true},
+                                                   {24, 1, 1, 1, true, false},
+                                                   {24, 3, 4, 2, true, true},
+                                                   {12, 1, 1, 1, false, true}};
   for (mx::Dtype weight_type : {mx::int8, mx::uint8}) {
     SCOPED_TRACE(weight_type == mx::int8 ? "int8 weights" : "uint8 weights");
-    const GraphBuilder b = qoperator_convs(layers, weight_type);
+    const GraphBuilder b = testing::qoperator_convs(layers, weight_type, 3, 12);
     expect_same_bytes(b, {1, 3, 12, 12}, mx::uint8, "l4_y");
     if (!kernels::integer_gemm_available()) continue;
     Model converted = b.build();
@@ -141,34 +84,7 @@ TEST(QlinearConvsNhwc, IntegerKernelsGiveTheOperatorsBytes) {
 // A shortcut QLinearAdd of two convolutions' outputs, then QLinearGlobalAveragePool: the transposes left
 // are x's into the two convolutions (one copy, shared) and the pooled [1, 1, 1, C] back to [1, C, 1, 1].
 TEST(QlinearConvsNhwc, QLinearAddAndGlobalPoolStayChannelsLast) {
-  GraphBuilder b(13);
-  b.input("x", OnnxType::kUint8, {1, 8, 10, 10})
-      .initializer("act_scale", mx::array(0.05f))
-      .initializer("act_zero", mx::array(static_cast<uint8_t>(120)))
-      .initializer("conv_scale", mx::array(0.08f))
-      .initializer("conv_zero", mx::array(static_cast<uint8_t>(131)))
-      .initializer("sum_scale", mx::array(0.1f))
-      .initializer("sum_zero", mx::array(static_cast<uint8_t>(125)))
-      .initializer("pool_scale", mx::array(0.03f))
-      .initializer("pool_zero", mx::array(static_cast<uint8_t>(110)))
-      .initializer("w", random_integers({8, 8, 3, 3}, mx::int8, 70, -64, 64))
-      .initializer("w_scale", mx::random::uniform(0.002f, 0.01f, {8}, mx::float32, mx::random::key(71)))
-      .initializer("w_zero", random_integers({8}, mx::int8, 72, -5, 5))
-      .initializer("s", random_integers({8, 8, 1, 1}, mx::int8, 73, -64, 64))
-      .initializer("s_scale", mx::array(0.004f))
-      .initializer("s_zero", mx::array(static_cast<int8_t>(0)))
-      .node("QLinearConv",
-            {"x", "act_scale", "act_zero", "w", "w_scale", "w_zero", "conv_scale", "conv_zero"}, {"conv"},
-            {ints_attr("pads", {1, 1, 1, 1}), ints_attr("kernel_shape", {3, 3})})
-      .node("QLinearConv",
-            {"x", "act_scale", "act_zero", "s", "s_scale", "s_zero", "conv_scale", "conv_zero"}, {"shortcut"})
-      .domain_node(
-          "com.microsoft", 1, "QLinearAdd",
-          {"conv", "conv_scale", "conv_zero", "shortcut", "conv_scale", "conv_zero", "sum_scale", "sum_zero"},
-          {"sum"})
-      .domain_node("com.microsoft", 1, "QLinearGlobalAveragePool",
-                   {"sum", "sum_scale", "sum_zero", "pool_scale", "pool_zero"}, {"pooled"})
-      .output("pooled");
+  const GraphBuilder b = testing::qoperator_shortcut_and_pool();
   expect_same_bytes(b, {1, 8, 10, 10}, mx::uint8, "pooled");
   if (!kernels::integer_gemm_available()) return;
   Model converted = b.build();

@@ -326,6 +326,18 @@ void depthwise_row_from(const NhwcConvArgs& a, const float* const* input_rows, f
   HWY_DYNAMIC_DISPATCH(DepthwiseRowFrom)(a, input_rows, out_row);
 }
 
+NhwcConvArgs nhwc_conv_args_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y) {
+  const bool channels_first = o.channels_first_input;
+  NhwcConvArgs a =
+      nhwc_conv_geometry(o, x.shape(0), x.shape(channels_first ? 2 : 1), x.shape(channels_first ? 3 : 2),
+                         x.shape(channels_first ? 1 : 3), y.shape(1), y.shape(2), y.shape(3));
+  if (channels_first) {
+    a.channels_first = true;
+    a.x_stride_c = a.in_h * a.in_w, a.x_stride_h = a.in_w, a.x_stride_w = 1;
+  }
+  return a;
+}
+
 namespace {
 
 // Copies n floats. Windows over few channels copy a few floats at a time
@@ -521,17 +533,6 @@ void run_depthwise_nhwc(const NhwcConvArgs& a) {
   });
 }
 
-NhwcConvArgs args_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y) {
-  const bool channels_first = o.channels_first_input;
-  NhwcConvArgs a =
-      nhwc_conv_geometry(o, x.shape(0), x.shape(channels_first ? 2 : 1), x.shape(channels_first ? 3 : 2),
-                         x.shape(channels_first ? 1 : 3), y.shape(1), y.shape(2), y.shape(3));
-  if (channels_first) {
-    a.channels_first = true;
-    a.x_stride_c = a.in_h * a.in_w, a.x_stride_h = a.in_w, a.x_stride_w = 1;
-  }
-  return a;
-}
 
 class NhwcConvKernel : public CpuKernel {
  public:
@@ -553,7 +554,7 @@ class NhwcConvKernel : public CpuKernel {
 
  protected:
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
-    NhwcConvArgs a = args_of(options_, in[0], out[0]);
+    NhwcConvArgs a = nhwc_conv_args_of(options_, in[0], out[0]);
     a.x = in[0].data<float>();
     a.w = in[1].data<float>();
     if (!depthwise_) a.panel_width = in[1].shape(2);

@@ -41,6 +41,10 @@ struct NhwcConvArgs {
 NhwcConvArgs nhwc_conv_geometry(const NhwcConvOptions& o, int64_t batch, int64_t in_h, int64_t in_w,
                                 int64_t channels, int64_t out_h, int64_t out_w, int64_t out_channels);
 
+/** The geometry of a call of `o` over x [N, H, W, C] (or [N, C, H, W] with o.channels_first_input, its
+ * strides set for that layout) into y [N, oH, oW, M]; the pointers null. */
+NhwcConvArgs nhwc_conv_args_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y);
+
 /** One output row of the depthwise convolution `a` (a.w [kH, kW, C], a.bias,
  * a.activation; a.x and a.y unused): input_rows[ky] is the input row [in_w,
  * C] under kernel row ky, or null where that row lies in the padding; writes

@@ -413,18 +413,6 @@ void run_qlinear_depthwise(QLinearDepthwiseArgs a) {
 
 // ---- the kernel ----
 
-// The geometry of a call over x [N, H, W, C] (or [N, C, H, W] with channels_first_input) into y.
-NhwcConvArgs geometry_of(const NhwcConvOptions& o, const mx::array& x, const mx::array& y) {
-  const bool first = o.channels_first_input;
-  NhwcConvArgs a = nhwc_conv_geometry(o, x.shape(0), x.shape(first ? 2 : 1), x.shape(first ? 3 : 2),
-                                      x.shape(first ? 1 : 3), y.shape(1), y.shape(2), y.shape(3));
-  if (first) {
-    a.channels_first = true;
-    a.x_stride_c = a.in_h * a.in_w, a.x_stride_h = a.in_w, a.x_stride_w = 1;
-  }
-  return a;
-}
-
 // Inputs: x, x_zero, then group 1: packed, column sums, column zeros; depthwise: w; then multiplier,
 // y_zero, [bias].
 class QLinearConvKernel : public CpuKernel {
@@ -448,7 +436,7 @@ class QLinearConvKernel : public CpuKernel {
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
     const mx::array& x = in[0];
     const mx::array& y = out[0];
-    NhwcConvArgs geometry = geometry_of(options_, x, y);
+    NhwcConvArgs geometry = nhwc_conv_args_of(options_, x, y);
     const uint8_t* x_data = x.data<uint8_t>();
     // Zero points are read in the task: inputs are computed by then, not when it is made.
     const uint8_t* x_zero = in[1].data<uint8_t>();
