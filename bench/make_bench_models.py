@@ -27,7 +27,8 @@ what a PyTorch (opset 17) export produces, so the same patterns reach Transmuter
   minilm_l6_int8  minilm_l6 through ONNX Runtime's quantize_dynamic (int8 weights), as the Hub's
            `model_quantized.onnx` exports are made.
   mobilenetv2_int8_qdq, mobilenetv2_int8_qoperator  mobilenetv2 through ONNX Runtime's
-           quantize_static (QDQ and QOperator formats), as its tools write an int8 CNN.
+           quantize_static (QDQ and QOperator formats, uint8 activations), as its tools write an int8 CNN;
+  mobilenetv2_int8_s8_qdq  the same with quantize_static's defaults (QDQ, int8 activations).
 
     .venv/bin/python bench/make_bench_models.py [NAME ...] [--out-dir .cache/bench-models]
 Writes <out-dir>/<NAME>.onnx (skips existing files unless --force); prints the paths.
@@ -345,10 +346,11 @@ def dynamic_int8(float_model: str):
         return onnx.load(str(target))
 
 
-def static_int8(float_model: str, quant_format: str):
+def static_int8(float_model: str, quant_format: str, activations: str = "QUInt8"):
     """ONNX Runtime's quantize_static of an image bench model, in the QDQ or QOperator format (uint8
-    activations, int8 per-channel weights, calibrated on 4 seeded random batch-1 images): what ORT's
-    tools write for an int8 CNN (QuantizeLinear/DequantizeLinear pairs around float ops, or QLinearConv)."""
+    activations, or `activations` "QInt8" as quantize_static's defaults; int8 per-channel weights,
+    calibrated on 4 seeded random batch-1 images): what ORT's tools write for an int8 CNN
+    (QuantizeLinear/DequantizeLinear pairs around float ops, or QLinearConv)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     import tempfile
 
@@ -367,7 +369,8 @@ def static_int8(float_model: str, quant_format: str):
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(tmp) / "quantized.onnx"
         quantize_static(str(source), str(target), SeededImages(), quant_format=getattr(QuantFormat, quant_format),
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
+                        activation_type=getattr(QuantType, activations), weight_type=QuantType.QInt8,
+                        per_channel=True)
         return onnx.load(str(target))
 
 
@@ -381,6 +384,7 @@ MODELS = {
     "mobilenetv2": mobilenetv2,
     "mobilenetv2_int8_qdq": lambda: static_int8("mobilenetv2", "QDQ"),
     "mobilenetv2_int8_qoperator": lambda: static_int8("mobilenetv2", "QOperator"),
+    "mobilenetv2_int8_s8_qdq": lambda: static_int8("mobilenetv2", "QDQ", "QInt8"),
     "pplcnet_cls": lambda: pplcnet("cls"),
     "pplcnet_rec": lambda: pplcnet("rec"),
     "convnext_atto": convnext,

@@ -88,6 +88,7 @@ CASES = [
     *image_cases("mobilenetv2", "cnn", [1, 8], quick_batches=[1]),
     *image_cases("mobilenetv2_int8_qdq", "cnn", [1]),  # quantize_static's int8 exports (issue 7)
     *image_cases("mobilenetv2_int8_qoperator", "cnn", [1]),
+    *image_cases("mobilenetv2_int8_s8_qdq", "cnn", [1]),  # quantize_static's defaults: int8 activations too
     *image_cases("pplcnet_cls", "cnn", [8], quick_batches=[8]),
     *image_cases("pplcnet_rec", "cnn", [1]),
     *image_cases("convnext_atto", "cnn", [1], first_compile=True),

@@ -29,8 +29,8 @@
 // same way).
 //
 // Applies when every scale and zero point is a one-element initializer (w's scale and zero point: one, or
-// one per output channel on axis 0) with an 8-bit zero point (uint8 for x, a and b, the integer kernels'
-// activations), w an 8-bit initializer [M, C/group, kH, kW], the bias DequantizeLinear's scale
+// one per output channel on axis 0) with an 8-bit zero point (QLinearAdd's and the pool's operands and
+// results of one type), w an 8-bit initializer [M, C/group, kH, kW], the bias DequantizeLinear's scale
 // x_scale * w_scale (the float32 product, per channel or per tensor) and zero point 0, auto_pad NOTSET or
 // VALID; the float value between the Conv or Add and its QuantizeLinear read by that QuantizeLinear alone.
 // DequantizeLinear nodes nothing reads any more go. Loads for the CPU with AVX512-VNNI only, where the
@@ -134,7 +134,8 @@ std::optional<Rewrite> conv_rewrite(const Graph& graph, const GraphIndex& index,
   if (auto_pad != nullptr && auto_pad->s != "NOTSET" && auto_pad->s != "VALID") return std::nullopt;
   const Node* x = dequantize_of(graph, index, conv.inputs[0]);
   const Node* w = dequantize_of(graph, index, conv.inputs[1]);
-  if (x == nullptr || w == nullptr || !per_tensor(graph, *x, mx::uint8) || !weight_dequantize_fits(graph, *w))
+  if (x == nullptr || w == nullptr || !per_tensor(graph, *x, std::nullopt) ||
+      !weight_dequantize_fits(graph, *w))
     return std::nullopt;
   const int channels = stored_initializer(graph, w->inputs[0])->shape(0);
   const Node* b = nullptr;
@@ -167,10 +168,12 @@ std::optional<Rewrite> add_rewrite(const Graph& graph, const GraphIndex& index, 
   if (!is_onnx_op(add, "Add") || add.outputs.size() != 1 || add.inputs.size() != 2) return std::nullopt;
   const Node* a = dequantize_of(graph, index, add.inputs[0]);
   const Node* b = dequantize_of(graph, index, add.inputs[1]);
-  if (a == nullptr || b == nullptr || !per_tensor(graph, *a, mx::uint8) || !per_tensor(graph, *b, mx::uint8))
-    return std::nullopt;
+  if (a == nullptr || b == nullptr || !per_tensor(graph, *a, std::nullopt)) return std::nullopt;
+  // QLinearAdd's operands and result have one type.
+  const mx::Dtype type = scalar_initializer(graph, a->inputs[2])->dtype();
+  if (!per_tensor(graph, *b, type)) return std::nullopt;
   std::optional<size_t> q = sole_quantize(graph, index, add.outputs[0]);
-  if (!q || scalar_initializer(graph, graph.nodes[*q].inputs[2])->dtype() != mx::uint8) return std::nullopt;
+  if (!q || scalar_initializer(graph, graph.nodes[*q].inputs[2])->dtype() != type) return std::nullopt;
   const Node& quantize = graph.nodes[*q];
   Node n;
   n.op_type = "QLinearAdd";
@@ -213,7 +216,7 @@ std::optional<Rewrite> gemm_rewrite(const Graph& graph, const GraphIndex& index,
   const bool trans_b = int_attribute_or(gemm, "transB", 0) != 0;
   const Node* a = dequantize_of(graph, index, gemm.inputs[0]);
   const Node* b = dequantize_of(graph, index, gemm.inputs[1]);
-  if (a == nullptr || b == nullptr || !per_tensor(graph, *a, mx::uint8) ||
+  if (a == nullptr || b == nullptr || !per_tensor(graph, *a, std::nullopt) ||
       !gemm_weight_fits(graph, *b, trans_b))
     return std::nullopt;
   const mx::array& w = *stored_initializer(graph, b->inputs[0]);
@@ -254,9 +257,10 @@ std::optional<Rewrite> pool_rewrite(const Graph& graph, const GraphIndex& index,
   if (!is_onnx_op(pool, "GlobalAveragePool") || pool.outputs.size() != 1 || pool.inputs.size() != 1)
     return std::nullopt;
   const Node* x = dequantize_of(graph, index, pool.inputs[0]);
-  if (x == nullptr || !per_tensor(graph, *x, mx::uint8)) return std::nullopt;
+  if (x == nullptr || !per_tensor(graph, *x, std::nullopt)) return std::nullopt;
   std::optional<size_t> q = sole_quantize(graph, index, pool.outputs[0]);
-  if (!q || scalar_initializer(graph, graph.nodes[*q].inputs[2])->dtype() != mx::uint8) return std::nullopt;
+  const mx::Dtype type = scalar_initializer(graph, x->inputs[2])->dtype();
+  if (!q || scalar_initializer(graph, graph.nodes[*q].inputs[2])->dtype() != type) return std::nullopt;
   const Node& quantize = graph.nodes[*q];
   Node r;
   r.op_type = "QLinearGlobalAveragePool";

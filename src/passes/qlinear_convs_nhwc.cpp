@@ -1,8 +1,8 @@
-// Runs each 2-D QLinearConv with constant weights over uint8 activations (quantize_static's QOperator
+// Runs each 2-D QLinearConv with constant weights over 8-bit activations (quantize_static's QOperator
 // format, or the QDQ format once qdq_convs_as_qlinear made it one) on the integer kernels of
 // src/kernels/cpu/qlinear_conv.h, in the channels-last layout:
 //
-//   x (uint8)  x_scale  x_zp  w  w_scale  w_zp  y_scale  y_zp  [B int32]
+//   x (8-bit)  x_scale  x_zp  w  w_scale  w_zp  y_scale  y_zp  [B int32]
 //            \_______________________|__________________________/
 //                                QLinearConv
 //                                     |
@@ -25,7 +25,7 @@
 // constant B on every call (a fifth of MobileNetV2's run).
 //
 // Applies when w (int8 or uint8, [M, C, kH, kW]), its scale and zero point (one value or [M]), x's and
-// y's scales and zero points (one value each; x_zp uint8, which makes x uint8; y_zp uint8 or int8) and B
+// y's scales and zero points (one value each; x_zp and y_zp 8-bit, x_zp of x's type) and B
 // are initializers; group 1 or depthwise (group == C == M, with at most kExactIntegerTerms taps);
 // auto_pad NOTSET or VALID. Loads for the CPU with AVX512-VNNI only (kernels::integer_gemm_available):
 // elsewhere qlinear_conv_as_conv's float convolutions run faster than the integer reference.
@@ -69,7 +69,7 @@ std::optional<QConvMatch> match(const Graph& graph, const Node& node) {
   const int channels = w->shape(0);
   const mx::array* x_zero = stored_input(graph, node, kXZero);
   const mx::array* y_zero = stored_input(graph, node, kYZero);
-  if (x_zero == nullptr || x_zero->dtype() != mx::uint8 || x_zero->size() != 1) return std::nullopt;
+  if (x_zero == nullptr || !is_8bit(x_zero->dtype()) || x_zero->size() != 1) return std::nullopt;
   if (y_zero == nullptr || !is_8bit(y_zero->dtype()) || y_zero->size() != 1) return std::nullopt;
   if (!one_float(stored_input(graph, node, kXScale)) || !one_float(stored_input(graph, node, kYScale)))
     return std::nullopt;
@@ -205,7 +205,7 @@ bool qgemm_fits(const Graph& graph, const Node& node) {
   const int n = int_attribute_or(node, "transB", 0) != 0 ? b->shape(0) : b->shape(1);
   const mx::array* a_zero = stored_input(graph, node, kAZero);
   const mx::array* y_zero = stored_input(graph, node, kGemmYZero);
-  if (a_zero == nullptr || a_zero->dtype() != mx::uint8 || a_zero->size() != 1) return false;
+  if (a_zero == nullptr || !is_8bit(a_zero->dtype()) || a_zero->size() != 1) return false;
   if (y_zero == nullptr || !is_8bit(y_zero->dtype()) || y_zero->size() != 1) return false;
   if (!one_float(stored_input(graph, node, kAScale)) || !one_float(stored_input(graph, node, kGemmYScale)))
     return false;

@@ -13,13 +13,18 @@ mx::array random_integers(mx::Shape shape, mx::Dtype dtype, uint64_t seed, int l
 }
 
 GraphBuilder qoperator_convs(const std::vector<QConvLayer>& layers, mx::Dtype weight_type, int channels,
-                             int size) {
+                             int size, mx::Dtype activation_type) {
+  const bool signed_activations = activation_type == mx::int8;
+  auto zero_point = [&](int value) {  // the uint8 value, or value - 128 as int8
+    return signed_activations ? mx::array(static_cast<int8_t>(value - 128))
+                              : mx::array(static_cast<uint8_t>(value));
+  };
   GraphBuilder b(13);
-  b.input("x", OnnxType::kUint8, {1, channels, size, size})
+  b.input("x", signed_activations ? OnnxType::kInt8 : OnnxType::kUint8, {1, channels, size, size})
       .initializer("act_scale", mx::array(0.05f))
-      .initializer("act_zero", mx::array(static_cast<uint8_t>(120)))
+      .initializer("act_zero", zero_point(120))
       .initializer("out_scale", mx::array(0.08f))
-      .initializer("out_zero", mx::array(static_cast<uint8_t>(131)));
+      .initializer("out_zero", zero_point(131));
   const bool unsigned_weights = weight_type == mx::uint8;
   std::string x = "x";
   uint64_t seed = 10;

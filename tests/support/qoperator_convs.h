@@ -21,11 +21,12 @@ struct QConvLayer {
   bool per_channel, bias;
 };
 
-/** x (uint8 [1, channels, size, size]) -> one QLinearConv per layer -> "l<last>_y": weights of `weight_type`
- * (uint8 ones around a zero point near 128), per-tensor or per-channel weight scales and zero points, int32
- * biases, padding kernel / 2; one activation scale and zero point between layers, another at the end. */
+/** x ([1, channels, size, size] of `activation_type`, uint8 or int8) -> one QLinearConv per layer ->
+ * "l<last>_y": weights of `weight_type` (uint8 ones around a zero point near 128), per-tensor or per-channel
+ * weight scales and zero points, int32 biases, padding kernel / 2; one activation scale and zero point
+ * between layers, another at the end. */
 GraphBuilder qoperator_convs(const std::vector<QConvLayer>& layers, mx::Dtype weight_type, int channels,
-                             int size);
+                             int size, mx::Dtype activation_type = mx::uint8);
 
 /** quantize_static's QOperator block end: x (uint8 [1, 8, 10, 10]) -> a 3x3 QLinearConv (per-channel int8
  * weights) and a 1x1 shortcut QLinearConv of x -> com.microsoft QLinearAdd -> QLinearGlobalAveragePool ->

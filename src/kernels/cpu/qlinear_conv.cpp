@@ -20,7 +20,8 @@ namespace transmuter::kernels {
 // One depthwise call (outside the per-target namespaces).
 struct QLinearDepthwiseArgs {
   NhwcConvArgs geometry;  // its pointers unused
-  const uint8_t* x;       // [N, in_h, in_w, C]
+  const uint8_t* x;       // [N, in_h, in_w, C] bytes, int8 when x_signed
+  bool x_signed;
   const float* w;         // [kH, kW, C]: w - w_zero
   const float* multiplier;
   bool multiplier_per_channel;
@@ -40,6 +41,7 @@ using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 using DI = hn::Rebind<int32_t, D>;
 using DU8 = hn::Rebind<uint8_t, D>;
+using DS8 = hn::Rebind<int8_t, D>;
 using DI8 = hn::Rebind<int8_t, D>;
 
 // kCols output columns ox0.. of one output row, the channel vector at c0 (its first `valid` lanes; all
@@ -57,8 +59,12 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
   const NhwcConvArgs& g = a.geometry;
   const int64_t C = g.channels;
   auto load_x = [&](const uint8_t* p) {
-    const auto bytes = kFull ? hn::LoadU(du8, p) : LoadFirst(du8, p, valid);
-    return hn::ConvertTo(d, hn::PromoteTo(di, bytes));
+    if (a.x_signed) {
+      const DS8 ds8;
+      const auto* q = reinterpret_cast<const int8_t*>(p);
+      return hn::ConvertTo(d, hn::PromoteTo(di, kFull ? hn::LoadU(ds8, q) : LoadFirst(ds8, q, valid)));
+    }
+    return hn::ConvertTo(d, hn::PromoteTo(di, kFull ? hn::LoadU(du8, p) : LoadFirst(du8, p, valid)));
   };
   auto load_w = [&](const float* p) { return kFull ? hn::LoadU(d, p) : LoadFirst(d, p, valid); };
   V acc[kCols];
@@ -331,9 +337,10 @@ int64_t unfold_task_rows(int64_t positions, int64_t lda) {
 
 // An NCHW input over at most 4 channels in NHWC: interleaved a row of pixels at a time, then unfolded
 // with whole-window-row copies (a byte-by-byte unfold through NCHW's strides cost 4x the product).
-void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, IntegerGemmArgs g);
+void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, bool x_signed,
+                      IntegerGemmArgs g);
 
-void run_qlinear_conv_channels_first(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero,
+void run_qlinear_conv_channels_first(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, bool x_signed,
                                      const IntegerGemmArgs& g) {
   const int64_t rows = a.batch * a.in_h, plane = a.in_h * a.in_w;
   std::vector<uint8_t> nhwc(static_cast<size_t>(rows * a.in_w * a.channels));
@@ -348,17 +355,22 @@ void run_qlinear_conv_channels_first(const NhwcConvArgs& a, const uint8_t* x, ui
                });
   NhwcConvArgs channels_last = a;
   channels_last.channels_first = false;
-  run_qlinear_conv(channels_last, nhwc.data(), x_zero, g);
+  run_qlinear_conv(channels_last, nhwc.data(), x_zero, x_signed, g);
 }
 
-void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, IntegerGemmArgs g) {
+// x_zero: the zero point's byte (two's complement when x_signed). VNNI multiplies unsigned bytes of A: int8
+// activations are unfolded with their sign bits flipped (x + 128 as uint8) and the zero point moved by 128,
+// the same differences x - x_zero.
+void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, bool x_signed,
+                      IntegerGemmArgs g) {
   if (a.channels_first) {
-    run_qlinear_conv_channels_first(a, x, x_zero, g);
+    run_qlinear_conv_channels_first(a, x, x_zero, x_signed, g);
     return;
   }
-  g.a_zero = x_zero;
+  g.a_zero = x_signed ? static_cast<int8_t>(x_zero) + 128 : x_zero;
   const int64_t positions = a.positions();
-  if (is_pointwise(a) && a.channels % 4 == 0) {  // the image's rows are the product's left-hand side
+  if (is_pointwise(a) && a.channels % 4 == 0 &&
+      !x_signed) {  // the image's rows are the product's left-hand side
     g.a = x;
     g.lda = a.channels;
     g.m = positions;
@@ -380,6 +392,9 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, I
           ox = 0;
           if (++oy == a.out_h) oy = 0, ++n;
         }
+      }
+      if (x_signed) {  // the tails' zeros flip too: B is zero there, and the row sums stop at K
+        for (uint8_t& byte : unfolded) byte ^= 0x80;
       }
       IntegerGemmArgs task = g;
       task.a = unfolded.data();
@@ -438,6 +453,7 @@ class QLinearConvKernel : public CpuKernel {
     const mx::array& y = out[0];
     NhwcConvArgs geometry = nhwc_conv_args_of(options_, x, y);
     const uint8_t* x_data = x.data<uint8_t>();
+    const bool x_signed = x.dtype() == mx::int8;
     // Zero points are read in the task: inputs are computed by then, not when it is made.
     const uint8_t* x_zero = in[1].data<uint8_t>();
     auto* y_data = static_cast<uint8_t*>(static_cast<void*>(out[0].data<uint8_t>()));
@@ -446,14 +462,15 @@ class QLinearConvKernel : public CpuKernel {
       const uint8_t* y_zero = in[6].data<uint8_t>();
       IntegerGemmArgs g =
           product_args(in, y_data, geometry.window(), geometry.out_channels, has_bias_, y.dtype());
-      return [geometry, x_data, x_zero, y_zero, g, range]() mutable {
+      return [geometry, x_data, x_zero, x_signed, y_zero, g, range]() mutable {
         g.y_zero = range.is_signed ? static_cast<int8_t>(*y_zero) : *y_zero;
-        run_qlinear_conv(geometry, x_data, *x_zero, g);
+        run_qlinear_conv(geometry, x_data, *x_zero, x_signed, g);
       };
     }
     QLinearDepthwiseArgs a{};
     a.geometry = geometry;
     a.x = x_data;
+    a.x_signed = x_signed;
     a.w = in[2].data<float>();
     a.multiplier = in[3].data<float>();
     a.multiplier_per_channel = in[3].size() > 1;
@@ -464,7 +481,7 @@ class QLinearConvKernel : public CpuKernel {
     a.y_max = range.max;
     a.y_signed = range.is_signed;
     return [a, x_zero, y_zero]() mutable {
-      a.x_zero = *x_zero;
+      a.x_zero = a.x_signed ? static_cast<int8_t>(*x_zero) : *x_zero;
       a.y_zero = a.y_signed ? static_cast<int8_t>(*y_zero) : *y_zero;
       run_qlinear_depthwise(a);
     };
@@ -513,12 +530,12 @@ void check_common(const mx::array& x, const mx::array& x_zero, const QLinearRequ
                   const NhwcConvOptions& o) {
   check_conv_options(o);
   if (o.activation != ConvActivation::kNone) throw std::invalid_argument("QLinearConv takes no activation");
-  if (x.dtype() != mx::uint8 || x.ndim() != 4) {
-    throw std::invalid_argument(o.channels_first_input ? "QLinearConv input must be uint8 [N, C, H, W]"
-                                                       : "QLinearConv input must be uint8 [N, H, W, C]");
+  if ((x.dtype() != mx::uint8 && x.dtype() != mx::int8) || x.ndim() != 4) {
+    throw std::invalid_argument(o.channels_first_input ? "QLinearConv input must be 8-bit [N, C, H, W]"
+                                                       : "QLinearConv input must be 8-bit [N, H, W, C]");
   }
-  if (x_zero.dtype() != mx::uint8 || x_zero.size() != 1)
-    throw std::invalid_argument("QLinearConv x_zero_point must be one uint8 value");
+  if (x_zero.dtype() != x.dtype() || x_zero.size() != 1)
+    throw std::invalid_argument("QLinearConv x_zero_point must be one value of x's type");
   if ((r.y_zero_point.dtype() != mx::uint8 && r.y_zero_point.dtype() != mx::int8) ||
       r.y_zero_point.size() != 1)
     throw std::invalid_argument("QLinearConv y_zero_point must be one uint8 or int8 value");

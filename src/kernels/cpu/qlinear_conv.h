@@ -3,9 +3,9 @@
 //   acc[n, oy, ox, m] = sum_{ky, kx, c} (x[n, iy, ix, c] - x_zero) (w[m, c, ky, kx] - w_zero[m])
 //   y[n, oy, ox, m]   = saturate(round_half_even(float(acc + B[m]) * multiplier[m]) + y_zero)
 //
-// with x uint8 [N, H, W, C] (the padding holds x_zero, so it adds nothing) and y uint8 or int8 (y_zero's
-// type); multiplier = x_scale * w_scale[m] / y_scale, computed in float32 in that order (as ONNX Runtime's
-// QLinearConv computes it), one value or one per output channel.
+// with x uint8 or int8 [N, H, W, C] (the padding holds x_zero, so it adds nothing) and y uint8 or int8
+// (y_zero's type); multiplier = x_scale * w_scale[m] / y_scale, computed in float32 in that order (as ONNX
+// Runtime's QLinearConv computes it), one value or one per output channel.
 //
 // Why: a quantized CNN's convolutions in float32 (the weights widened, each output requantized) run at the
 // float model's speed or slower; ONNX Runtime's int8 MobileNetV2 runs 2.5x faster than its float one. Here
@@ -46,16 +46,17 @@ mx::array qlinear_conv_weight_rows(const mx::array& w);
  * type) as float32 [kH, kW, C]. */
 mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::array>& w_zero_point);
 
-/** Group-1 QLinearConv: x uint8 [N, H, W, C] ([N, C, H, W] with options.channels_first_input: read
- * through its strides, for a stem over a few channels), x_zero_point uint8 (one element), w packed from
+/** Group-1 QLinearConv: x uint8 or int8 [N, H, W, C] ([N, C, H, W] with options.channels_first_input: a
+ * stem over at most 4 channels), x_zero_point of x's type (one element), w packed from
  * qlinear_conv_weight_rows (with its zero point) for m output channels. Returns [N, oH, oW, m] of
  * requantize.y_zero_point's type. Throws std::invalid_argument when the shapes or types do not agree. */
 mx::array qlinear_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, const PackedIntegerRhs& w,
                             int64_t m, const QLinearRequantize& requantize, const NhwcConvOptions& options,
                             mx::StreamOrDevice s = {});
 
-/** Depthwise QLinearConv (group == C == M): x uint8 [N, H, W, C], w from qlinear_depthwise_weight with
- * at most kExactIntegerTerms taps. Returns [N, oH, oW, C] of y_zero_point's type. Throws as above. */
+/** Depthwise QLinearConv (group == C == M): x uint8 or int8 [N, H, W, C], x_zero_point as above, w from
+ * qlinear_depthwise_weight with at most kExactIntegerTerms taps. Returns [N, oH, oW, C] of y_zero_point's
+ * type. Throws as above. */
 mx::array qlinear_depthwise_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, const mx::array& w,
                                       const QLinearRequantize& requantize, const NhwcConvOptions& options,
                                       mx::StreamOrDevice s = {});

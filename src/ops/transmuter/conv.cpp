@@ -22,10 +22,10 @@
 // the channels-last layout on the integer kernels of src/kernels/cpu/qlinear_conv.h, its constant
 // operands prepared at load.
 //
-//   X uint8 [N, H, W, C]; x_zero_point uint8 (one value); Y [N, oH, oW, out_channels] of y_zero_point's
-//   type (uint8 or int8, one value): saturate(round(float(conv(X - x_zero_point, W) + B) * multiplier) +
-//   y_zero_point), rounded half to even.
-//   group 1:  W is the weight's rows packed by pack_integer_gemm_rhs (int8 [panels, ceil(K / 4), 128]),
+//   X uint8 or int8 [N, H, W, C]; x_zero_point of X's type (one value); Y [N, oH, oW, out_channels] of
+//   y_zero_point's type (uint8 or int8, one value): saturate(round(float(conv(X - x_zero_point, W) + B) *
+//   multiplier) + y_zero_point), rounded half to even. group 1:  W is the weight's rows packed by
+//   pack_integer_gemm_rhs (int8 [panels, ceil(K / 4), 128]),
 //             W_column_sums and W_column_zeros (int32) as it returns them;
 //   group C:  (depthwise, out_channels == C) W is float32 [kH, kW, C], the weight minus its zero point;
 //             W_column_sums and W_column_zeros are absent ("").
@@ -208,9 +208,10 @@ OpOutputs qlinear_conv_nhwc(NodeContext& ctx) {
   if (options.activation != ConvActivation::kNone) throw ctx.error("takes no activation");
   const int64_t out_channels = ctx.required_int("out_channels");
   const int64_t group = ctx.attr_int("group", 1);
-  if (x.dtype() != mx::uint8 || x.ndim() != 4) {
-    throw ctx.error("X must be uint8 ", options.channels_first_input ? "[N, C, H, W]" : "[N, H, W, C]",
-                    ", got ", x.dtype(), " ", x.shape());
+  if ((x.dtype() != mx::uint8 && x.dtype() != mx::int8) || x.ndim() != 4) {
+    throw ctx.error("X must be uint8 or int8 ",
+                    options.channels_first_input ? "[N, C, H, W]" : "[N, H, W, C]", ", got ", x.dtype(), " ",
+                    x.shape());
   }
   if (group != 1 && options.channels_first_input) throw ctx.error("input_layout NCHW goes with group 1 only");
   if (group != 1 && (group != x.shape(3) || out_channels != group)) {

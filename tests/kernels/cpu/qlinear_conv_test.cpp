@@ -2,9 +2,9 @@
 // requantized as ONNX Runtime requantizes (float(acc + bias) * multiplier, rounded half to even, plus the
 // zero point, saturated): pointwise (the image as the product's left-hand side, and channel counts that
 // are no multiple of 4, which are unfolded), k x k with padding, strides and dilation, a stem over RGB read
-// in NCHW, int8 and uint8 weights with and without zero points, per-tensor and per-channel multipliers,
-// int8 and uint8 outputs, depthwise with channel tails; all exact, and the kernels' references (MLX ops, for
-// other streams and CPUs) equal to them. Also what the kernels refuse.
+// in NCHW, uint8 and int8 activations, int8 and uint8 weights with and without zero points, per-tensor and
+// per-channel multipliers, int8 and uint8 outputs, depthwise with channel tails; all exact, and the kernels'
+// references (MLX ops, for other streams and CPUs) equal to them. Also what the kernels refuse.
 #include "kernels/cpu/qlinear_conv.h"
 
 #include "kernels/cpu/cpu_kernel.h"
@@ -46,11 +46,12 @@ struct Case {
   bool per_channel = true;   // multiplier per output channel
   bool bias = true;
   mx::Dtype y_type = mx::uint8;
+  mx::Dtype x_type = mx::uint8;
 };
 
 // The operator's bytes from host loops: x NHWC (as given, NCHW when channels_first_input), w ONNX [M, C/g,
 // kH, kW].
-std::vector<int32_t> expected(const Case& c, const mx::array& x, uint8_t x_zero, const mx::array& w,
+std::vector<int32_t> expected(const Case& c, const mx::array& x, int32_t x_zero, const mx::array& w,
                               const std::vector<int32_t>& w_zero, const std::vector<float>& multiplier,
                               const std::vector<int32_t>& bias, int y_zero, const mx::Shape& out) {
   const NhwcConvOptions& o = c.options;
@@ -92,8 +93,9 @@ void check(const Case& c, uint64_t seed) {
   const NhwcConvOptions& o = c.options;
   const mx::Shape x_shape = o.channels_first_input ? mx::Shape{c.batch, c.channels, c.height, c.width}
                                                    : mx::Shape{c.batch, c.height, c.width, c.channels};
-  const mx::array x = random_bytes(x_shape, mx::uint8, seed);
-  const mx::array x_zero = random_bytes({}, mx::uint8, seed + 1, 100, 156);
+  const mx::array x = random_bytes(x_shape, c.x_type, seed, -128, 256);
+  const mx::array x_zero = c.x_type == mx::int8 ? random_bytes({}, mx::int8, seed + 1, -28, 28)
+                                                : random_bytes({}, mx::uint8, seed + 1, 100, 156);
   const int in_per_group = c.depthwise ? 1 : c.channels;
   const mx::array w = random_bytes({c.out_channels, in_per_group, o.kernel[0], o.kernel[1]}, c.weight_type,
                                    seed + 2, -127, 256);
@@ -135,8 +137,8 @@ void check(const Case& c, uint64_t seed) {
   y.eval();
   ASSERT_EQ(y.dtype(), c.y_type);
   EXPECT_TRUE(mx::array_equal(from_reference, y).item<bool>());
-  const std::vector<int32_t> want = expected(c, x, static_cast<uint8_t>(ints(x_zero)[0]), w, w_zero_values,
-                                             floats(multiplier), bias_values, ints(y_zero)[0], y.shape());
+  const std::vector<int32_t> want = expected(c, x, ints(x_zero)[0], w, w_zero_values, floats(multiplier),
+                                             bias_values, ints(y_zero)[0], y.shape());
   const std::vector<int32_t> got = ints(y);
   ASSERT_EQ(got.size(), want.size());
   size_t wrong = 0, first = got.size();
@@ -170,6 +172,10 @@ TEST(QLinearConvNhwc, GroupOneEqualsTheIntegerSums) {
       {2, 8, 9, 11, 20, conv(3, 1, {1, 0}, {2, 1}, 2), false, mx::int8, false, false, false, mx::int8},
       {1, 24, 6, 6, 70, conv(1, 1, {0, 0}, {0, 0}), false, mx::uint8, true},  // B zero points
       {1, 12, 8, 8, 16, conv(3, 2, {0, 0}, {0, 0}), false, mx::uint8, false, true, true, mx::int8},
+      // int8 activations: their bytes flipped to uint8 for VNNI, the zero point moved by 128
+      {2, 16, 5, 7, 40, conv(1, 1, {0, 0}, {0, 0}), false, mx::int8, false, true, true, mx::int8, mx::int8},
+      {1, 3, 17, 18, 32, stem, false, mx::int8, true, true, true, mx::uint8, mx::int8},
+      {1, 8, 9, 11, 20, conv(3, 1, {1, 1}, {1, 1}), false, mx::uint8, true, false, true, mx::int8, mx::int8},
   };
   uint64_t seed = 100;
   for (const Case& c : cases) {
@@ -185,6 +191,7 @@ TEST(QLinearConvNhwc, DepthwiseEqualsTheIntegerSums) {
       {2, 16, 11, 9, 16, conv(3, 2, {1, 1}, {1, 1}), true, mx::int8, true, true, true, mx::int8},
       {1, 24, 12, 12, 24, conv(5, 1, {2, 2}, {2, 2}), true, mx::uint8, true, false, false},
       {1, 8, 20, 21, 8, conv(3, 1, {0, 1}, {2, 0}, 2), true},  // dilation, odd pads
+      {1, 40, 9, 10, 40, conv(3, 2, {1, 1}, {1, 1}), true, mx::int8, false, true, true, mx::int8, mx::int8},
   };
   uint64_t seed = 200;
   for (const Case& c : cases) {
