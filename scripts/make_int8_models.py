@@ -12,6 +12,7 @@ come in (names below, all by default):
                                         every `*_quantized.onnx` on the Hub has
     resnet_int8_dynamic                 quantize_dynamic of a CNN: ConvInteger
     mobilenet_tiny_int8_static_qdq,     quantize_static of a MobileNetV2-style CNN built here
+    mobilenet_tiny_int8_static_qdq_s8,  (the _s8 one with int8 activations, quantize_static's default)
     mobilenet_tiny_int8_static_qoperator  (make_mobilenet_tiny, also written as the float fixture
                                           tests/models/mobilenet_tiny): depthwise convolutions, a
                                           shortcut Add, Gemm (QGemm in the QOperator form)
@@ -95,13 +96,14 @@ def dynamic(per_channel: bool):
     return quantize
 
 
-def static(quant_format: QuantFormat):
+def static(quant_format: QuantFormat, activations: QuantType = QuantType.QUInt8):
     def quantize(source: Path, target: Path, spec: dict) -> str:
         quantize_static(str(source), str(target), SeededInputs(spec), quant_format=quant_format,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+                        activation_type=activations, weight_type=QuantType.QInt8, per_channel=True,
                         reduce_range=True)
-        return (f"quantize_static(quant_format={quant_format.name}, activation_type=QUInt8, weight_type=QInt8, "
-                f"per_channel=True, reduce_range=True, {CALIBRATION_BATCHES} seeded calibration batches)")
+        return (f"quantize_static(quant_format={quant_format.name}, activation_type={activations.name}, "
+                f"weight_type=QInt8, per_channel=True, reduce_range=True, {CALIBRATION_BATCHES} seeded "
+                "calibration batches)")
     return quantize
 
 
@@ -176,6 +178,7 @@ VARIANTS = {
     "resnet_int8_static_qoperator": ("resnet", static(QuantFormat.QOperator)),
     "mobilenet_tiny_int8_static_qdq": ("mobilenet_tiny", static(QuantFormat.QDQ)),
     "mobilenet_tiny_int8_static_qoperator": ("mobilenet_tiny", static(QuantFormat.QOperator)),
+    "mobilenet_tiny_int8_static_qdq_s8": ("mobilenet_tiny", static(QuantFormat.QDQ, QuantType.QInt8)),
 }
 
 
