@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,8 @@
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/integer_gemm.h"
+#include "kernels/cpu/qlinear_conv.h"
+#include "support/expect_error.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
 #include "support/qoperator_convs.h"
@@ -145,6 +148,41 @@ TEST(QlinearConvsNhwc, LeavesWhatTheKernelsDoNotTake) {
   Model model = b.build();
   EXPECT_EQ(count(model, "QLinearConv"), 1u);
   EXPECT_EQ(count(model, "ai.transmuter.QLinearConvNhwc"), kernels::integer_gemm_available() ? 1u : 0u);
+}
+
+// The op the pass writes refuses operands that do not agree, naming its node and what is wrong: a float X,
+// and a packed weight made for another channel count.
+TEST(QlinearConvsNhwc, QLinearConvNhwcNamesBadOperands) {
+  mx::array rows =
+      mx::contiguous(kernels::qlinear_conv_weight_rows(random_integers({16, 8, 1, 1}, mx::int8, 5)));
+  rows.eval();
+  const kernels::PackedIntegerRhs packed = kernels::pack_integer_gemm_rhs(rows, std::nullopt);
+  auto model = [&](OnnxType x_type, int channels) {
+    GraphBuilder b(13);
+    b.input("x", x_type, {1, 4, 4, channels})
+        .initializer("x_zero", mx::array(static_cast<uint8_t>(128)))
+        .initializer("w", packed.packed)
+        .initializer("sums", packed.column_sums)
+        .initializer("zeros", packed.column_zeros)
+        .initializer("m", mx::array({0.01f}))
+        .initializer("y_zero", mx::array(static_cast<uint8_t>(0)))
+        .domain_node("ai.transmuter", 1, "QLinearConvNhwc",
+                     {"x", "x_zero", "w", "sums", "zeros", "m", "y_zero"}, {"y"},
+                     {ints_attr("kernel_shape", {1, 1}), int_attr("out_channels", 16)})
+        .output("y");
+    return b.build({.run_passes = false});
+  };
+  Model float_input = model(OnnxType::kFloat, 8);
+  const Inputs floats = {{"x", Value(mx::zeros({1, 4, 4, 8}))}};
+  std::string message = testing::error_of<OpError>([&] { run(float_input, float_input.params(), floats); });
+  EXPECT_NE(message.find("QLinearConvNhwc"), std::string::npos) << message;
+  EXPECT_NE(message.find("X must be uint8 or int8"), std::string::npos) << message;
+  Model wider = model(OnnxType::kUint8, 12);
+  const Inputs bytes = {{"x", Value(mx::zeros({1, 4, 4, 12}, mx::uint8))}};
+  message = testing::error_of<OpError>([&] { run(wider, wider.params(), bytes); });
+  EXPECT_NE(message.find("packed QLinearConv weight does not match 16 output channels over a window of 12"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace
