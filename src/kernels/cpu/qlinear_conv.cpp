@@ -41,15 +41,14 @@ using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 using DI = hn::Rebind<int32_t, D>;
 using DU8 = hn::Rebind<uint8_t, D>;
-using DS8 = hn::Rebind<int8_t, D>;
 using DI8 = hn::Rebind<int8_t, D>;
 
 // kCols output columns ox0.. of one output row, the channel vector at c0 (its first `valid` lanes; all
 // of them when kFull): the sum of every tap's x times its weight (w - w_zero), less x_zero times the sum of
 // the weights of the taps inside the image, in float32 (exact: integers of at most kExactIntegerTerms
 // products of 8-bit values), then requantized to bytes. kChecked: some taps fall outside the row (the
-// border columns, one at a time: kCols is 1 there, so one weight sum serves).
-template <int kCols, bool kChecked, bool kFull>
+// border columns, one at a time: kCols is 1 there, so one weight sum serves). kSigned: x is int8.
+template <bool kSigned, int kCols, bool kChecked, bool kFull>
 HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* const* rows, uint8_t* out_row,
                                   int64_t ox0, int64_t c0, size_t valid) {
   static_assert(!kChecked || kCols == 1, "border columns go one at a time");
@@ -59,12 +58,13 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
   const NhwcConvArgs& g = a.geometry;
   const int64_t C = g.channels;
   auto load_x = [&](const uint8_t* p) {
-    if (a.x_signed) {
-      const DS8 ds8;
+    if constexpr (kSigned) {
+      const DI8 di8;
       const auto* q = reinterpret_cast<const int8_t*>(p);
-      return hn::ConvertTo(d, hn::PromoteTo(di, kFull ? hn::LoadU(ds8, q) : LoadFirst(ds8, q, valid)));
+      return hn::ConvertTo(d, hn::PromoteTo(di, kFull ? hn::LoadU(di8, q) : LoadFirst(di8, q, valid)));
+    } else {
+      return hn::ConvertTo(d, hn::PromoteTo(di, kFull ? hn::LoadU(du8, p) : LoadFirst(du8, p, valid)));
     }
-    return hn::ConvertTo(d, hn::PromoteTo(di, kFull ? hn::LoadU(du8, p) : LoadFirst(du8, p, valid)));
   };
   auto load_w = [&](const float* p) { return kFull ? hn::LoadU(d, p) : LoadFirst(d, p, valid); };
   V acc[kCols];
@@ -140,28 +140,39 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
 #endif
 }
 
-template <int kCols, bool kChecked>
+template <bool kSigned, int kCols, bool kChecked>
 HWY_INLINE void QDepthwiseAllChannels(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
                                       uint8_t* out_row, int64_t ox0) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
   const int64_t C = a.geometry.channels;
   int64_t c0 = 0;
   for (; c0 + lanes <= C; c0 += lanes)
-    QDepthwiseColumns<kCols, kChecked, true>(a, rows, out_row, ox0, c0, static_cast<size_t>(lanes));
+    QDepthwiseColumns<kSigned, kCols, kChecked, true>(a, rows, out_row, ox0, c0, static_cast<size_t>(lanes));
   if (c0 < C)
-    QDepthwiseColumns<kCols, kChecked, false>(a, rows, out_row, ox0, c0, static_cast<size_t>(C - c0));
+    QDepthwiseColumns<kSigned, kCols, kChecked, false>(a, rows, out_row, ox0, c0,
+                                                       static_cast<size_t>(C - c0));
 }
 
 // One output row from the input rows under its taps (rows[ky], null in the padding): interior columns
 // eight at a time (eight independent multiply-add chains), the border columns with their taps checked.
-void QLinearDepthwiseRow(const QLinearDepthwiseArgs& a, const uint8_t* const* rows, uint8_t* out_row) {
+template <bool kSigned>
+HWY_INLINE void QLinearDepthwiseRowOf(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
+                                      uint8_t* out_row) {
   const int64_t lo = a.interior_lo, hi = a.interior_hi, out_w = a.geometry.out_w;
-  for (int64_t ox = 0; ox < lo; ++ox) QDepthwiseAllChannels<1, true>(a, rows, out_row, ox);
+  for (int64_t ox = 0; ox < lo; ++ox) QDepthwiseAllChannels<kSigned, 1, true>(a, rows, out_row, ox);
   int64_t ox = lo;
-  for (; ox + 8 <= hi; ox += 8) QDepthwiseAllChannels<8, false>(a, rows, out_row, ox);
-  for (; ox + 4 <= hi; ox += 4) QDepthwiseAllChannels<4, false>(a, rows, out_row, ox);
-  for (; ox < hi; ++ox) QDepthwiseAllChannels<1, false>(a, rows, out_row, ox);
-  for (ox = std::max(hi, lo); ox < out_w; ++ox) QDepthwiseAllChannels<1, true>(a, rows, out_row, ox);
+  for (; ox + 8 <= hi; ox += 8) QDepthwiseAllChannels<kSigned, 8, false>(a, rows, out_row, ox);
+  for (; ox + 4 <= hi; ox += 4) QDepthwiseAllChannels<kSigned, 4, false>(a, rows, out_row, ox);
+  for (; ox < hi; ++ox) QDepthwiseAllChannels<kSigned, 1, false>(a, rows, out_row, ox);
+  for (ox = std::max(hi, lo); ox < out_w; ++ox) QDepthwiseAllChannels<kSigned, 1, true>(a, rows, out_row, ox);
+}
+
+void QLinearDepthwiseRow(const QLinearDepthwiseArgs& a, const uint8_t* const* rows, uint8_t* out_row) {
+  if (a.x_signed) {
+    QLinearDepthwiseRowOf<true>(a, rows, out_row);
+  } else {
+    QLinearDepthwiseRowOf<false>(a, rows, out_row);
+  }
 }
 
 // dst [count, channels] from `channels` planes of `count` bytes, plane_stride apart (1 to 4 channels: an
