@@ -194,7 +194,8 @@ template <template <int> class Tile>
 HWY_INLINE void Tiles(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
   for (int64_t row = row0; row < row0 + rows; row += kIntTileRows) {
     const int64_t tile = std::min(kIntTileRows, row0 + rows - row);
-    const int32_t* row_sums = g.row_sums + row;
+    // Null when B has no zero points (b_zero_free): the row sums were not computed and are not read.
+    const int32_t* row_sums = g.row_sums != nullptr ? g.row_sums + row : nullptr;
     for (int64_t p = panel0; p < panel0 + panels; ++p) {
       switch (tile) {
         case 6:
