@@ -121,6 +121,20 @@ bool bias_dequantize_fits(const Graph& graph, const Node& dq, const mx::array& x
   return mx::array_equal(product, mx::reshape(*scale, {-1}), mx::Device::cpu).item<bool>();
 }
 
+// The integer node replacing `node` (a Conv, Add, Gemm or GlobalAveragePool) and its QuantizeLinear: named as
+// `node` (or after the quantized output), writing the QuantizeLinear's output.
+Node integer_node(const Node& node, const Node& quantize, const char* op_type, const char* domain, int opset,
+                  std::vector<std::string> inputs) {
+  Node n;
+  n.op_type = op_type;
+  n.domain = domain;
+  n.opset = opset;
+  n.name = node.name.empty() ? quantize.outputs[0] : node.name;
+  n.inputs = std::move(inputs);
+  n.outputs = quantize.outputs;
+  return n;
+}
+
 struct Rewrite {
   size_t node;      // the Conv or Add
   size_t quantize;  // its QuantizeLinear
@@ -148,16 +162,11 @@ std::optional<Rewrite> conv_rewrite(const Graph& graph, const GraphIndex& index,
   std::optional<size_t> q = sole_quantize(graph, index, conv.outputs[0]);
   if (!q) return std::nullopt;
   const Node& quantize = graph.nodes[*q];
-  Node n;
-  n.op_type = "QLinearConv";
-  n.opset = conv.opset;
-  n.name = conv.name.empty() ? quantize.outputs[0] : conv.name;
   const bool w_zero = w->inputs.size() >= 3 && !w->inputs[2].empty();
-  n.inputs = {x->inputs[0],       x->inputs[1],      x->inputs[2],
-              w->inputs[0],       w->inputs[1],      w_zero ? w->inputs[2] : std::string(),
-              quantize.inputs[1], quantize.inputs[2]};
+  Node n = integer_node(conv, quantize, "QLinearConv", "", conv.opset,
+                        {x->inputs[0], x->inputs[1], x->inputs[2], w->inputs[0], w->inputs[1],
+                         w_zero ? w->inputs[2] : std::string(), quantize.inputs[1], quantize.inputs[2]});
   if (b != nullptr) n.inputs.push_back(b->inputs[0]);
-  n.outputs = quantize.outputs;
   n.attributes =
       conv.attributes;  // Conv's are QLinearConv's: auto_pad, dilations, group, kernel_shape, pads, strides
   return Rewrite{i, *q, std::move(n)};
@@ -175,14 +184,9 @@ std::optional<Rewrite> add_rewrite(const Graph& graph, const GraphIndex& index, 
   std::optional<size_t> q = sole_quantize(graph, index, add.outputs[0]);
   if (!q || scalar_initializer(graph, graph.nodes[*q].inputs[2])->dtype() != type) return std::nullopt;
   const Node& quantize = graph.nodes[*q];
-  Node n;
-  n.op_type = "QLinearAdd";
-  n.domain = "com.microsoft";
-  n.opset = 1;
-  n.name = add.name.empty() ? quantize.outputs[0] : add.name;
-  n.inputs = {a->inputs[0], a->inputs[1], a->inputs[2],       b->inputs[0],
-              b->inputs[1], b->inputs[2], quantize.inputs[1], quantize.inputs[2]};
-  n.outputs = quantize.outputs;
+  Node n = integer_node(add, quantize, "QLinearAdd", "com.microsoft", 1,
+                        {a->inputs[0], a->inputs[1], a->inputs[2], b->inputs[0], b->inputs[1], b->inputs[2],
+                         quantize.inputs[1], quantize.inputs[2]});
   return Rewrite{i, *q, std::move(n)};
 }
 
@@ -231,22 +235,11 @@ std::optional<Rewrite> gemm_rewrite(const Graph& graph, const GraphIndex& index,
   std::optional<size_t> q = sole_quantize(graph, index, gemm.outputs[0]);
   if (!q) return std::nullopt;
   const Node& quantize = graph.nodes[*q];
-  Node r;
-  r.op_type = "QGemm";
-  r.domain = "com.microsoft";
-  r.opset = 1;
-  r.name = gemm.name.empty() ? quantize.outputs[0] : gemm.name;
   const bool b_zero = b->inputs.size() >= 3 && !b->inputs[2].empty();
-  r.inputs = {a->inputs[0],
-              a->inputs[1],
-              a->inputs[2],
-              b->inputs[0],
-              b->inputs[1],
-              b_zero ? b->inputs[2] : std::string(),
-              c != nullptr ? c->inputs[0] : std::string(),
-              quantize.inputs[1],
-              quantize.inputs[2]};
-  r.outputs = quantize.outputs;
+  Node r = integer_node(gemm, quantize, "QGemm", "com.microsoft", 1,
+                        {a->inputs[0], a->inputs[1], a->inputs[2], b->inputs[0], b->inputs[1],
+                         b_zero ? b->inputs[2] : std::string(), c != nullptr ? c->inputs[0] : std::string(),
+                         quantize.inputs[1], quantize.inputs[2]});
   r.attributes = {int_attribute("transB", trans_b ? 1 : 0)};
   return Rewrite{i, *q, std::move(r)};
 }
@@ -262,13 +255,8 @@ std::optional<Rewrite> pool_rewrite(const Graph& graph, const GraphIndex& index,
   const mx::Dtype type = scalar_initializer(graph, x->inputs[2])->dtype();
   if (!q || scalar_initializer(graph, graph.nodes[*q].inputs[2])->dtype() != type) return std::nullopt;
   const Node& quantize = graph.nodes[*q];
-  Node r;
-  r.op_type = "QLinearGlobalAveragePool";
-  r.domain = "com.microsoft";
-  r.opset = 1;
-  r.name = pool.name.empty() ? quantize.outputs[0] : pool.name;
-  r.inputs = {x->inputs[0], x->inputs[1], x->inputs[2], quantize.inputs[1], quantize.inputs[2]};
-  r.outputs = quantize.outputs;
+  Node r = integer_node(pool, quantize, "QLinearGlobalAveragePool", "com.microsoft", 1,
+                        {x->inputs[0], x->inputs[1], x->inputs[2], quantize.inputs[1], quantize.inputs[2]});
   r.attributes = {int_attribute("channels_last", 0)};
   return Rewrite{i, *q, std::move(r)};
 }

@@ -77,10 +77,13 @@ HWY_INLINE void RequantizePanel(const IntegerGemmArgs& g, const VI (&acc)[R][2],
     zeros[h] = hn::LoadU(di, g.column_zeros + first);
     // - za sum_k b' + K za zb', the same for every row
     bias[h] = hn::Sub(hn::Mul(k_za, zeros[h]), hn::Mul(za, hn::LoadU(di, g.column_sums + first)));
-    if (g.bias_int != nullptr)
+    if (g.bias_int != nullptr && count > 0)
       bias[h] = hn::Add(bias[h], hn::MaskedLoad(hn::FirstN(di, count), di, g.bias_int + first));
-    scale[h] = g.scale_per_column ? hn::MaskedLoad(hn::FirstN(df, count), df, g.scale + first)
-                                  : hn::Set(df, g.scale[0]);
+    if (!g.scale_per_column) {
+      scale[h] = hn::Set(df, g.scale[0]);
+    } else {
+      scale[h] = count > 0 ? hn::MaskedLoad(hn::FirstN(df, count), df, g.scale + first) : hn::Zero(df);
+    }
   }
   const auto low = hn::Set(df, static_cast<float>(g.y_min - g.y_zero));
   const auto high = hn::Set(df, static_cast<float>(g.y_max - g.y_zero));
