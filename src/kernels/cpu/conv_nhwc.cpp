@@ -388,20 +388,10 @@ void unfold_position(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox, f
 // Rows [first, first + count) of the unfolded input into dst, walking the
 // output positions in order (no division per position).
 void unfold_positions(const NhwcConvArgs& a, int64_t first, int64_t count, float* dst) {
-  int64_t ox = first % a.out_w, oy = (first / a.out_w) % a.out_h, n = first / (a.out_w * a.out_h);
   const int64_t k = a.window();
-  for (int64_t r = 0; r < count; ++r, dst += k) {
-    unfold_position(a, n, oy, ox, dst);
-    if (++ox == a.out_w) {
-      ox = 0;
-      if (++oy == a.out_h) oy = 0, ++n;
-    }
-  }
-}
-
-bool is_pointwise(const NhwcConvArgs& a) {
-  return a.kernel_h == 1 && a.kernel_w == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_top == 0 &&
-         a.pad_left == 0 && a.out_h == a.in_h && a.out_w == a.in_w;
+  a.for_each_position(first, count, [&](int64_t n, int64_t oy, int64_t ox, int64_t r) {
+    unfold_position(a, n, oy, ox, dst + r * k);
+  });
 }
 
 GemmArgs product_of(const NhwcConvArgs& a, const float* rows, int64_t lda, int64_t first_position,
@@ -434,7 +424,7 @@ constexpr int64_t kUnfoldFloats = int64_t{8} << 20;
 // 0.50-0.56 -> 0.32-0.42; ResNet's 7x7 to 64 1.74-2.99 -> 1.96-2.13 (equal
 // within noise, after its 512-bit path).
 bool runs_direct(const NhwcConvArgs& a) {
-  return a.channels_first || (!is_pointwise(a) && a.channels <= kConvDirectMaxChannels);
+  return a.channels_first || (!a.pointwise() && a.channels <= kConvDirectMaxChannels);
 }
 
 void run_direct_conv(const NhwcConvArgs& a) {
@@ -491,7 +481,7 @@ void run_conv2d_nhwc(const NhwcConvArgs& a) {
     run_direct_conv(a);
     return;
   }
-  if (is_pointwise(a)) {  // the image is the product's left-hand side as it lies
+  if (a.pointwise()) {  // the image is the product's left-hand side as it lies
     run_gemm(product_of(a, a.x, a.channels, 0, positions));
     return;
   }

@@ -30,6 +30,24 @@ struct NhwcConvArgs {
   int64_t x_stride_n, x_stride_h, x_stride_w, x_stride_c;
 
   int64_t positions() const { return batch * out_h * out_w; }
+  // A 1x1 convolution with stride 1 and no padding: the image's rows are the product's left-hand side.
+  bool pointwise() const {
+    return kernel_h == 1 && kernel_w == 1 && stride_h == 1 && stride_w == 1 && pad_top == 0 &&
+           pad_left == 0 && out_h == in_h && out_w == in_w;
+  }
+  // fn(n, oy, ox, r) for the output positions [first, first + count) in order, r counting from 0 (an
+  // odometer: no division per position).
+  template <class Fn>
+  void for_each_position(int64_t first, int64_t count, Fn&& fn) const {
+    int64_t ox = first % out_w, oy = (first / out_w) % out_h, n = first / (out_w * out_h);
+    for (int64_t r = 0; r < count; ++r) {
+      fn(n, oy, ox, r);
+      if (++ox == out_w) {
+        ox = 0;
+        if (++oy == out_h) oy = 0, ++n;
+      }
+    }
+  }
   int64_t window() const { return kernel_h * kernel_w * channels; }  // the GEMM's K
   // First input row / column under kernel tap 0 of output row / column o.
   int64_t input_row(int64_t oy) const { return oy * stride_h - pad_top; }

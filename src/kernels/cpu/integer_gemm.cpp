@@ -422,18 +422,16 @@ class IntegerMatmulKernel : public CpuKernel {
 
 }  // namespace
 
-// Whether every column's zero point (shifted) is 0: then the products need no row sums of A.
-bool zero_free_columns(const IntegerGemmArgs& g) {
-  return std::all_of(g.column_zeros, g.column_zeros + g.n, [](int32_t z) { return z == 0; });
+void set_zero_free_columns(IntegerGemmArgs& g) {
+  g.b_zero_free = std::all_of(g.column_zeros, g.column_zeros + g.n, [](int32_t z) { return z == 0; });
 }
 
-void integer_gemm_rows_on_this_thread(IntegerGemmArgs g, int64_t row0, int64_t rows) {
-  g.b_zero_free = zero_free_columns(g);
+void integer_gemm_rows_on_this_thread(const IntegerGemmArgs& g, int64_t row0, int64_t rows) {
   HWY_DYNAMIC_DISPATCH(IntegerGemmRows)(g, row0, rows);
 }
 
 void run_integer_gemm(IntegerGemmArgs g) {
-  g.b_zero_free = zero_free_columns(g);
+  set_zero_free_columns(g);
   // A's row sums once per call (every panel block's tiles use them), unless B has no zero points.
   std::vector<int32_t> row_sums(g.b_zero_free ? 0 : static_cast<size_t>(g.m));
   if (!g.b_zero_free) {

@@ -40,10 +40,14 @@ struct IntegerGemmArgs {
   bool y_signed;
 };
 
+/** Sets g.b_zero_free from g's column zeros (whether B has no zero points: then A's row sums are neither
+ * computed nor read). Once per call, before integer_gemm_rows_on_this_thread. */
+void set_zero_free_columns(IntegerGemmArgs& g);
+
 /** The product of rows [row0, row0 + rows) of g.a (all columns) on the calling thread, their row sums
- * computed here (g.row_sums is not read). On the CPU's best SIMD target; requires
- * integer_gemm_available(). */
-void integer_gemm_rows_on_this_thread(IntegerGemmArgs g, int64_t row0, int64_t rows);
+ * computed here when B has zero points (g.row_sums is not read); g.b_zero_free set by set_zero_free_columns.
+ * On the CPU's best SIMD target; requires integer_gemm_available(). */
+void integer_gemm_rows_on_this_thread(const IntegerGemmArgs& g, int64_t row0, int64_t rows);
 
 /** The whole product g (all g.m rows), its row sums computed here, split between the kernel threads. */
 void run_integer_gemm(IntegerGemmArgs g);

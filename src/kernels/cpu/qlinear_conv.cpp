@@ -270,10 +270,6 @@ IntegerGemmArgs product_args(const std::vector<mx::array>& in, uint8_t* y, int64
   return g;
 }
 
-bool is_pointwise(const NhwcConvArgs& a) {
-  return a.kernel_h == 1 && a.kernel_w == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_top == 0 &&
-         a.pad_left == 0 && a.out_h == a.in_h && a.out_w == a.in_w;
-}
 
 // Copies n bytes. A stem's window rows are a few bytes each (3x3 over RGB: 9), where a libc call per copy
 // costs more than the copy; fixed-size copies compile to register moves.
@@ -354,7 +350,8 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, b
 void run_qlinear_conv_channels_first(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, bool x_signed,
                                      const IntegerGemmArgs& g) {
   const int64_t rows = a.batch * a.in_h, plane = a.in_h * a.in_w;
-  std::vector<uint8_t> nhwc(static_cast<size_t>(rows * a.in_w * a.channels));
+  thread_local std::vector<uint8_t> nhwc;  // kept between calls: no fresh pages a run
+  nhwc.resize(static_cast<size_t>(rows * a.in_w * a.channels));
   parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, a.in_w * a.channels)),
                [&](int64_t begin, int64_t end) {
                  for (int64_t r = begin; r < end; ++r) {
@@ -380,7 +377,7 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, b
   }
   g.a_zero = x_signed ? static_cast<int8_t>(x_zero) + 128 : x_zero;
   const int64_t positions = a.positions();
-  if (is_pointwise(a) && a.channels % 4 == 0 &&
+  if (a.pointwise() && a.channels % 4 == 0 &&
       !x_signed) {  // the image's rows are the product's left-hand side
     g.a = x;
     g.lda = a.channels;
@@ -388,6 +385,7 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, b
     run_integer_gemm(g);
     return;
   }
+  set_zero_free_columns(g);
   const int64_t lda = round_up(a.window(), 4);
   const int64_t rows = unfold_task_rows(positions, lda);
   uint8_t* y = g.y_quant;
@@ -396,14 +394,9 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, b
     for (int64_t t = begin; t < end; ++t) {
       const int64_t first = t * rows, count = std::min(rows, positions - first);
       unfolded.resize(static_cast<size_t>(count * lda + kUnfoldSlack));
-      int64_t ox = first % a.out_w, oy = (first / a.out_w) % a.out_h, n = first / (a.out_w * a.out_h);
-      for (int64_t r = 0; r < count; ++r) {
+      a.for_each_position(first, count, [&](int64_t n, int64_t oy, int64_t ox, int64_t r) {
         unfold_position(a, x, x_zero, lda, n, oy, ox, unfolded.data() + r * lda);
-        if (++ox == a.out_w) {
-          ox = 0;
-          if (++oy == a.out_h) oy = 0, ++n;
-        }
-      }
+      });
       if (x_signed) {  // the tails' zeros flip too: B is zero there, and the row sums stop at K
         for (uint8_t& byte : unfolded) byte ^= 0x80;
       }
