@@ -350,20 +350,22 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, b
 void run_qlinear_conv_channels_first(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, bool x_signed,
                                      const IntegerGemmArgs& g) {
   const int64_t rows = a.batch * a.in_h, plane = a.in_h * a.in_w;
-  thread_local std::vector<uint8_t> nhwc;  // kept between calls: no fresh pages a run
+  thread_local std::vector<uint8_t> nhwc;  // the calling thread's, kept between calls: no fresh pages a run
   nhwc.resize(static_cast<size_t>(rows * a.in_w * a.channels));
+  // By pointer: in the pool's threads the name `nhwc` would be their own (empty) thread_local.
+  uint8_t* staging = nhwc.data();
   parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, a.in_w * a.channels)),
                [&](int64_t begin, int64_t end) {
                  for (int64_t r = begin; r < end; ++r) {
                    const int64_t n = r / a.in_h, y = r % a.in_h;
                    HWY_DYNAMIC_DISPATCH(InterleavePlanes)(x + n * a.channels * plane + y * a.in_w, plane,
                                                           a.in_w, a.channels,
-                                                          nhwc.data() + r * a.in_w * a.channels);
+                                                          staging + r * a.in_w * a.channels);
                  }
                });
   NhwcConvArgs channels_last = a;
   channels_last.channels_first = false;
-  run_qlinear_conv(channels_last, nhwc.data(), x_zero, x_signed, g);
+  run_qlinear_conv(channels_last, staging, x_zero, x_signed, g);
 }
 
 // x_zero: the zero point's byte (two's complement when x_signed). VNNI multiplies unsigned bytes of A: int8

@@ -169,6 +169,7 @@ TEST(QLinearConvNhwc, GroupOneEqualsTheIntegerSums) {
       {2, 16, 5, 7, 40, conv(1, 1, {0, 0}, {0, 0})},                        // pointwise in place
       {1, 6, 6, 5, 33, conv(1, 1, {0, 0}, {0, 0}), false, mx::int8, true},  // C % 4 != 0: unfolded
       {1, 3, 17, 18, 32, stem},                                             // stem over NCHW RGB
+      {1, 3, 224, 224, 32, stem},  // rows enough for the interleave to spread over the pool's threads
       {2, 8, 9, 11, 20, conv(3, 1, {1, 0}, {2, 1}, 2), false, mx::int8, false, false, false, mx::int8},
       {1, 24, 6, 6, 70, conv(1, 1, {0, 0}, {0, 0}), false, mx::uint8, true},  // B zero points
       {1, 12, 8, 8, 16, conv(3, 2, {0, 0}, {0, 0}), false, mx::uint8, false, true, true, mx::int8},
