@@ -54,67 +54,50 @@ HWY_INLINE VI CenteredSum(const IntegerGemmArgs& g, VI raw, VI zeros, VI column_
   return hn::Add(hn::Sub(raw, hn::Mul(zeros, hn::Set(DI(), row_sums[r]))), column_term);
 }
 
-// The requantizing epilogue of a tile's panel (columns col0 .. col0 + 32, `valid` of them): per row, each
-// vector's exact int32 sum plus the bias, converted to float, times the scale, clamped to the output's
-// range less the zero point (as ONNX Runtime's requantization clamps: the same as clamping after
-// rounding, the bounds being integers), rounded half to even (vcvtps2dq under the default rounding
-// mode), plus the zero point; the two vectors' bytes (vpmovdb: the values fit) go out in one 32-byte
-// store. vpmovdb writes a register here: its memory form, which the compiler would otherwise fuse with
-// the store, took a fifth of a pointwise convolution's time on Zen 4.
+// The requantizing epilogue of a tile's panel (columns col0 .. col0 + 32): per row, each vector's exact
+// sum (the column offsets are in it) converted to float, times the scale, clamped to the output's range
+// less the zero point (as ONNX Runtime's requantization clamps: the same as clamping after rounding, the
+// bounds being integers), rounded half to even (vcvtps2dq under the default rounding mode), plus the zero
+// point; the two vectors' bytes (vpmovdb: the values fit) go out in one 32-byte store. vpmovdb writes a
+// register here: its memory form, which the compiler would otherwise fuse with the store, took a fifth of a
+// pointwise convolution's time on Zen 4.
 template <int R>
-HWY_INLINE void RequantizePanel(const IntegerGemmArgs& g, const VI (&acc)[R][2], int64_t row, int64_t col0,
-                                VI za, VI k_za, const int32_t* row_sums) {
+HWY_INLINE void RequantizePanel(const IntegerGemmArgs& g, const VI (&acc)[R][2], int64_t row, int64_t col0) {
   const DI di;
   const hn::Rebind<float, DI> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));
-  const int64_t valid = std::min(kIntPanelColumns, g.n - col0);
-  VI zeros[2], bias[2];
-  hn::Vec<decltype(df)> scale[2];
-  for (int h = 0; h < 2; ++h) {
-    const int64_t first = col0 + h * lanes;
-    const auto count = static_cast<size_t>(std::clamp<int64_t>(valid - h * lanes, 0, lanes));
-    // Column sums and zeros are padded to whole panels; biases and scales are not.
-    zeros[h] = hn::LoadU(di, g.column_zeros + first);
-    // - za sum_k b' + K za zb', the same for every row
-    bias[h] = hn::Sub(hn::Mul(k_za, zeros[h]), hn::Mul(za, hn::LoadU(di, g.column_sums + first)));
-    if (g.bias_int != nullptr && count > 0)
-      bias[h] = hn::Add(bias[h], hn::MaskedLoad(hn::FirstN(di, count), di, g.bias_int + first));
-    if (!g.scale_per_column) {
-      scale[h] = hn::Set(df, g.scale[0]);
-    } else {
-      scale[h] = count > 0 ? hn::MaskedLoad(hn::FirstN(df, count), df, g.scale + first) : hn::Zero(df);
-    }
-  }
+  // In locals: the byte stores below may alias g's fields, which the compiler would otherwise reload.
+  const int64_t n = g.n;
+  uint8_t* const out = g.y_quant + row * n + col0;
+  const int64_t valid = std::min(kIntPanelColumns, n - col0);
+  const auto scale_low = hn::LoadU(df, g.column_scales + col0);
+  const auto scale_high = hn::LoadU(df, g.column_scales + col0 + hn::Lanes(df));
   const auto low = hn::Set(df, static_cast<float>(g.y_min - g.y_zero));
   const auto high = hn::Set(df, static_cast<float>(g.y_max - g.y_zero));
   const VI y_zero = hn::Set(di, g.y_zero);
-  auto to_bytes = [&](VI sum, int h) {
-    const auto f = hn::Min(hn::Max(hn::Mul(hn::ConvertTo(df, sum), scale[h]), low), high);
+  auto to_bytes = [&](VI sum, hn::Vec<decltype(df)> scale) {
+    const auto f = hn::Min(hn::Max(hn::Mul(hn::ConvertTo(df, sum), scale), low), high);
     __m128i b = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f.raw), y_zero.raw));
     asm("" : "+v"(b));  // keeps vpmovdb's register form
     return b;
   };
-  const __mmask32 mask = valid == kIntPanelColumns ? ~__mmask32{0} : (__mmask32{1} << valid) - 1;
-  for (int r = 0; r < R; ++r) {
-    const __m128i low_bytes = to_bytes(CenteredSum(g, acc[r][0], zeros[0], bias[0], row_sums, r), 0);
-    const __m128i high_bytes = to_bytes(CenteredSum(g, acc[r][1], zeros[1], bias[1], row_sums, r), 1);
-    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(low_bytes), high_bytes, 1);
-    uint8_t* out = g.y_quant + (row + r) * g.n + col0;
-    if (valid == kIntPanelColumns) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), both);
-    } else {
-      _mm256_mask_storeu_epi8(out, mask, both);
-    }
+  auto row_bytes = [&](int r) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(to_bytes(acc[r][0], scale_low)),
+                                   to_bytes(acc[r][1], scale_high), 1);
+  };
+  if (valid == kIntPanelColumns) {
+    for (int r = 0; r < R; ++r) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * n), row_bytes(r));
+    return;
   }
+  const __mmask32 mask = (__mmask32{1} << valid) - 1;
+  for (int r = 0; r < R; ++r) _mm256_mask_storeu_epi8(out + r * n, mask, row_bytes(r));
 }
 
-// acc[r][h] = the raw products of row row + r with panel p's columns h * 16 .. over the packed quads.
+// acc[r][h] += the raw products of row row + r with panel p's columns h * 16 .. over the packed quads.
 template <int R>
 HWY_INLINE void IntProducts(const IntegerGemmArgs& g, int64_t row, int64_t p, VI (&acc)[R][2]) {
-  const DI di;
   const DU8 du8;
   const DI8 di8;
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(di);
+  const DI di;
   const int64_t quads = (g.k + 3) / 4;
   const int8_t* b = g.packed + p * quads * kIntQuadBytes;
   const uint8_t* a = g.a + row * g.lda;
@@ -131,17 +114,36 @@ HWY_INLINE void IntProducts(const IntegerGemmArgs& g, int64_t row, int64_t p, VI
   }
 }
 
-// y_quant[row .. row + R, panel p's columns]: the products, then the requantizing epilogue. Apart from
-// IntTile: there the other epilogues index the accumulators by a run-time vector, which kept them in
-// memory (stored after the products, reloaded by the epilogue) for this one too.
+// y_quant[row .. row + R, panel p's columns]: the column offsets plus the products (less B's zero points
+// times the row sums), then the requantizing epilogue. Apart from IntTile: there the other epilogues index
+// the accumulators by a run-time vector, which kept them in memory (stored after the products, reloaded by
+// the epilogue) for this one too.
 template <int R>
 HWY_INLINE void IntTileQuantized(const IntegerGemmArgs& g, int64_t row, int64_t p, const int32_t* row_sums) {
   const DI di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));
+  const int64_t col0 = p * kIntPanelColumns;
+  const VI offset_low = hn::LoadU(di, g.column_offsets + col0);
+  const VI offset_high = hn::LoadU(di, g.column_offsets + col0 + lanes);
   VI acc[R][2];
-  IntProducts<R>(g, row, p, acc);
-  const VI za = hn::Set(di, g.a_zero);
-  const VI k_za = hn::Set(di, static_cast<int32_t>(g.k) * g.a_zero);
-  RequantizePanel<R>(g, acc, row, p * kIntPanelColumns, za, k_za, row_sums);
+  if (g.b_zero_free) {  // the sums start from the column offsets
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = offset_low;
+      acc[r][1] = offset_high;
+    }
+    IntProducts<R>(g, row, p, acc);
+  } else {
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(di);
+    IntProducts<R>(g, row, p, acc);
+    const VI zeros_low = hn::LoadU(di, g.column_zeros + col0);
+    const VI zeros_high = hn::LoadU(di, g.column_zeros + col0 + lanes);
+    for (int r = 0; r < R; ++r) {
+      const VI sum = hn::Set(di, row_sums[r]);
+      acc[r][0] = hn::Sub(hn::Add(acc[r][0], offset_low), hn::Mul(zeros_low, sum));
+      acc[r][1] = hn::Sub(hn::Add(acc[r][1], offset_high), hn::Mul(zeros_high, sum));
+    }
+  }
+  RequantizePanel<R>(g, acc, row, col0);
 }
 
 // y or y_float [row .. row + R, panel p's columns]: the products, then the zero points through the row
@@ -151,6 +153,7 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
   const DI di;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(di));  // 16: two vectors make a panel
   VI acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(di);
   IntProducts<R>(g, row, p, acc);
   const VI za = hn::Set(di, g.a_zero);
   const VI k_za = hn::Set(di, static_cast<int32_t>(g.k) * g.a_zero);
@@ -426,12 +429,29 @@ void set_zero_free_columns(IntegerGemmArgs& g) {
   g.b_zero_free = std::all_of(g.column_zeros, g.column_zeros + g.n, [](int32_t z) { return z == 0; });
 }
 
+void set_requantize_columns(IntegerGemmArgs& g, RequantizeColumns& storage) {
+  const auto padded = static_cast<size_t>(ceil_div(g.n, kIntPanelColumns) * kIntPanelColumns);
+  storage.offsets.assign(padded, 0);
+  storage.scales.assign(padded, 0.0f);
+  const int64_t za = g.a_zero, k_za = g.k * za;
+  for (int64_t j = 0; j < g.n; ++j) {
+    // Modulo 2^32, as the int32 sums they join: the exact sum fits.
+    const int64_t offset = k_za * g.column_zeros[j] - za * g.column_sums[j] + (g.bias_int ? g.bias_int[j] : 0);
+    storage.offsets[static_cast<size_t>(j)] = static_cast<int32_t>(offset);
+    storage.scales[static_cast<size_t>(j)] = g.scale[g.scale_per_column ? j : 0];
+  }
+  g.column_offsets = storage.offsets.data();
+  g.column_scales = storage.scales.data();
+}
+
 void integer_gemm_rows_on_this_thread(const IntegerGemmArgs& g, int64_t row0, int64_t rows) {
   HWY_DYNAMIC_DISPATCH(IntegerGemmRows)(g, row0, rows);
 }
 
 void run_integer_gemm(IntegerGemmArgs g) {
   set_zero_free_columns(g);
+  RequantizeColumns columns;
+  if (g.y_quant != nullptr) set_requantize_columns(g, columns);
   // A's row sums once per call (every panel block's tiles use them), unless B has no zero points.
   std::vector<int32_t> row_sums(g.b_zero_free ? 0 : static_cast<size_t>(g.m));
   if (!g.b_zero_free) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace transmuter::kernels {
 
@@ -38,7 +39,22 @@ struct IntegerGemmArgs {
   const int32_t* bias_int;  // [n], or null
   int32_t y_zero, y_min, y_max;
   bool y_signed;
+  // Its per-column constants, padded with zeros to whole panels (set_requantize_columns, once a call): the
+  // zero points' column terms plus bias_int (K za zb' - za sum_k b' + bias), and the scales (the one scale
+  // repeated when per tensor).
+  const int32_t* column_offsets;
+  const float* column_scales;
 };
+
+/** The storage behind IntegerGemmArgs::column_offsets and column_scales, owned by the caller of a call. */
+struct RequantizeColumns {
+  std::vector<int32_t> offsets;
+  std::vector<float> scales;
+};
+
+/** Fills `storage` from g (its a_zero, column sums and zeros, bias_int, scale) and points g at it. Once per
+ * call of a requantizing product, after g.a_zero is set. */
+void set_requantize_columns(IntegerGemmArgs& g, RequantizeColumns& storage);
 
 /** Sets g.b_zero_free from g's column zeros (whether B has no zero points: then A's row sums are neither
  * computed nor read). Once per call, before integer_gemm_rows_on_this_thread. */

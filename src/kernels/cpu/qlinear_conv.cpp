@@ -388,6 +388,8 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, b
     return;
   }
   set_zero_free_columns(g);
+  RequantizeColumns columns;
+  set_requantize_columns(g, columns);
   const int64_t lda = round_up(a.window(), 4);
   const int64_t rows = unfold_task_rows(positions, lda);
   uint8_t* y = g.y_quant;
