@@ -436,7 +436,8 @@ void set_requantize_columns(IntegerGemmArgs& g, RequantizeColumns& storage) {
   const int64_t za = g.a_zero, k_za = g.k * za;
   for (int64_t j = 0; j < g.n; ++j) {
     // Modulo 2^32, as the int32 sums they join: the exact sum fits.
-    const int64_t offset = k_za * g.column_zeros[j] - za * g.column_sums[j] + (g.bias_int ? g.bias_int[j] : 0);
+    const int64_t offset =
+        k_za * g.column_zeros[j] - za * g.column_sums[j] + (g.bias_int ? g.bias_int[j] : 0);
     storage.offsets[static_cast<size_t>(j)] = static_cast<int32_t>(offset);
     storage.scales[static_cast<size_t>(j)] = g.scale[g.scale_per_column ? j : 0];
   }
