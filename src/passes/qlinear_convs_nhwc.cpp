@@ -12,7 +12,7 @@
 //     -> Transpose(0,3,1,2) -> y
 //
 // W' is the weight prepared once here: group 1, its rows [kH * kW * C, M] packed for the VNNI integer
-// GEMM with its zero point (column sums and zeros beside it); depthwise, w - w_zp as float32 [kH, kW, C].
+// GEMM with its zero point (column sums and zeros beside it); depthwise, w - w_zp as int16 [kH, kW, C].
 // m = x_scale * w_scale / y_scale in float32, in that order (ONNX Runtime's), one value or [M]. The
 // transposes between two convolutions then cancel in channels_last_convs' step 2, which moves the layout
 // through QLinearAdd, QLinearGlobalAveragePool and per-tensor QuantizeLinear / DequantizeLinear, so a

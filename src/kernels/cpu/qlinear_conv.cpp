@@ -22,7 +22,8 @@ struct QLinearDepthwiseArgs {
   NhwcConvArgs geometry;  // its pointers unused
   const uint8_t* x;       // [N, in_h, in_w, C] bytes, int8 when x_signed
   bool x_signed;
-  const float* w;         // [kH, kW, C]: w - w_zero
+  const int16_t* w;        // [kH, kW, C]: w - w_zero
+  const int32_t* offsets;  // [C]: bias - x_zero * (the sum of the channel's weights), per call
   const float* multiplier;
   bool multiplier_per_channel;
   const int32_t* bias;  // [C] or null
@@ -66,7 +67,10 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
       return hn::ConvertTo(d, hn::PromoteTo(di, kFull ? hn::LoadU(du8, p) : LoadFirst(du8, p, valid)));
     }
   };
-  auto load_w = [&](const float* p) { return kFull ? hn::LoadU(d, p) : LoadFirst(d, p, valid); };
+  auto load_w = [&](const int16_t* p) {
+    const hn::Rebind<int16_t, D> di16;
+    return hn::ConvertTo(d, hn::PromoteTo(di, kFull ? hn::LoadU(di16, p) : LoadFirst(di16, p, valid)));
+  };
   V acc[kCols];
   for (int j = 0; j < kCols; ++j) acc[j] = hn::Zero(d);
   V weight_sum = hn::Zero(d);
@@ -74,7 +78,7 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
   for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
     if (rows[ky] == nullptr) continue;  // in the padding: x_zero - x_zero adds nothing
     const uint8_t* row = rows[ky] + c0;
-    const float* w = a.w + ky * g.kernel_w * C + c0;
+    const int16_t* w = a.w + ky * g.kernel_w * C + c0;
     for (int64_t kx = 0; kx < g.kernel_w; ++kx, w += C) {
       const V wv = load_w(w);
       const int64_t ix0 = g.input_col(ox0) + kx * g.dilation_w;
@@ -140,17 +144,100 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
 #endif
 }
 
+#if HWY_TARGET == HWY_AVX3_DL
+// acc + x * w per int32 lane, on words (vpdpwssd): x's low word the value, w's high word zero, so x's high
+// word (a sign extension) adds nothing. Inline assembly, as integer_gemm.cpp's DotBytes.
+HWY_INLINE __m512i DotWords(__m512i acc, __m512i x, __m512i w) {
+  asm("vpdpwssd %[w], %[x], %[acc]" : [acc] "+v"(acc) : [x] "v"(x), [w] "v"(w));
+  return acc;
+}
+
+// QDepthwiseColumns in int32 on VNNI: each tap's 16 bytes widened to int32 lanes (one load-extend) and
+// multiplied-added with the tap's weights (one vpdpwssd), where the float path converts and fuses (three).
+// The sums start from the channel's offset (bias - x_zero * the weights' sum), and a tap in the padding
+// multiplies x_zero, so every output subtracts the same x_zero term.
+template <bool kSigned, int kCols, bool kChecked, bool kFull>
+HWY_INLINE void QDepthwiseColumnsVnni(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
+                                      uint8_t* out_row, int64_t ox0, int64_t c0, size_t valid) {
+  static_assert(!kChecked || kCols == 1, "border columns go one at a time");
+  const NhwcConvArgs& g = a.geometry;
+  const int64_t C = g.channels;
+  const __mmask16 mask = static_cast<__mmask16>(kFull ? 0xFFFFu : (1u << valid) - 1);
+  auto load_x = [&](const uint8_t* p) {
+    const __m128i bytes =
+        kFull ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_maskz_loadu_epi8(mask, p);
+    return kSigned ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+  };
+  auto load_w = [&](const int16_t* p) {  // zero-extended: the high words stay zero
+    const __m256i words =
+        kFull ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mask, p);
+    return _mm512_cvtepu16_epi32(words);
+  };
+  const __m512i x_zero = _mm512_set1_epi32(a.x_zero);
+  const __m512i offset =
+      kFull ? _mm512_loadu_si512(a.offsets + c0) : _mm512_maskz_loadu_epi32(mask, a.offsets + c0);
+  __m512i acc[kCols];
+  for (int j = 0; j < kCols; ++j) acc[j] = offset;
+  const int64_t column_step = g.stride_w * C;
+  for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+    const uint8_t* row = rows[ky] != nullptr ? rows[ky] + c0 : nullptr;
+    const int16_t* w = a.w + ky * g.kernel_w * C + c0;
+    for (int64_t kx = 0; kx < g.kernel_w; ++kx, w += C) {
+      const __m512i wv = load_w(w);
+      const int64_t ix0 = g.input_col(ox0) + kx * g.dilation_w;
+      if (row == nullptr) {  // a padding row: x_zero under every column
+        for (int j = 0; j < kCols; ++j) acc[j] = DotWords(acc[j], x_zero, wv);
+      } else if constexpr (kChecked) {
+        acc[0] = DotWords(acc[0], ix0 >= 0 && ix0 < g.in_w ? load_x(row + ix0 * C) : x_zero, wv);
+      } else {
+        const uint8_t* in = row + ix0 * C;
+        for (int j = 0; j < kCols; ++j) acc[j] = DotWords(acc[j], load_x(in + j * column_step), wv);
+      }
+    }
+  }
+  // Requantized as QDepthwiseColumns' AVX-512 form.
+  const __m512 multiplier =
+      a.multiplier_per_channel
+          ? (kFull ? _mm512_loadu_ps(a.multiplier + c0) : _mm512_maskz_loadu_ps(mask, a.multiplier + c0))
+          : _mm512_set1_ps(a.multiplier[0]);
+  const __m512 low = _mm512_set1_ps(static_cast<float>(a.y_min - a.y_zero));
+  const __m512 high = _mm512_set1_ps(static_cast<float>(a.y_max - a.y_zero));
+  const __m512i y_zero = _mm512_set1_epi32(a.y_zero);
+  for (int j = 0; j < kCols; ++j) {
+    const __m512 f =
+        _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[j]), multiplier), low), high);
+    __m128i bytes = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f), y_zero));
+    asm("" : "+v"(bytes));  // vpmovdb into a register (its memory form is slow on Zen 4)
+    uint8_t* out = out_row + (ox0 + j) * C + c0;
+    if constexpr (kFull) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bytes);
+    } else {
+      _mm_mask_storeu_epi8(out, mask, bytes);
+    }
+  }
+}
+#endif
+
 template <bool kSigned, int kCols, bool kChecked>
 HWY_INLINE void QDepthwiseAllChannels(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
                                       uint8_t* out_row, int64_t ox0) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
   const int64_t C = a.geometry.channels;
   int64_t c0 = 0;
+#if HWY_TARGET == HWY_AVX3_DL
+  for (; c0 + lanes <= C; c0 += lanes)
+    QDepthwiseColumnsVnni<kSigned, kCols, kChecked, true>(a, rows, out_row, ox0, c0,
+                                                          static_cast<size_t>(lanes));
+  if (c0 < C)
+    QDepthwiseColumnsVnni<kSigned, kCols, kChecked, false>(a, rows, out_row, ox0, c0,
+                                                           static_cast<size_t>(C - c0));
+#else
   for (; c0 + lanes <= C; c0 += lanes)
     QDepthwiseColumns<kSigned, kCols, kChecked, true>(a, rows, out_row, ox0, c0, static_cast<size_t>(lanes));
   if (c0 < C)
     QDepthwiseColumns<kSigned, kCols, kChecked, false>(a, rows, out_row, ox0, c0,
                                                        static_cast<size_t>(C - c0));
+#endif
 }
 
 // One output row from the input rows under its taps (rows[ky], null in the padding): interior columns
@@ -419,6 +506,15 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, b
 void run_qlinear_depthwise(QLinearDepthwiseArgs a) {
   const NhwcConvArgs& g = a.geometry;
   interior_columns(g, a.interior_lo, a.interior_hi);
+  // bias - x_zero * sum of the weights, per channel: the integer kernel's sums start there and read x_zero
+  // for the taps in the padding.
+  std::vector<int32_t> offsets(static_cast<size_t>(g.channels));
+  for (int64_t c = 0; c < g.channels; ++c) offsets[c] = a.bias != nullptr ? a.bias[c] : 0;
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  for (int64_t t = 0; t < taps; ++t) {
+    for (int64_t c = 0; c < g.channels; ++c) offsets[c] -= a.x_zero * a.w[t * g.channels + c];
+  }
+  a.offsets = offsets.data();
   const int64_t rows = g.batch * g.out_h;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.out_w * g.channels));
   parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
@@ -479,7 +575,7 @@ class QLinearConvKernel : public CpuKernel {
     a.geometry = geometry;
     a.x = x_data;
     a.x_signed = x_signed;
-    a.w = in[2].data<float>();
+    a.w = in[2].data<int16_t>();
     a.multiplier = in[3].data<float>();
     a.multiplier_per_channel = in[3].size() > 1;
     const uint8_t* y_zero = in[4].data<uint8_t>();
@@ -578,12 +674,12 @@ mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::a
   if (w.ndim() != 4 || w.shape(1) != 1 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
     throw std::invalid_argument("depthwise QLinearConv weight must be 8-bit [C, 1, kH, kW]");
   const mx::Device cpu = mx::Device::cpu;
-  mx::array centered = mx::astype(w, mx::float32, cpu);
+  mx::array centered = mx::astype(w, mx::int16, cpu);
   if (w_zero_point) {
     const mx::array& z = *w_zero_point;
     if (z.dtype() != w.dtype() || (z.size() != 1 && !(z.ndim() == 1 && z.shape(0) == w.shape(0))))
       throw std::invalid_argument("depthwise QLinearConv w_zero_point must be w's type, one value or [C]");
-    centered = mx::subtract(centered, mx::reshape(mx::astype(z, mx::float32, cpu), {-1, 1, 1, 1}, cpu), cpu);
+    centered = mx::subtract(centered, mx::reshape(mx::astype(z, mx::int16, cpu), {-1, 1, 1, 1}, cpu), cpu);
   }
   return mx::contiguous(mx::transpose(mx::squeeze(centered, 1, cpu), {1, 2, 0}, cpu), false, cpu);
 }
@@ -628,11 +724,10 @@ mx::array qlinear_depthwise_conv_nhwc(const mx::array& x, const mx::array& x_zer
   check_common(x, x_zero_point, r, c, o);
   if (o.channels_first_input)
     throw std::invalid_argument("a depthwise QLinearConv reads channels-last input only");
-  if (w.dtype() != mx::float32 || w.ndim() != 3 || w.shape(0) != o.kernel[0] || w.shape(1) != o.kernel[1] ||
+  if (w.dtype() != mx::int16 || w.ndim() != 3 || w.shape(0) != o.kernel[0] || w.shape(1) != o.kernel[1] ||
       w.shape(2) != c) {
-    throw std::invalid_argument("depthwise QLinearConv weight must be float32 [" +
-                                std::to_string(o.kernel[0]) + ", " + std::to_string(o.kernel[1]) + ", " +
-                                std::to_string(c) + "]");
+    throw std::invalid_argument("depthwise QLinearConv weight must be int16 [" + std::to_string(o.kernel[0]) +
+                                ", " + std::to_string(o.kernel[1]) + ", " + std::to_string(c) + "]");
   }
   if (int64_t{o.kernel[0]} * o.kernel[1] > kExactIntegerTerms)
     throw std::invalid_argument("depthwise QLinearConv window has more taps than float32 sums exactly");
@@ -644,7 +739,8 @@ mx::array qlinear_depthwise_conv_nhwc(const mx::array& x, const mx::array& x_zer
         mx::subtract(mx::astype(in[0], mx::float32, stream),
                      mx::astype(mx::reshape(in[1], {}, stream), mx::float32, stream), stream);
     // [kH, kW, C] -> [C, kH, kW, 1]; the float32 sums of at most kExactIntegerTerms products are exact.
-    mx::array weight = mx::expand_dims(mx::transpose(in[2], {2, 0, 1}, stream), 3, stream);
+    mx::array weight =
+        mx::expand_dims(mx::transpose(mx::astype(in[2], mx::float32, stream), {2, 0, 1}, stream), 3, stream);
     mx::array sums = mx::conv_general(centered, weight, {o.strides[0], o.strides[1]},
                                       {o.pads_begin[0], o.pads_begin[1]}, {o.pads_end[0], o.pads_end[1]},
                                       {o.dilations[0], o.dilations[1]}, {}, in[0].shape(3), false, stream);

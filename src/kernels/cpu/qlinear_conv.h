@@ -12,8 +12,9 @@
 // a group-1 convolution is the VNNI integer GEMM (integer_gemm.h: four u8 x s8 products a lane per
 // instruction, four times float32's multiply-adds) over the image's rows (pointwise: the image as it lies;
 // k x k: each position's window unfolded into a byte row) with a requantizing epilogue that writes the
-// bytes, and a depthwise one multiplies (x - x_zero) by (w - w_zero) in float32 across the channels, exact
-// for the integers of at most kExactIntegerTerms taps, then requantizes the same way.
+// bytes, and a depthwise one multiplies x by (w - w_zero) across the channels, in int32 lanes on VNNI
+// (vpdpwssd: one instruction a multiply-add) and in float32 elsewhere (exact for the integers of at most
+// kExactIntegerTerms taps), less x_zero times the weights' sum, then requantizes the same way.
 //
 // Group-1 kernels need AVX512-VNNI (integer_gemm_available); elsewhere, on other streams and for gradients
 // the reference runs: the same integers through integer_matmul's and MLX's exact paths.
@@ -43,7 +44,7 @@ struct QLinearRequantize {
 mx::array qlinear_conv_weight_rows(const mx::array& w);
 
 /** A depthwise QLinearConv weight [C, 1, kH, kW] minus its zero point (none, one value or [C], of w's
- * type) as float32 [kH, kW, C]. */
+ * type) as int16 [kH, kW, C]. */
 mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::array>& w_zero_point);
 
 /** Group-1 QLinearConv: x uint8 or int8 [N, H, W, C] ([N, C, H, W] with options.channels_first_input: a

@@ -27,7 +27,7 @@
 //   multiplier) + y_zero_point), rounded half to even. group 1:  W is the weight's rows packed by
 //   pack_integer_gemm_rhs (int8 [panels, ceil(K / 4), 128]),
 //             W_column_sums and W_column_zeros (int32) as it returns them;
-//   group C:  (depthwise, out_channels == C) W is float32 [kH, kW, C], the weight minus its zero point;
+//   group C:  (depthwise, out_channels == C) W is int16 [kH, kW, C], the weight minus its zero point;
 //             W_column_sums and W_column_zeros are absent ("").
 //   multiplier float32, one value or [out_channels] (x_scale * w_scale / y_scale); B (optional) int32
 //   [out_channels]. Inputs in that order: X, x_zero_point, W, W_column_sums, W_column_zeros, multiplier,

@@ -15,7 +15,10 @@
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
+
+#include "support/simd_targets.h"
 
 namespace transmuter::kernels {
 namespace {
@@ -200,6 +203,18 @@ TEST(QLinearConvNhwc, DepthwiseEqualsTheIntegerSums) {
     check(c, seed);
     seed += 10;
   }
+}
+
+// The depthwise kernel's two forms: int32 lanes on VNNI targets, float32 on the others.
+TEST(QLinearConvNhwc, DepthwiseOnEverySimdTarget) {
+  const int targets = testing::for_each_simd_target([](const std::string& target) {
+    SCOPED_TRACE(target);
+    check({1, 40, 9, 10, 40, conv(3, 1, {1, 1}, {1, 1}), true, mx::int8, true, true, true}, 300);
+    check(
+        {1, 24, 8, 7, 24, conv(3, 2, {1, 1}, {1, 1}), true, mx::int8, false, true, true, mx::int8, mx::int8},
+        310);
+  });
+  EXPECT_GE(targets, 1);
 }
 
 TEST(QLinearConvNhwc, RefusesOperandsThatDoNotAgree) {
