@@ -122,6 +122,7 @@ def save_inputs(inputs: dict[str, np.ndarray], folder: Path) -> list[str]:
 def child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env["OPENBLAS_NUM_THREADS"] = str(threads)
+    env["TRANSMUTER_NUM_THREADS"] = str(threads)  # the kernels' pool (it takes every core otherwise)
     return env
 
 
