@@ -152,6 +152,56 @@ HWY_INLINE __m512i DotWords(__m512i acc, __m512i x, __m512i w) {
   return acc;
 }
 
+// The channel vector at c0 of one call's VNNI depthwise (its first `valid` lanes; all of them when kFull):
+// loads that widen bytes and int16 weights to int32 lanes, the sums' starting offsets, and the requantizing
+// epilogue (as QDepthwiseColumns' AVX-512 form).
+template <bool kSigned, bool kFull>
+struct VnniChannels {
+  const QLinearDepthwiseArgs& a;
+  int64_t c0;
+  __mmask16 mask;
+
+  VnniChannels(const QLinearDepthwiseArgs& args, int64_t first, size_t valid)
+      : a(args), c0(first), mask(static_cast<__mmask16>(kFull ? 0xFFFFu : (1u << valid) - 1)) {}
+
+  HWY_INLINE __m512i x(const uint8_t* p) const {
+    const __m128i bytes =
+        kFull ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_maskz_loadu_epi8(mask, p);
+    return kSigned ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+  }
+  HWY_INLINE __m512i w(const int16_t* p) const {  // zero-extended: the high words stay zero
+    const __m256i words =
+        kFull ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mask, p);
+    return _mm512_cvtepu16_epi32(words);
+  }
+  HWY_INLINE __m512i offset() const {
+    return kFull ? _mm512_loadu_si512(a.offsets + c0) : _mm512_maskz_loadu_epi32(mask, a.offsets + c0);
+  }
+  template <int kCols>
+  HWY_INLINE void Store(const __m512i (&acc)[kCols], uint8_t* out_row, int64_t ox0) const {
+    const int64_t C = a.geometry.channels;
+    const __m512 multiplier =
+        !a.multiplier_per_channel
+            ? _mm512_set1_ps(a.multiplier[0])
+            : (kFull ? _mm512_loadu_ps(a.multiplier + c0) : _mm512_maskz_loadu_ps(mask, a.multiplier + c0));
+    const __m512 low = _mm512_set1_ps(static_cast<float>(a.y_min - a.y_zero));
+    const __m512 high = _mm512_set1_ps(static_cast<float>(a.y_max - a.y_zero));
+    const __m512i y_zero = _mm512_set1_epi32(a.y_zero);
+    uint8_t* out = out_row + ox0 * C + c0;
+    for (int j = 0; j < kCols; ++j, out += C) {
+      const __m512 f =
+          _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[j]), multiplier), low), high);
+      __m128i bytes = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f), y_zero));
+      asm("" : "+v"(bytes));  // vpmovdb into a register (its memory form is slow on Zen 4)
+      if constexpr (kFull) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bytes);
+      } else {
+        _mm_mask_storeu_epi8(out, mask, bytes);
+      }
+    }
+  }
+};
+
 // QDepthwiseColumns in int32 on VNNI: each tap's 16 bytes widened to int32 lanes (one load-extend) and
 // multiplied-added with the tap's weights (one vpdpwssd), where the float path converts and fuses (three).
 // The sums start from the channel's offset (bias - x_zero * the weights' sum), and a tap in the padding
@@ -162,59 +212,65 @@ HWY_INLINE void QDepthwiseColumnsVnni(const QLinearDepthwiseArgs& a, const uint8
   static_assert(!kChecked || kCols == 1, "border columns go one at a time");
   const NhwcConvArgs& g = a.geometry;
   const int64_t C = g.channels;
-  const __mmask16 mask = static_cast<__mmask16>(kFull ? 0xFFFFu : (1u << valid) - 1);
-  auto load_x = [&](const uint8_t* p) {
-    const __m128i bytes =
-        kFull ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_maskz_loadu_epi8(mask, p);
-    return kSigned ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
-  };
-  auto load_w = [&](const int16_t* p) {  // zero-extended: the high words stay zero
-    const __m256i words =
-        kFull ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(mask, p);
-    return _mm512_cvtepu16_epi32(words);
-  };
+  const VnniChannels<kSigned, kFull> v(a, c0, valid);
   const __m512i x_zero = _mm512_set1_epi32(a.x_zero);
-  const __m512i offset =
-      kFull ? _mm512_loadu_si512(a.offsets + c0) : _mm512_maskz_loadu_epi32(mask, a.offsets + c0);
   __m512i acc[kCols];
-  for (int j = 0; j < kCols; ++j) acc[j] = offset;
+  for (int j = 0; j < kCols; ++j) acc[j] = v.offset();
   const int64_t column_step = g.stride_w * C;
   for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
     const uint8_t* row = rows[ky] != nullptr ? rows[ky] + c0 : nullptr;
     const int16_t* w = a.w + ky * g.kernel_w * C + c0;
     for (int64_t kx = 0; kx < g.kernel_w; ++kx, w += C) {
-      const __m512i wv = load_w(w);
+      const __m512i wv = v.w(w);
       const int64_t ix0 = g.input_col(ox0) + kx * g.dilation_w;
       if (row == nullptr) {  // a padding row: x_zero under every column
         for (int j = 0; j < kCols; ++j) acc[j] = DotWords(acc[j], x_zero, wv);
       } else if constexpr (kChecked) {
-        acc[0] = DotWords(acc[0], ix0 >= 0 && ix0 < g.in_w ? load_x(row + ix0 * C) : x_zero, wv);
+        acc[0] = DotWords(acc[0], ix0 >= 0 && ix0 < g.in_w ? v.x(row + ix0 * C) : x_zero, wv);
       } else {
         const uint8_t* in = row + ix0 * C;
-        for (int j = 0; j < kCols; ++j) acc[j] = DotWords(acc[j], load_x(in + j * column_step), wv);
+        for (int j = 0; j < kCols; ++j) acc[j] = DotWords(acc[j], v.x(in + j * column_step), wv);
       }
     }
   }
-  // Requantized as QDepthwiseColumns' AVX-512 form.
-  const __m512 multiplier =
-      a.multiplier_per_channel
-          ? (kFull ? _mm512_loadu_ps(a.multiplier + c0) : _mm512_maskz_loadu_ps(mask, a.multiplier + c0))
-          : _mm512_set1_ps(a.multiplier[0]);
-  const __m512 low = _mm512_set1_ps(static_cast<float>(a.y_min - a.y_zero));
-  const __m512 high = _mm512_set1_ps(static_cast<float>(a.y_max - a.y_zero));
-  const __m512i y_zero = _mm512_set1_epi32(a.y_zero);
-  for (int j = 0; j < kCols; ++j) {
-    const __m512 f =
-        _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[j]), multiplier), low), high);
-    __m128i bytes = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f), y_zero));
-    asm("" : "+v"(bytes));  // vpmovdb into a register (its memory form is slow on Zen 4)
-    uint8_t* out = out_row + (ox0 + j) * C + c0;
-    if constexpr (kFull) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bytes);
-    } else {
-      _mm_mask_storeu_epi8(out, mask, bytes);
+  v.template Store<kCols>(acc, out_row, ox0);
+}
+
+// kCols interior output columns of a kKernelW-wide kernel at stride kStride (dilation 1): each input column
+// under them widened once and multiplied into every output whose window holds it (three at stride 1), where
+// QDepthwiseColumnsVnni widens it once per tap.
+template <bool kSigned, int kKernelW, int kStride, bool kFull>
+HWY_INLINE void QDepthwiseSharedColumns(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
+                                        uint8_t* out_row, int64_t ox0, int64_t c0, size_t valid) {
+  constexpr int kCols = 8, kInputs = (kCols - 1) * kStride + kKernelW;
+  const NhwcConvArgs& g = a.geometry;
+  const int64_t C = g.channels;
+  const VnniChannels<kSigned, kFull> v(a, c0, valid);
+  __m512i acc[kCols];
+  for (int j = 0; j < kCols; ++j) acc[j] = v.offset();
+  for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+    const int16_t* w_row = a.w + ky * kKernelW * C + c0;
+    __m512i w[kKernelW];
+    for (int kx = 0; kx < kKernelW; ++kx) w[kx] = v.w(w_row + kx * C);
+    if (rows[ky] == nullptr) {  // a padding row: x_zero under every column
+      const __m512i x_zero = _mm512_set1_epi32(a.x_zero);
+      for (int kx = 0; kx < kKernelW; ++kx) {
+        for (int j = 0; j < kCols; ++j) acc[j] = DotWords(acc[j], x_zero, w[kx]);
+      }
+      continue;
+    }
+    const uint8_t* in = rows[ky] + g.input_col(ox0) * C + c0;
+#pragma GCC unroll 32
+    for (int i = 0; i < kInputs; ++i) {
+      const __m512i x = v.x(in + i * C);
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) {
+        const int kx = i - j * kStride;
+        if (kx >= 0 && kx < kKernelW) acc[j] = DotWords(acc[j], x, w[kx]);
+      }
     }
   }
+  v.template Store<kCols>(acc, out_row, ox0);
 }
 #endif
 
@@ -240,6 +296,20 @@ HWY_INLINE void QDepthwiseAllChannels(const QLinearDepthwiseArgs& a, const uint8
 #endif
 }
 
+#if HWY_TARGET == HWY_AVX3_DL
+template <bool kSigned, int kKernelW, int kStride>
+HWY_INLINE void QDepthwiseSharedAllChannels(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
+                                            uint8_t* out_row, int64_t ox0) {
+  const int64_t lanes = 16, C = a.geometry.channels;
+  int64_t c0 = 0;
+  for (; c0 + lanes <= C; c0 += lanes)
+    QDepthwiseSharedColumns<kSigned, kKernelW, kStride, true>(a, rows, out_row, ox0, c0, lanes);
+  if (c0 < C)
+    QDepthwiseSharedColumns<kSigned, kKernelW, kStride, false>(a, rows, out_row, ox0, c0,
+                                                               static_cast<size_t>(C - c0));
+}
+#endif
+
 // One output row from the input rows under its taps (rows[ky], null in the padding): interior columns
 // eight at a time (eight independent multiply-add chains), the border columns with their taps checked.
 template <bool kSigned>
@@ -248,6 +318,28 @@ HWY_INLINE void QLinearDepthwiseRowOf(const QLinearDepthwiseArgs& a, const uint8
   const int64_t lo = a.interior_lo, hi = a.interior_hi, out_w = a.geometry.out_w;
   for (int64_t ox = 0; ox < lo; ++ox) QDepthwiseAllChannels<kSigned, 1, true>(a, rows, out_row, ox);
   int64_t ox = lo;
+#if HWY_TARGET == HWY_AVX3_DL
+  const NhwcConvArgs& g = a.geometry;
+  if (g.dilation_w == 1 && (g.kernel_w == 3 || g.kernel_w == 5) && (g.stride_w == 1 || g.stride_w == 2)) {
+    const int shape = static_cast<int>(g.kernel_w * 10 + g.stride_w);
+    for (; ox + 8 <= hi; ox += 8) {
+      switch (shape) {
+        case 31:
+          QDepthwiseSharedAllChannels<kSigned, 3, 1>(a, rows, out_row, ox);
+          break;
+        case 32:
+          QDepthwiseSharedAllChannels<kSigned, 3, 2>(a, rows, out_row, ox);
+          break;
+        case 51:
+          QDepthwiseSharedAllChannels<kSigned, 5, 1>(a, rows, out_row, ox);
+          break;
+        default:
+          QDepthwiseSharedAllChannels<kSigned, 5, 2>(a, rows, out_row, ox);
+          break;
+      }
+    }
+  }
+#endif
   for (; ox + 8 <= hi; ox += 8) QDepthwiseAllChannels<kSigned, 8, false>(a, rows, out_row, ox);
   for (; ox + 4 <= hi; ox += 4) QDepthwiseAllChannels<kSigned, 4, false>(a, rows, out_row, ox);
   for (; ox < hi; ++ox) QDepthwiseAllChannels<kSigned, 1, false>(a, rows, out_row, ox);

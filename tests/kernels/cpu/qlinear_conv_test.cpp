@@ -196,6 +196,10 @@ TEST(QLinearConvNhwc, DepthwiseEqualsTheIntegerSums) {
       {1, 24, 12, 12, 24, conv(5, 1, {2, 2}, {2, 2}), true, mx::uint8, true, false, false},
       {1, 8, 20, 21, 8, conv(3, 1, {0, 1}, {2, 0}, 2), true},  // dilation, odd pads
       {1, 40, 9, 10, 40, conv(3, 2, {1, 1}, {1, 1}), true, mx::int8, false, true, true, mx::int8, mx::int8},
+      // rows of more than eight interior columns at strides 1 and 2 (the VNNI form's shared input columns)
+      {1, 24, 7, 40, 24, conv(3, 2, {1, 1}, {1, 1}), true, mx::int8, true, true, true, mx::uint8, mx::int8},
+      {1, 20, 9, 44, 20, conv(5, 2, {2, 2}, {2, 2}), true},
+      {2, 16, 5, 30, 16, conv(5, 1, {2, 2}, {2, 2}), true, mx::uint8, false, false, false},
   };
   uint64_t seed = 200;
   for (const Case& c : cases) {
