@@ -37,10 +37,12 @@
 // integer convolutions run (kernels::integer_gemm_available); elsewhere the QDQ graph keeps its float
 // convolutions.
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/integer_gemm.h"
+#include "mlx_bridge/buffers.h"
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 
@@ -111,14 +113,24 @@ bool bias_dequantize_fits(const Graph& graph, const Node& dq, const mx::array& x
       scale->dtype() != mx::float32 || scale->size() != w_scale.size())
     return false;
   if (scale->size() != 1 && int_attribute_or(dq, "axis", 1) != 0) return false;
+  // On the host: an MLX evaluation at load is a round trip to the stream's thread, here two a convolution.
   if (dq.inputs.size() >= 3 && !dq.inputs[2].empty()) {
     const mx::array* zero = stored_initializer(graph, dq.inputs[2]);
-    if (zero == nullptr || !mx::all(mx::equal(*zero, mx::array(0)), mx::Device::cpu).item<bool>())
-      return false;
+    if (zero == nullptr || zero->dtype() != mx::int32) return false;
+    mx::array keep = *zero;
+    const std::span<const uint8_t> bytes = host_bytes(*zero, /*as_float32=*/false, keep);
+    if (std::any_of(bytes.begin(), bytes.end(), [](uint8_t byte) { return byte != 0; })) return false;
   }
-  const mx::array product =
-      mx::multiply(mx::reshape(x_scale, {}), mx::reshape(w_scale, {-1}), mx::Device::cpu);
-  return mx::array_equal(product, mx::reshape(*scale, {-1}), mx::Device::cpu).item<bool>();
+  if (x_scale.dtype() != mx::float32 || w_scale.dtype() != mx::float32 || x_scale.size() != 1) return false;
+  mx::array keep_x = x_scale, keep_w = w_scale, keep_b = *scale;
+  const float x = *reinterpret_cast<const float*>(host_bytes(x_scale, false, keep_x).data());
+  const auto* w = reinterpret_cast<const float*>(host_bytes(w_scale, false, keep_w).data());
+  const auto* b_scale = reinterpret_cast<const float*>(host_bytes(*scale, false, keep_b).data());
+  for (size_t i = 0; i < w_scale.size(); ++i) {
+    if (x * w[i] != b_scale[i])
+      return false;  // float32 products, as the Conv's DequantizeLinear computes them
+  }
+  return true;
 }
 
 // The integer node replacing `node` (a Conv, Add, Gemm or GlobalAveragePool) and its QuantizeLinear: named as

@@ -32,11 +32,13 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/integer_gemm.h"
 #include "kernels/cpu/qlinear_conv.h"
+#include "mlx_bridge/buffers.h"
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 
@@ -130,31 +132,46 @@ struct ConvOperands {
   mx::array w;
   std::optional<mx::array> w_zero;
   mx::array x_scale, w_scale, y_scale;
+  std::optional<mx::array> rows =
+      std::nullopt;  // group 1: w's GEMM rows [K, M] when given as such (QGemm's B)
 };
+
+// a's values as float32 on the host (in place when a is float32 and laid out row-major).
+std::span<const float> host_floats(const mx::array& a, mx::array& keep) {
+  const std::span<const uint8_t> bytes = host_bytes(a, /*as_float32=*/true, keep);
+  return {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)};
+}
+
+// x_scale * w_scale / y_scale in float32, in that order (ONNX Runtime's), one value or one per output
+// channel. On the host, as the weights: an MLX evaluation at load is a round trip to the stream's thread.
+mx::array multiplier_of(const ConvOperands& c) {
+  mx::array keep_x = c.x_scale, keep_w = c.w_scale, keep_y = c.y_scale;
+  const float x_scale = host_floats(c.x_scale, keep_x)[0], y_scale = host_floats(c.y_scale, keep_y)[0];
+  const std::span<const float> w_scale = host_floats(c.w_scale, keep_w);
+  std::vector<float> m(w_scale.size());
+  for (size_t i = 0; i < m.size(); ++i) {
+    const float product = x_scale * w_scale[i];  // rounded to float32 before the division, as MLX's two ops
+    m[i] = product / y_scale;
+  }
+  return mx::array(m.data(), {static_cast<int>(m.size())}, mx::float32);
+}
 
 Prepared prepare(Graph& graph, ValueNames& names, const std::string& base, const ConvOperands& c,
                  bool depthwise) {
   auto constant = [&](const std::string& suffix, mx::array value) {
     return add_initializer(graph, names, base + suffix, std::move(value));
   };
-  std::optional<mx::array> w_zero;
-  if (c.w_zero) w_zero = c.w_zero->size() == 1 ? mx::reshape(*c.w_zero, {}) : mx::reshape(*c.w_zero, {-1});
   Prepared p;
   if (depthwise) {
-    p.weight = constant("/w_hwc", kernels::qlinear_depthwise_weight(c.w, w_zero));
+    p.weight = constant("/w_hwc", kernels::qlinear_depthwise_weight(c.w, c.w_zero));
   } else {
-    mx::array rows = mx::contiguous(kernels::qlinear_conv_weight_rows(c.w));
-    mx::eval(rows);
-    kernels::PackedIntegerRhs packed = kernels::pack_integer_gemm_rhs(rows, w_zero);
+    kernels::PackedIntegerRhs packed =
+        kernels::pack_integer_gemm_rhs(c.rows ? *c.rows : kernels::qlinear_conv_weight_rows(c.w), c.w_zero);
     p.weight = constant("/w_packed", packed.packed);
     p.column_sums = constant("/w_column_sums", packed.column_sums);
     p.column_zeros = constant("/w_column_zeros", packed.column_zeros);
   }
-  const mx::Device cpu = mx::Device::cpu;
-  mx::array multiplier =
-      mx::divide(mx::multiply(mx::reshape(c.x_scale, {}, cpu), mx::reshape(c.w_scale, {-1}, cpu), cpu),
-                 mx::reshape(c.y_scale, {}, cpu), cpu);
-  p.multiplier = constant("/multiplier", multiplier);
+  p.multiplier = constant("/multiplier", multiplier_of(c));
   return p;
 }
 
@@ -231,11 +248,18 @@ std::vector<Node> qgemm_as_convolution(Graph& graph, ValueNames& names, const No
   const mx::array& b = *stored_input(graph, q, kB);
   const bool transposed = int_attribute_or(q, "transB", 0) != 0;
   const int k = transposed ? b.shape(1) : b.shape(0), n = transposed ? b.shape(0) : b.shape(1);
-  mx::array w = mx::reshape(transposed ? b : mx::transpose(b, {1, 0}, cpu), {n, k, 1, 1}, cpu);
+  // B [K, N] is already the GEMM's rows; a transposed one [N, K] is the 1x1 weight [N, K, 1, 1].
+  std::optional<mx::array> rows;
+  if (!transposed) rows = b;
+  mx::array w = transposed ? mx::reshape(b, {n, k, 1, 1}, cpu) : b;
   std::optional<mx::array> b_zero;
   if (has_input(q, kBZero)) b_zero = *stored_input(graph, q, kBZero);
-  const ConvOperands operands{w, b_zero, *stored_input(graph, q, kAScale), *stored_input(graph, q, kBScale),
-                              *stored_input(graph, q, kGemmYScale)};
+  const ConvOperands operands{w,
+                              b_zero,
+                              *stored_input(graph, q, kAScale),
+                              *stored_input(graph, q, kBScale),
+                              *stored_input(graph, q, kGemmYScale),
+                              rows};
   const Prepared p = prepare(graph, names, base, operands, false);
   auto constant = [&](const std::string& suffix, mx::array value) {
     return add_initializer(graph, names, base + suffix, std::move(value));

@@ -514,9 +514,12 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
     const mx::array& z = *b_zero_point;
     if (z.dtype() != b.dtype() || (z.size() != 1 && !(z.ndim() == 1 && z.shape(0) == n)))
       throw std::invalid_argument("pack_integer_gemm_rhs: the zero point must be B's type, a scalar or [N]");
-    mx::array zi = mx::astype(mx::reshape(z, {-1}, mx::Device::cpu), mx::int32, mx::Device::cpu);
-    zi.eval();
-    for (int64_t j = 0; j < n; ++j) zero[j] = zi.data<int32_t>()[z.size() == 1 ? 0 : j];
+    mx::array keep_zero = z;  // read on the host: an evaluation at load is a round trip to the stream
+    const uint8_t* zb = host_bytes(z, /*as_float32=*/false, keep_zero).data();
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t byte = zb[z.size() == 1 ? 0 : j];
+      zero[j] = b.dtype() == mx::int8 ? int32_t{static_cast<int8_t>(byte)} : int32_t{byte};
+    }
   }
   // B's bytes where they lie (often the model file): int8 values, or uint8 ones that XOR 0x80 turns
   // into value - 128.

@@ -398,6 +398,7 @@ HWY_AFTER_NAMESPACE();
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/integer_gemm_args.h"
 #include "kernels/cpu/thread_pool.h"
+#include "mlx_bridge/buffers.h"
 
 namespace transmuter::kernels {
 
@@ -755,25 +756,62 @@ mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, 
 
 }  // namespace
 
+// The weight's bytes on the host, [M, C, kH, kW] row-major: in place when it lies so (its model file),
+// else through one evaluation.
+const uint8_t* weight_bytes(const mx::array& w, mx::array& keep) { return host_bytes(w, false, keep).data(); }
+
 mx::array qlinear_conv_weight_rows(const mx::array& w) {
   if (w.ndim() != 4 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
     throw std::invalid_argument("QLinearConv weight must be 8-bit [M, C, kH, kW]");
-  const int m = w.shape(0), k = w.shape(1) * w.shape(2) * w.shape(3);
-  return mx::reshape(mx::transpose(w, {2, 3, 1, 0}, mx::Device::cpu), {k, m}, mx::Device::cpu);
+  // On the host, not as MLX ops: each evaluation at load is a round trip to the stream's thread, and an
+  // int8 CNN has one weight per convolution.
+  const int64_t m = w.shape(0), c = w.shape(1), taps = int64_t{w.shape(2)} * w.shape(3);
+  mx::array keep = w;
+  const uint8_t* v = weight_bytes(w, keep);
+  MlxBuffer buffer(static_cast<size_t>(m * c * taps));
+  auto* rows = buffer.as<uint8_t>();
+  // rows[(t * C + c) * M + m] = w[m, c, t] (row (ky * kW + kx) * C + c): 64 output channels at a time, so
+  // that each row's writes are a run of 64 bytes.
+  constexpr int64_t kBlock = 64;
+  for (int64_t m0 = 0; m0 < m; m0 += kBlock) {
+    const int64_t m1 = std::min(m, m0 + kBlock);
+    for (int64_t ci = 0; ci < c; ++ci) {
+      for (int64_t t = 0; t < taps; ++t) {
+        uint8_t* row = rows + (t * c + ci) * m;
+        const uint8_t* from = v + ci * taps + t;
+        for (int64_t mi = m0; mi < m1; ++mi) row[mi] = from[mi * c * taps];
+      }
+    }
+  }
+  return std::move(buffer).into_array({static_cast<int>(c * taps), static_cast<int>(m)}, w.dtype());
 }
 
 mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::array>& w_zero_point) {
   if (w.ndim() != 4 || w.shape(1) != 1 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
     throw std::invalid_argument("depthwise QLinearConv weight must be 8-bit [C, 1, kH, kW]");
-  const mx::Device cpu = mx::Device::cpu;
-  mx::array centered = mx::astype(w, mx::int16, cpu);
+  const int64_t c = w.shape(0), taps = int64_t{w.shape(2)} * w.shape(3);
+  const bool is_signed = w.dtype() == mx::int8;
+  auto value = [is_signed](uint8_t byte) {
+    return is_signed ? int32_t{static_cast<int8_t>(byte)} : int32_t{byte};
+  };
+  std::vector<int32_t> zero(static_cast<size_t>(c), 0);
   if (w_zero_point) {
     const mx::array& z = *w_zero_point;
     if (z.dtype() != w.dtype() || (z.size() != 1 && !(z.ndim() == 1 && z.shape(0) == w.shape(0))))
       throw std::invalid_argument("depthwise QLinearConv w_zero_point must be w's type, one value or [C]");
-    centered = mx::subtract(centered, mx::reshape(mx::astype(z, mx::int16, cpu), {-1, 1, 1, 1}, cpu), cpu);
+    mx::array keep_zero = z;
+    const uint8_t* zb = host_bytes(z, false, keep_zero).data();
+    for (int64_t ci = 0; ci < c; ++ci) zero[ci] = value(zb[z.size() == 1 ? 0 : ci]);
   }
-  return mx::contiguous(mx::transpose(mx::squeeze(centered, 1, cpu), {1, 2, 0}, cpu), false, cpu);
+  mx::array keep = w;
+  const uint8_t* v = weight_bytes(w, keep);
+  MlxBuffer buffer(static_cast<size_t>(taps * c) * sizeof(int16_t));
+  auto* out = buffer.as<int16_t>();
+  for (int64_t ci = 0; ci < c; ++ci) {
+    for (int64_t t = 0; t < taps; ++t)
+      out[t * c + ci] = static_cast<int16_t>(value(v[ci * taps + t]) - zero[ci]);
+  }
+  return std::move(buffer).into_array({w.shape(2), w.shape(3), static_cast<int>(c)}, mx::int16);
 }
 
 mx::array qlinear_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, const PackedIntegerRhs& w,
