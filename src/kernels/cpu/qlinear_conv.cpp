@@ -300,10 +300,11 @@ HWY_INLINE void QDepthwiseAllChannels(const QLinearDepthwiseArgs& a, const uint8
 template <bool kSigned, int kKernelW, int kStride>
 HWY_INLINE void QDepthwiseSharedAllChannels(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
                                             uint8_t* out_row, int64_t ox0) {
-  const int64_t lanes = 16, C = a.geometry.channels;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(D())), C = a.geometry.channels;
   int64_t c0 = 0;
   for (; c0 + lanes <= C; c0 += lanes)
-    QDepthwiseSharedColumns<kSigned, kKernelW, kStride, true>(a, rows, out_row, ox0, c0, lanes);
+    QDepthwiseSharedColumns<kSigned, kKernelW, kStride, true>(a, rows, out_row, ox0, c0,
+                                                              static_cast<size_t>(lanes));
   if (c0 < C)
     QDepthwiseSharedColumns<kSigned, kKernelW, kStride, false>(a, rows, out_row, ox0, c0,
                                                                static_cast<size_t>(C - c0));
@@ -756,9 +757,13 @@ mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, 
 
 }  // namespace
 
+namespace {
+
 // The weight's bytes on the host, [M, C, kH, kW] row-major: in place when it lies so (its model file),
 // else through one evaluation.
 const uint8_t* weight_bytes(const mx::array& w, mx::array& keep) { return host_bytes(w, false, keep).data(); }
+
+}  // namespace
 
 mx::array qlinear_conv_weight_rows(const mx::array& w) {
   if (w.ndim() != 4 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
