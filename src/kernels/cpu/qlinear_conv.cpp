@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/partial_vectors-inl.h"
 
@@ -274,40 +275,36 @@ HWY_INLINE void QDepthwiseSharedColumns(const QLinearDepthwiseArgs& a, const uin
 }
 #endif
 
+// columns(full, c0, valid) over the channel vectors: std::true_type for each whole vector, then
+// std::false_type for the tail's `valid` channels, if any.
+template <class Columns>
+HWY_INLINE void ForEachChannelVector(int64_t channels, const Columns& columns) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
+  int64_t c0 = 0;
+  for (; c0 + lanes <= channels; c0 += lanes) columns(std::true_type{}, c0, static_cast<size_t>(lanes));
+  if (c0 < channels) columns(std::false_type{}, c0, static_cast<size_t>(channels - c0));
+}
+
 template <bool kSigned, int kCols, bool kChecked>
 HWY_INLINE void QDepthwiseAllChannels(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
                                       uint8_t* out_row, int64_t ox0) {
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(D()));
-  const int64_t C = a.geometry.channels;
-  int64_t c0 = 0;
+  ForEachChannelVector(a.geometry.channels, [&](auto full, int64_t c0, size_t valid) {
 #if HWY_TARGET == HWY_AVX3_DL
-  for (; c0 + lanes <= C; c0 += lanes)
-    QDepthwiseColumnsVnni<kSigned, kCols, kChecked, true>(a, rows, out_row, ox0, c0,
-                                                          static_cast<size_t>(lanes));
-  if (c0 < C)
-    QDepthwiseColumnsVnni<kSigned, kCols, kChecked, false>(a, rows, out_row, ox0, c0,
-                                                           static_cast<size_t>(C - c0));
+    QDepthwiseColumnsVnni<kSigned, kCols, kChecked, decltype(full)::value>(a, rows, out_row, ox0, c0, valid);
 #else
-  for (; c0 + lanes <= C; c0 += lanes)
-    QDepthwiseColumns<kSigned, kCols, kChecked, true>(a, rows, out_row, ox0, c0, static_cast<size_t>(lanes));
-  if (c0 < C)
-    QDepthwiseColumns<kSigned, kCols, kChecked, false>(a, rows, out_row, ox0, c0,
-                                                       static_cast<size_t>(C - c0));
+    QDepthwiseColumns<kSigned, kCols, kChecked, decltype(full)::value>(a, rows, out_row, ox0, c0, valid);
 #endif
+  });
 }
 
 #if HWY_TARGET == HWY_AVX3_DL
 template <bool kSigned, int kKernelW, int kStride>
 HWY_INLINE void QDepthwiseSharedAllChannels(const QLinearDepthwiseArgs& a, const uint8_t* const* rows,
                                             uint8_t* out_row, int64_t ox0) {
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(D())), C = a.geometry.channels;
-  int64_t c0 = 0;
-  for (; c0 + lanes <= C; c0 += lanes)
-    QDepthwiseSharedColumns<kSigned, kKernelW, kStride, true>(a, rows, out_row, ox0, c0,
-                                                              static_cast<size_t>(lanes));
-  if (c0 < C)
-    QDepthwiseSharedColumns<kSigned, kKernelW, kStride, false>(a, rows, out_row, ox0, c0,
-                                                               static_cast<size_t>(C - c0));
+  ForEachChannelVector(a.geometry.channels, [&](auto full, int64_t c0, size_t valid) {
+    QDepthwiseSharedColumns<kSigned, kKernelW, kStride, decltype(full)::value>(a, rows, out_row, ox0, c0,
+                                                                               valid);
+  });
 }
 #endif
 
