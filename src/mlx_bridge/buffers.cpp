@@ -233,4 +233,9 @@ std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::arr
   return {keep.data<uint8_t>(), keep.nbytes()};
 }
 
+std::span<const float> host_floats(const mx::array& a, mx::array& keep) {
+  const std::span<const uint8_t> bytes = host_bytes(a, /*as_float32=*/true, keep);
+  return {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)};
+}
+
 }  // namespace transmuter

@@ -96,6 +96,9 @@ std::optional<mx::array> deferred_rows_as_bytes(const mx::array& a);
  * system call first: faulting them in 64 KiB at a time costs more. */
 std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::array& keep);
 
+/** a's values as float32 on the host: host_bytes(a, true, keep) seen as floats. */
+std::span<const float> host_floats(const mx::array& a, mx::array& keep);
+
 /** True when this MLX build's allocator keeps a size_t header right before
  * the data, which alias_memory relies on for CPU arrays. */
 bool allocator_uses_size_header();

@@ -123,9 +123,8 @@ bool bias_dequantize_fits(const Graph& graph, const Node& dq, const mx::array& x
   }
   if (x_scale.dtype() != mx::float32 || w_scale.dtype() != mx::float32 || x_scale.size() != 1) return false;
   mx::array keep_x = x_scale, keep_w = w_scale, keep_b = *scale;
-  const float x = *reinterpret_cast<const float*>(host_bytes(x_scale, false, keep_x).data());
-  const auto* w = reinterpret_cast<const float*>(host_bytes(w_scale, false, keep_w).data());
-  const auto* b_scale = reinterpret_cast<const float*>(host_bytes(*scale, false, keep_b).data());
+  const float x = host_floats(x_scale, keep_x)[0];
+  const std::span<const float> w = host_floats(w_scale, keep_w), b_scale = host_floats(*scale, keep_b);
   for (size_t i = 0; i < w_scale.size(); ++i) {
     if (x * w[i] != b_scale[i])
       return false;  // float32 products, as the Conv's DequantizeLinear computes them

@@ -136,12 +136,6 @@ struct ConvOperands {
       std::nullopt;  // group 1: w's GEMM rows [K, M] when given as such (QGemm's B)
 };
 
-// a's values as float32 on the host (in place when a is float32 and laid out row-major).
-std::span<const float> host_floats(const mx::array& a, mx::array& keep) {
-  const std::span<const uint8_t> bytes = host_bytes(a, /*as_float32=*/true, keep);
-  return {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)};
-}
-
 // x_scale * w_scale / y_scale in float32, in that order (ONNX Runtime's), one value or one per output
 // channel. On the host, as the weights: an MLX evaluation at load is a round trip to the stream's thread.
 mx::array multiplier_of(const ConvOperands& c) {

@@ -236,6 +236,15 @@ namespace {
 // Elements per task of each pass (a few per thread for tensors of activations' size).
 constexpr int64_t kChunk = 1 << 14;
 
+// body(c, first, count) for each chunk c of kChunk elements of [0, n) (the last may be shorter), split
+// between the kernel threads.
+template <typename Body>
+void for_each_chunk(int64_t n, const Body& body) {
+  parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) body(c, c * kChunk, std::min(kChunk, n - c * kChunk));
+  });
+}
+
 class DynamicQuantizeKernel : public CpuKernel {
  public:
   using CpuKernel::CpuKernel;
@@ -251,11 +260,9 @@ class DynamicQuantizeKernel : public CpuKernel {
     return [x, n, y, scale_out, zero_out] {
       const int64_t chunks = (n + kChunk - 1) / kChunk;
       std::vector<float> lows(static_cast<size_t>(chunks), 0.0f), highs(static_cast<size_t>(chunks), 0.0f);
-      parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          // Starting from 0 folds the range's min(., 0) and max(., 0) in.
-          HWY_DYNAMIC_DISPATCH(RangeOf)(x + c * kChunk, std::min(kChunk, n - c * kChunk), &lows[c], &highs[c]);
-        }
+      for_each_chunk(n, [&](int64_t c, int64_t first, int64_t count) {
+        // Starting from 0 folds the range's min(., 0) and max(., 0) in.
+        HWY_DYNAMIC_DISPATCH(RangeOf)(x + first, count, &lows[c], &highs[c]);
       });
       const float low = *std::min_element(lows.begin(), lows.end());
       const float high = *std::max_element(highs.begin(), highs.end());
@@ -264,11 +271,8 @@ class DynamicQuantizeKernel : public CpuKernel {
       const float zero = std::nearbyint(std::clamp(-(low / scale), 0.0f, 255.0f));
       *scale_out = scale;
       *zero_out = static_cast<uint8_t>(zero);
-      parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          HWY_DYNAMIC_DISPATCH(QuantizeRange)
-          (x + c * kChunk, std::min(kChunk, n - c * kChunk), scale, static_cast<int32_t>(zero), y + c * kChunk);
-        }
+      for_each_chunk(n, [&](int64_t, int64_t first, int64_t count) {
+        HWY_DYNAMIC_DISPATCH(QuantizeRange)(x + first, count, scale, static_cast<int32_t>(zero), y + first);
       });
     };
   }
@@ -299,11 +303,8 @@ class QuantizeDequantizeKernel : public CpuKernel {
     float* y = out[0].data<float>();
     return [x, scale, zero, n, y, low = low_, high = high_] {
       const float s = *scale, z = *zero;
-      parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          HWY_DYNAMIC_DISPATCH(QuantizeDequantizeRange)
-          (x + c * kChunk, std::min(kChunk, n - c * kChunk), s, z, low, high, y + c * kChunk);
-        }
+      for_each_chunk(n, [&](int64_t, int64_t first, int64_t count) {
+        HWY_DYNAMIC_DISPATCH(QuantizeDequantizeRange)(x + first, count, s, z, low, high, y + first);
       });
     };
   }
@@ -332,11 +333,8 @@ class QuantizeKernel : public CpuKernel {
     return [x, scale, zero, n, is_signed, y] {
       const float s = *scale, z = *zero;
       const float low = is_signed ? -128.0f : 0.0f, high = is_signed ? 127.0f : 255.0f;
-      parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          HWY_DYNAMIC_DISPATCH(QuantizePerTensorRange)
-          (x + c * kChunk, std::min(kChunk, n - c * kChunk), s, z, low, high, is_signed, y + c * kChunk);
-        }
+      for_each_chunk(n, [&](int64_t, int64_t first, int64_t count) {
+        HWY_DYNAMIC_DISPATCH(QuantizePerTensorRange)(x + first, count, s, z, low, high, is_signed, y + first);
       });
     };
   }
@@ -368,12 +366,9 @@ class DequantizeKernel : public CpuKernel {
     return [x, is_signed, scale, zero, n, y] {
       const float s = *scale, z = *zero;
       const size_t width = is_signed ? sizeof(int8_t) : sizeof(uint8_t);
-      parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          HWY_DYNAMIC_DISPATCH(DequantizeRange)
-          (static_cast<const char*>(x) + c * kChunk * width, is_signed, std::min(kChunk, n - c * kChunk), s,
-           z, y + c * kChunk);
-        }
+      for_each_chunk(n, [&](int64_t, int64_t first, int64_t count) {
+        HWY_DYNAMIC_DISPATCH(DequantizeRange)
+        (static_cast<const char*>(x) + first * width, is_signed, count, s, z, y + first);
       });
     };
   }

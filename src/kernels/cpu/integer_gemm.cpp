@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/integer_gemm_args.h"
+#include "kernels/cpu/requantize_avx512-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace transmuter::kernels::HWY_NAMESPACE {
@@ -55,34 +56,21 @@ HWY_INLINE VI CenteredSum(const IntegerGemmArgs& g, VI raw, VI zeros, VI column_
 }
 
 // The requantizing epilogue of a tile's panel (columns col0 .. col0 + 32): per row, each vector's exact
-// sum (the column offsets are in it) converted to float, times the scale, clamped to the output's range
-// less the zero point (as ONNX Runtime's requantization clamps: the same as clamping after rounding, the
-// bounds being integers), rounded half to even (vcvtps2dq under the default rounding mode), plus the zero
-// point; the two vectors' bytes (vpmovdb: the values fit) go out in one 32-byte store. vpmovdb writes a
-// register here: its memory form, which the compiler would otherwise fuse with the store, took a fifth of a
-// pointwise convolution's time on Zen 4.
+// sum (the column offsets are in it) requantized (RequantizedBytes), the two vectors' bytes in one 32-byte
+// store.
 template <int R>
 HWY_INLINE void RequantizePanel(const IntegerGemmArgs& g, const VI (&acc)[R][2], int64_t row, int64_t col0) {
-  const DI di;
   const hn::Rebind<float, DI> df;
   // In locals: the byte stores below may alias g's fields, which the compiler would otherwise reload.
   const int64_t n = g.n;
   uint8_t* const out = g.y_quant + row * n + col0;
   const int64_t valid = std::min(kIntPanelColumns, n - col0);
-  const auto scale_low = hn::LoadU(df, g.column_scales + col0);
-  const auto scale_high = hn::LoadU(df, g.column_scales + col0 + hn::Lanes(df));
-  const auto low = hn::Set(df, static_cast<float>(g.y_min - g.y_zero));
-  const auto high = hn::Set(df, static_cast<float>(g.y_max - g.y_zero));
-  const VI y_zero = hn::Set(di, g.y_zero);
-  auto to_bytes = [&](VI sum, hn::Vec<decltype(df)> scale) {
-    const auto f = hn::Min(hn::Max(hn::Mul(hn::ConvertTo(df, sum), scale), low), high);
-    __m128i b = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f.raw), y_zero.raw));
-    asm("" : "+v"(b));  // keeps vpmovdb's register form
-    return b;
-  };
+  const __m512 scale_low = hn::LoadU(df, g.column_scales + col0).raw;
+  const __m512 scale_high = hn::LoadU(df, g.column_scales + col0 + hn::Lanes(df)).raw;
+  const RequantizeBounds bounds(g.y_min, g.y_max, g.y_zero);
   auto row_bytes = [&](int r) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(to_bytes(acc[r][0], scale_low)),
-                                   to_bytes(acc[r][1], scale_high), 1);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(RequantizedBytes(acc[r][0].raw, scale_low, bounds)),
+                                   RequantizedBytes(acc[r][1].raw, scale_high, bounds), 1);
   };
   if (valid == kIntPanelColumns) {
     for (int r = 0; r < R; ++r) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * n), row_bytes(r));
@@ -193,6 +181,16 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
       StoreColumns(v, di, g.y + (row + r) * g.n + col0, valid);
     }
   }
+}
+
+// Tile<R>::Run for a tile of `rows` rows (1 .. kIntTileRows): the row count as a template argument.
+template <template <int> class Tile, int R = static_cast<int>(kIntTileRows)>
+HWY_INLINE void RunTile(int64_t rows, const IntegerGemmArgs& g, int64_t row, int64_t p,
+                        const int32_t* row_sums) {
+  if constexpr (R > 1) {
+    if (rows < R) return RunTile<Tile, R - 1>(rows, g, row, p, row_sums);
+  }
+  Tile<R>::Run(g, row, p, row_sums);
 }
 
 // The tiles of rows [row0, row0 + rows) x panels [panel0, panel0 + panels), 6 rows at a time.

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/partial_vectors-inl.h"
+#include "kernels/cpu/requantize_avx512-inl.h"
 
 #include "kernels/cpu/conv_nhwc_args.h"
 
@@ -104,21 +105,12 @@ HWY_INLINE void QDepthwiseColumns(const QLinearDepthwiseArgs& a, const uint8_t* 
       a.multiplier_per_channel ? channel_values(a.multiplier + c0, d) : hn::Set(d, a.multiplier[0]);
   const auto bias = a.bias != nullptr ? channel_values(a.bias + c0, di) : hn::Zero(di);
 #if HWY_TARGET <= HWY_AVX3
-  // AVX-512: clamped in float to the output's range less the zero point (as ONNX Runtime's requantization
-  // clamps; the same as saturating after rounding, the bounds being integers), converted with vcvtps2dq
-  // (half to even), narrowed with vpmovdb: no overflow fix-ups and packs, as the portable form below needs.
   static_assert(sizeof(hn::TFromD<D>) * hn::MaxLanes(D()) == 64, "16 float lanes");
-  const auto low = hn::Set(d, static_cast<float>(a.y_min - a.y_zero));
-  const auto high = hn::Set(d, static_cast<float>(a.y_max - a.y_zero));
-  const __m512i y_zero = _mm512_set1_epi32(a.y_zero);
+  const RequantizeBounds bounds(a.y_min, a.y_max, a.y_zero);
   const __mmask16 mask = static_cast<__mmask16>(kFull ? 0xFFFFu : (1u << valid) - 1);
   for (int j = 0; j < kCols; ++j) {
     const __m512i sum = _mm512_add_epi32(_mm512_cvttps_epi32(acc[j].raw), bias.raw);
-    const auto f = hn::Min(hn::Max(hn::Mul(hn::ConvertTo(d, hn::Vec<DI>{sum}), multiplier), low), high);
-    __m128i bytes = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f.raw), y_zero));
-    // vpmovdb into a register, then a store: its memory form (which the compiler would fuse) is slow on
-    // Zen 4.
-    asm("" : "+v"(bytes));
+    const __m128i bytes = RequantizedBytes(sum, multiplier.raw, bounds);
     uint8_t* out = out_row + (ox0 + j) * C + c0;
     if constexpr (kFull) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bytes);
@@ -155,7 +147,7 @@ HWY_INLINE __m512i DotWords(__m512i acc, __m512i x, __m512i w) {
 
 // The channel vector at c0 of one call's VNNI depthwise (its first `valid` lanes; all of them when kFull):
 // loads that widen bytes and int16 weights to int32 lanes, the sums' starting offsets, and the requantizing
-// epilogue (as QDepthwiseColumns' AVX-512 form).
+// epilogue (RequantizedBytes).
 template <bool kSigned, bool kFull>
 struct VnniChannels {
   const QLinearDepthwiseArgs& a;
@@ -185,15 +177,10 @@ struct VnniChannels {
         !a.multiplier_per_channel
             ? _mm512_set1_ps(a.multiplier[0])
             : (kFull ? _mm512_loadu_ps(a.multiplier + c0) : _mm512_maskz_loadu_ps(mask, a.multiplier + c0));
-    const __m512 low = _mm512_set1_ps(static_cast<float>(a.y_min - a.y_zero));
-    const __m512 high = _mm512_set1_ps(static_cast<float>(a.y_max - a.y_zero));
-    const __m512i y_zero = _mm512_set1_epi32(a.y_zero);
+    const RequantizeBounds bounds(a.y_min, a.y_max, a.y_zero);
     uint8_t* out = out_row + ox0 * C + c0;
     for (int j = 0; j < kCols; ++j, out += C) {
-      const __m512 f =
-          _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[j]), multiplier), low), high);
-      __m128i bytes = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f), y_zero));
-      asm("" : "+v"(bytes));  // vpmovdb into a register (its memory form is slow on Zen 4)
+      const __m128i bytes = RequantizedBytes(acc[j], multiplier, bounds);
       if constexpr (kFull) {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bytes);
       } else {
@@ -754,13 +741,6 @@ mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, 
 
 }  // namespace
 
-namespace {
-
-// The weight's bytes on the host, [M, C, kH, kW] row-major: in place when it lies so (its model file),
-// else through one evaluation.
-const uint8_t* weight_bytes(const mx::array& w, mx::array& keep) { return host_bytes(w, false, keep).data(); }
-
-}  // namespace
 
 mx::array qlinear_conv_weight_rows(const mx::array& w) {
   if (w.ndim() != 4 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
@@ -769,7 +749,7 @@ mx::array qlinear_conv_weight_rows(const mx::array& w) {
   // int8 CNN has one weight per convolution.
   const int64_t m = w.shape(0), c = w.shape(1), taps = int64_t{w.shape(2)} * w.shape(3);
   mx::array keep = w;
-  const uint8_t* v = weight_bytes(w, keep);
+  const uint8_t* v = host_bytes(w, /*as_float32=*/false, keep).data();  // [M, C, kH, kW]
   MlxBuffer buffer(static_cast<size_t>(m * c * taps));
   auto* rows = buffer.as<uint8_t>();
   // rows[(t * C + c) * M + m] = w[m, c, t] (row (ky * kW + kx) * C + c): 64 output channels at a time, so
@@ -802,11 +782,11 @@ mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::a
     if (z.dtype() != w.dtype() || (z.size() != 1 && !(z.ndim() == 1 && z.shape(0) == w.shape(0))))
       throw std::invalid_argument("depthwise QLinearConv w_zero_point must be w's type, one value or [C]");
     mx::array keep_zero = z;
-    const uint8_t* zb = host_bytes(z, false, keep_zero).data();
+    const uint8_t* zb = host_bytes(z, /*as_float32=*/false, keep_zero).data();
     for (int64_t ci = 0; ci < c; ++ci) zero[ci] = value(zb[z.size() == 1 ? 0 : ci]);
   }
   mx::array keep = w;
-  const uint8_t* v = weight_bytes(w, keep);
+  const uint8_t* v = host_bytes(w, /*as_float32=*/false, keep).data();  // [M, C, kH, kW]
   MlxBuffer buffer(static_cast<size_t>(taps * c) * sizeof(int16_t));
   auto* out = buffer.as<int16_t>();
   for (int64_t ci = 0; ci < c; ++ci) {
