@@ -31,27 +31,57 @@ int threads_from_environment() {
   return online_cores();
 }
 
-// One parallel_for call: its chunks are claimed by index from an atomic counter.
+// One parallel_for call. Its chunks are dealt out as one contiguous range per thread (the caller's
+// first): a thread claims chunks from the front of its own range, each range's counter on its own cache
+// line, and only once that is empty takes chunks from the others' ranges. So each core mostly runs one
+// block of neighbouring chunks -- the same block of rows, layer after layer, whose inputs its own cache
+// then holds -- and the cores do not pass a counter's cache line back and forth on every chunk. One
+// shared counter dealt the chunks alternately: when this host's cross-core latency rose tenfold (30 ->
+// 330 ns one way), the int8 MobileNetV2 took 2.4 ms on two threads against 1.7 ms on one.
 struct Job {
+  static constexpr int kMaxRanges = 32;  // more threads share ranges (still balanced by taking)
+  struct alignas(64) Range {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+
   const std::function<void(int64_t, int64_t)>* body;
   int64_t count;
   int64_t grain;
   int64_t chunks;
-  std::atomic<int64_t> next_chunk{0};
+  int ranges = 1;
+  Range range[kMaxRanges];
   // Changed under ThreadPool::state_mutex_; read without it by the caller's spin (finish()).
   std::atomic<int> workers_inside{0};
   std::mutex error_mutex;
   std::exception_ptr error;
 
-  void run_chunks() {
-    for (int64_t c = next_chunk.fetch_add(1); c < chunks; c = next_chunk.fetch_add(1)) {
-      const int64_t begin = c * grain;
-      try {
-        (*body)(begin, std::min(count, begin + grain));
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!error) error = std::current_exception();
-      }
+  // One range per thread, as long as there are chunks for them.
+  void deal(int threads) {
+    ranges = static_cast<int>(std::clamp<int64_t>(threads, 1, std::min<int64_t>(chunks, kMaxRanges)));
+    for (int r = 0; r < ranges; ++r) {
+      range[r].next.store(chunks * r / ranges, std::memory_order_relaxed);
+      range[r].end = chunks * (r + 1) / ranges;
+    }
+  }
+
+  // Runs chunks until none is left unclaimed, starting with range `home`.
+  void run_chunks(int home) {
+    for (int i = 0; i < ranges; ++i) {
+      Range& r = range[(home + i) % ranges];
+      for (int64_t c = r.next.fetch_add(1, std::memory_order_relaxed); c < r.end;
+           c = r.next.fetch_add(1, std::memory_order_relaxed))
+        run_chunk(c);
+    }
+  }
+
+  void run_chunk(int64_t c) {
+    const int64_t begin = c * grain;
+    try {
+      (*body)(begin, std::min(count, begin + grain));
+    } catch (...) {
+      std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
     }
   }
 };
@@ -59,7 +89,7 @@ struct Job {
 class ThreadPool {
  public:
   explicit ThreadPool(int workers) {
-    for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { work(); });
+    for (int i = 0; i < workers; ++i) workers_.emplace_back([this, i] { work(i + 1); });
   }
 
   // False when another job holds the pool (the caller then runs alone).
@@ -72,7 +102,7 @@ class ThreadPool {
       generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
-    job.run_chunks();
+    job.run_chunks(0);
     finish(job);
     return true;
   }
@@ -110,7 +140,7 @@ class ThreadPool {
     std::lock_guard lock(state_mutex_);
   }
 
-  void work() {
+  void work(int home) {
     uint64_t seen = 0;
     for (;;) {
       spin_for_new_generation(seen);
@@ -120,7 +150,7 @@ class ThreadPool {
       Job* job = job_;
       job->workers_inside.fetch_add(1, std::memory_order_relaxed);
       lock.unlock();
-      job->run_chunks();
+      job->run_chunks(home % job->ranges);
       lock.lock();
       if (job->workers_inside.fetch_sub(1, std::memory_order_acq_rel) == 1) left_.notify_all();
     }
@@ -149,10 +179,6 @@ ThreadPool& pool() {
   return *instance;
 }
 
-void run_inline(int64_t count, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
-  for (int64_t begin = 0; begin < count; begin += grain) body(begin, std::min(count, begin + grain));
-}
-
 }  // namespace
 
 int kernel_threads() {
@@ -162,20 +188,14 @@ int kernel_threads() {
 
 void parallel_for(int64_t count, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
   if (count <= 0) return;
-  grain = std::max<int64_t>(grain, 1);
-  if (count <= grain || kernel_threads() == 1) {
-    run_inline(count, grain, body);
-    return;
-  }
   Job job;
   job.body = &body;
   job.count = count;
-  job.grain = grain;
-  job.chunks = (count + grain - 1) / grain;
-  if (!pool().try_run(job)) {
-    run_inline(count, grain, body);
-    return;
-  }
+  job.grain = std::max<int64_t>(grain, 1);
+  job.chunks = (count + job.grain - 1) / job.grain;
+  const bool alone = job.chunks == 1 || kernel_threads() == 1;
+  job.deal(alone ? 1 : kernel_threads());
+  if (alone || !pool().try_run(job)) job.run_chunks(0);  // a busy pool: the caller takes every range
   if (job.error) std::rethrow_exception(job.error);
 }
 

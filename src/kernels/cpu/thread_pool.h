@@ -6,9 +6,10 @@
 // pool's workers sleep on a condition variable between jobs after polling
 // briefly (yielding the core to any other runnable thread),
 // so they do not take a core away from the stream thread or from the BLAS
-// between kernels. A job is taken by one caller at a time; a second caller
-// (another stream, or a kernel nested in a job) finds the pool busy and runs
-// its loop on its own thread, so no call ever waits for another job.
+// between kernels. Each thread starts on its own contiguous share of a job's
+// chunks and then helps with the others' (see Job in the .cpp). A job is taken by one caller at a time; a
+// second caller (another stream, or a kernel nested in a job) finds the pool busy and runs its loop on its
+// own thread, so no call ever waits for another job.
 #pragma once
 
 #include <cstdint>
