@@ -459,7 +459,81 @@ class QLinearAddKernel : public CpuKernel {
   QLinearAddRatios ratios_;
 };
 
+// Each image's channel sums in int32 (a loop over positions the compiler vectorizes), then the
+// requantization of the reference, in its float32 order.
+class QLinearGlobalAverageKernel : public CpuKernel {
+ public:
+  QLinearGlobalAverageKernel(mx::Stream stream, Reference reference, QGlobalAverage q)
+      : CpuKernel(stream, std::move(reference)), q_(q) {}
+  const char* name() const override { return "transmuter::QLinearGlobalAverageNhwc"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const QLinearGlobalAverageKernel*>(&other);
+    return o != nullptr && o->q_.scale == q_.scale && o->q_.x_zero == q_.x_zero && o->q_.y_zero == q_.y_zero;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    const mx::array& x = in[0];
+    const int64_t batch = x.shape(0), channels = x.shape(-1);
+    const int64_t positions = static_cast<int64_t>(x.size()) / (batch * channels);
+    const bool is_signed = x.dtype() == mx::int8;
+    return
+        [x = x.data<uint8_t>(), y = out[0].data<uint8_t>(), batch, positions, channels, is_signed, q = q_] {
+          std::vector<uint32_t> sums(static_cast<size_t>(channels));
+          for (int64_t n = 0; n < batch; ++n) {
+            const uint8_t* image = x + n * positions * channels;
+            if (is_signed) {
+              sum_positions(reinterpret_cast<const int8_t*>(image), positions, channels, sums.data());
+            } else {
+              sum_positions(image, positions, channels, sums.data());
+            }
+            requantize_sums(sums.data(), channels, positions, q, is_signed, y + n * channels);
+          }
+        };
+  }
+
+ private:
+  // Sums in 32 bits that wrap as the reference's int32 sums do (2^24 positions of 255 pass 2^31).
+  template <typename Byte>
+  static void sum_positions(const Byte* image, int64_t positions, int64_t channels, uint32_t* sums) {
+    std::fill(sums, sums + channels, 0u);
+    for (int64_t p = 0; p < positions; ++p) {
+      const Byte* row = image + p * channels;
+      for (int64_t c = 0; c < channels; ++c) sums[c] += static_cast<uint32_t>(static_cast<int32_t>(row[c]));
+    }
+  }
+
+  static void requantize_sums(const uint32_t* sums, int64_t channels, int64_t positions, QGlobalAverage q,
+                              bool is_signed, uint8_t* y) {
+    const auto centering = static_cast<uint32_t>(static_cast<int32_t>(q.x_zero * positions));
+    const float low = is_signed ? -128.0f : 0.0f, high = is_signed ? 127.0f : 255.0f;
+    for (int64_t c = 0; c < channels; ++c) {
+      const float v = static_cast<float>(static_cast<int32_t>(sums[c] - centering)) * q.scale;
+      const float r = std::clamp(std::nearbyint(v) + static_cast<float>(q.y_zero), low, high);
+      y[c] = is_signed ? static_cast<uint8_t>(static_cast<int8_t>(r)) : static_cast<uint8_t>(r);
+    }
+  }
+
+  QGlobalAverage q_;
+};
+
 }  // namespace
+
+mx::array qlinear_global_average_nhwc(const mx::array& x, QGlobalAverage q, const Reference& reference,
+                                      mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  const bool fits = is_cpu_stream(stream) && (x.dtype() == mx::uint8 || x.dtype() == mx::int8) &&
+                    x.ndim() >= 3 && x.size() > 0;
+  if (!fits) return reference({x})[0];
+  mx::Shape shape(x.ndim(), 1);
+  shape.front() = x.shape(0);
+  shape.back() = x.shape(-1);
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<QLinearGlobalAverageKernel>(kernel_stream, reference, q);
+      },
+      reference, {x}, {shape}, {x.dtype()}, stream)[0];
+}
 
 mx::array qlinear_add(const mx::array& a, const mx::array& b, QLinearAddRatios ratios,
                       const Reference& reference, mx::StreamOrDevice s) {

@@ -77,4 +77,19 @@ struct QLinearAddRatios {
 mx::array qlinear_add(const mx::array& a, const mx::array& b, QLinearAddRatios ratios,
                       const Reference& reference, mx::StreamOrDevice s = {});
 
+/** com.microsoft QLinearGlobalAveragePool's requantization: y = saturate(round((sum - x_zero * n) * scale) +
+ * y_zero), scale = sX / (sY * n) in float32, n the positions summed. */
+struct QGlobalAverage {
+  float scale = 0;
+  int32_t x_zero = 0, y_zero = 0;
+};
+
+/** QLinearGlobalAveragePool over channels-last x uint8 or int8 [N, D1, ..., C] as ONNX Runtime's kernel
+ * computes it: per image and channel the int32 sum over D1..., minus x_zero * n, times q.scale in float32,
+ * rounded half to even, plus y_zero, saturated. Returns [N, 1, ..., 1, C] of x's type (the reduced axes
+ * kept). One kernel in place of the composition's ten primitives (widen, sum, center, scale, round, clip,
+ * narrow) at the end of a quantized CNN. Other types, layouts and streams: reference({x}). */
+mx::array qlinear_global_average_nhwc(const mx::array& x, QGlobalAverage q, const Reference& reference,
+                                      mx::StreamOrDevice s = {});
+
 }  // namespace transmuter::kernels

@@ -361,9 +361,10 @@ PoolQuantization read_pool_quantization(const NodeContext& ctx, mx::Dtype type) 
 }
 
 /** MLAS's global average: integer sums over `axes` (kept), requantized with
- * sX / (sY * n). */
+ * sX / (sY * n). Channels-last (the spatial axes between the batch and the
+ * channels) runs as one CPU kernel; the composition is its reference. */
 mx::array global_average(const NodeContext& ctx, const mx::array& x, const std::vector<int>& axes,
-                         const PoolQuantization& q) {
+                         bool channels_last, const PoolQuantization& q) {
   auto s = ctx.stream();
   int64_t n = 1;
   for (int a : axes) n *= x.shape(a);
@@ -374,10 +375,16 @@ mx::array global_average(const NodeContext& ctx, const mx::array& x, const std::
     throw ctx.error("x_scale / (y_scale * image size) = ", scale,
                     " is outside [2^-32, 256), where every output would be constant");
   }
-  mx::array sum = mx::sum(mx::astype(x, mx::int32, s), axes, true, s);
-  mx::array centered = mx::subtract(sum, mx::array(static_cast<int32_t>(q.zx * n)), s);
-  return saturate_round(mx::multiply(mx::astype(centered, mx::float32, s), mx::array(scale), s),
-                        static_cast<float>(q.zy), x.dtype(), s);
+  const auto centering = static_cast<int32_t>(q.zx * n);
+  const float y_zero = static_cast<float>(q.zy);
+  kernels::Reference reference = [axes, scale, centering, y_zero, s](const std::vector<mx::array>& in) {
+    mx::array sum = mx::sum(mx::astype(in[0], mx::int32, s), axes, true, s);
+    mx::array centered = mx::subtract(sum, mx::array(centering), s);
+    return std::vector<mx::array>{saturate_round(
+        mx::multiply(mx::astype(centered, mx::float32, s), mx::array(scale), s), y_zero, in[0].dtype(), s)};
+  };
+  if (!channels_last) return reference({x})[0];
+  return kernels::qlinear_global_average_nhwc(x, {scale, q.zx, q.zy}, reference, s);
 }
 
 std::vector<int> spatial_axes(int rank, bool channels_last) {
@@ -391,7 +398,7 @@ OpOutputs qlinear_global_average_pool(NodeContext& ctx) {
   if (x.ndim() < 3) throw ctx.error("X must have rank >= 3 ([N, C, D1, ...]), got ", x.ndim());
   const bool channels_last = ctx.attr_int("channels_last", 0) != 0;
   PoolQuantization q = read_pool_quantization(ctx, x.dtype());
-  return {global_average(ctx, x, spatial_axes(static_cast<int>(x.ndim()), channels_last), q)};
+  return {global_average(ctx, x, spatial_axes(static_cast<int>(x.ndim()), channels_last), channels_last, q)};
 }
 
 OpOutputs qlinear_average_pool(NodeContext& ctx) {
@@ -415,7 +422,7 @@ OpOutputs qlinear_average_pool(NodeContext& ctx) {
       attrs.kernel_shape == input &&
       std::all_of(geo.pad_begin.begin(), geo.pad_begin.end(), [](int64_t p) { return p == 0; }) &&
       std::all_of(geo.pad_end.begin(), geo.pad_end.end(), [](int64_t p) { return p == 0; });
-  if (whole) return {global_average(ctx, x_in, spatial_axes(rank, channels_last), q)};
+  if (whole) return {global_average(ctx, x_in, spatial_axes(rank, channels_last), channels_last, q)};
 
   const int64_t window = checked_product(ctx, attrs.kernel_shape, "window size");
   if (window > 65536) throw ctx.error("a window of ", window, " elements is too large");

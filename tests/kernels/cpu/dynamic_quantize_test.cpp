@@ -186,6 +186,79 @@ TEST(QLinearAddKernel, EqualsOrtsFusedMultiplyAdds) {
   EXPECT_EQ(y.data<uint8_t>(), buffer);
 }
 
+// qlinear_global_average_nhwc against ONNX Runtime's formula computed here per image and channel (int32 sums,
+// centered, times the scale in float32, round half to even, plus y_zero, saturated): both 8-bit types, a
+// MobileNet head's [2, 7, 7, 1280], a rank-3 [N, positions, C], a scale of 1/2 whose products end in .5
+// (ties to even), saturation at both ends, and a transposed view (copied dense first).
+TEST(QLinearGlobalAverageKernel, EqualsOrtsFormula) {
+  struct Case {
+    mx::Shape shape;
+    QGlobalAverage q;
+  };
+  for (mx::Dtype type : {mx::uint8, mx::int8}) {
+    const bool is_signed = type == mx::int8;
+    const int lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
+    const std::vector<Case> cases = {
+        {{2, 7, 7, 1280}, {0.02f / (0.015f * 49), is_signed ? -3 : 120, is_signed ? 5 : 130}},
+        {{3, 4, 5}, {0.5f, is_signed ? 0 : 128, 0}},                           // products ending in .5
+        {{1, 2, 3, 17}, {1.5f, is_signed ? -100 : 0, is_signed ? 100 : 200}},  // saturates
+    };
+    for (const Case& c : cases) {
+      mx::array x = mx::astype(mx::random::randint(lo, hi + 1, c.shape, mx::int32, mx::random::key(7)), type);
+      mx::array x32 = mx::astype(x, mx::int32);
+      mx::eval(x, x32);
+      const int64_t batch = c.shape.front(), channels = c.shape.back();
+      const int64_t positions = static_cast<int64_t>(x.size()) / (batch * channels);
+      std::vector<int32_t> want(static_cast<size_t>(batch * channels));
+      for (int64_t n = 0; n < batch; ++n) {
+        for (int64_t ch = 0; ch < channels; ++ch) {
+          int32_t sum = 0;
+          for (int64_t p = 0; p < positions; ++p)
+            sum += x32.data<int32_t>()[(n * positions + p) * channels + ch];
+          const float v = static_cast<float>(sum - c.q.x_zero * static_cast<int32_t>(positions)) * c.q.scale;
+          want[static_cast<size_t>(n * channels + ch)] =
+              static_cast<int32_t>(std::clamp(std::nearbyint(v) + static_cast<float>(c.q.y_zero),
+                                              static_cast<float>(lo), static_cast<float>(hi)));
+        }
+      }
+      bool reference_ran = false;
+      Reference reference = [&](const std::vector<mx::array>& in) {
+        reference_ran = true;
+        return std::vector<mx::array>{in[0]};
+      };
+      mx::array got = qlinear_global_average_nhwc(x, c.q, reference, mx::Device::cpu);
+      mx::Shape kept(c.shape.size(), 1);
+      kept.front() = static_cast<int>(batch);
+      kept.back() = static_cast<int>(channels);
+      ASSERT_EQ(got.shape(), kept);
+      ASSERT_EQ(got.dtype(), type);
+      mx::array got32 = mx::astype(got, mx::int32);
+      mx::eval(got32);
+      ASSERT_FALSE(reference_ran);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got32.data<int32_t>()))
+          << (is_signed ? "int8 " : "uint8 ") << x.size() << " elements";
+    }
+    // Channels-first [4, 5, 3, 2] viewed channels-last as [4, 3, 2, 5]: the kernel reads the view copied
+    // dense (its buffer in memory order would mix channels into the sums).
+    mx::array base =
+        mx::astype(mx::random::randint(lo, hi + 1, {4, 5, 3, 2}, mx::int32, mx::random::key(8)), type);
+    mx::array view = mx::transpose(base, {0, 2, 3, 1});
+    const QGlobalAverage q{0.25f, 0, 1};
+    Reference unused = [](const std::vector<mx::array>& in) { return std::vector<mx::array>{in[0]}; };
+    mx::array from_view = qlinear_global_average_nhwc(view, q, unused, mx::Device::cpu);
+    mx::array from_dense = qlinear_global_average_nhwc(mx::contiguous(view), q, unused, mx::Device::cpu);
+    EXPECT_TRUE(mx::array_equal(from_view, from_dense).item<bool>());
+  }
+  // Float input is not the kernel's: the reference runs.
+  bool reference_ran = false;
+  Reference reference = [&](const std::vector<mx::array>& in) {
+    reference_ran = true;
+    return std::vector<mx::array>{in[0]};
+  };
+  mx::eval(qlinear_global_average_nhwc(mx::zeros({1, 2, 2, 3}), {1, 0, 0}, reference, mx::Device::cpu));
+  EXPECT_TRUE(reference_ran);
+}
+
 // dequantize_per_tensor and requantize against their compositions (QuantizeLinear with scale 1 after a
 // multiplication, DequantizeLinear per tensor): the same values, per tensor and per channel along the
 // last axis, both 8-bit types, saturation, lengths that end inside a vector.
