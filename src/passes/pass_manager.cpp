@@ -41,6 +41,7 @@ const std::vector<Pass>& default_passes() {
       {"fuse_depthwise_blocks", fuse_depthwise_blocks},        // on channels_last_convs' ConvNhwc nodes
       {"winograd_convs", winograd_convs},                      // on channels_last_convs' 3x3 ConvNhwc nodes
       {"fuse_quantize_dequantize", fuse_quantize_dequantize},  // after the layout moved through the pairs
+      {"fuse_qlinear_conv_add", fuse_qlinear_conv_add},  // after channels_last_convs moved the adds' layout
       {"pack_matmul_nbits", pack_matmul_nbits},
       {"pack_qmoe_weights", pack_qmoe_weights},
       {"pack_integer_matmul_weights", pack_integer_matmul_weights},

@@ -52,6 +52,7 @@ size_t channels_last_convs(Graph& graph);
 size_t fuse_depthwise_blocks(Graph& graph);
 size_t winograd_convs(Graph& graph);
 size_t fuse_quantize_dequantize(Graph& graph);
+size_t fuse_qlinear_conv_add(Graph& graph);
 size_t pack_matmul_nbits(Graph& graph);
 size_t pack_qmoe_weights(Graph& graph);
 size_t pack_integer_matmul_weights(Graph& graph);

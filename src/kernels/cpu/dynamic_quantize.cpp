@@ -519,6 +519,10 @@ class QLinearGlobalAverageKernel : public CpuKernel {
 
 }  // namespace
 
+void qlinear_add_bytes(const void* a, const void* b, int64_t n, QLinearAddRatios r, bool is_signed, void* y) {
+  HWY_DYNAMIC_DISPATCH(QLinearAddRange)(a, b, n, r.a, r.b, r.fixed, is_signed, y);
+}
+
 mx::array qlinear_global_average_nhwc(const mx::array& x, QGlobalAverage q, const Reference& reference,
                                       mx::StreamOrDevice s) {
   const mx::Stream stream = mx::to_stream(s);

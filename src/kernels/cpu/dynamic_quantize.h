@@ -77,6 +77,10 @@ struct QLinearAddRatios {
 mx::array qlinear_add(const mx::array& a, const mx::array& b, QLinearAddRatios ratios,
                       const Reference& reference, mx::StreamOrDevice s = {});
 
+/** qlinear_add's arithmetic over n bytes (int8 when is_signed, else uint8) on the calling thread:
+ * y = saturate(round(fma(a, r.a, fma(b, r.b, r.fixed)))); y may be a or b. */
+void qlinear_add_bytes(const void* a, const void* b, int64_t n, QLinearAddRatios r, bool is_signed, void* y);
+
 /** com.microsoft QLinearGlobalAveragePool's requantization: y = saturate(round((sum - x_zero * n) * scale) +
  * y_zero), scale = sX / (sY * n) in float32, n the positions summed. */
 struct QGlobalAverage {

@@ -329,6 +329,7 @@ HWY_AFTER_NAMESPACE();
 #include <vector>
 
 #include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/dynamic_quantize.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
 #include "mlx_bridge/buffers.h"
@@ -443,8 +444,31 @@ void set_requantize_columns(IntegerGemmArgs& g, RequantizeColumns& storage) {
   g.column_scales = storage.scales.data();
 }
 
+namespace {
+
+// The QLinearAdd after the product (IntegerGemmArgs::add_other) over rows [row0, row0 + rows) and
+// columns [col0, col0 + cols) of y_quant, once their bytes are stored.
+void add_after_product(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+  cols = std::min(cols, g.n - col0);
+  const QLinearAddRatios ratios{g.add_a, g.add_b, g.add_fixed};
+  auto add = [&](int64_t offset, int64_t count) {
+    uint8_t* y = g.y_quant + offset;
+    const uint8_t* other = g.add_other + offset;
+    qlinear_add_bytes(g.add_product_first ? y : other, g.add_product_first ? other : y, count, ratios,
+                      g.y_signed, y);
+  };
+  if (col0 == 0 && cols == g.n) {
+    add(row0 * g.n, rows * g.n);
+    return;
+  }
+  for (int64_t r = row0; r < row0 + rows; ++r) add(r * g.n + col0, cols);
+}
+
+}  // namespace
+
 void integer_gemm_rows_on_this_thread(const IntegerGemmArgs& g, int64_t row0, int64_t rows) {
   HWY_DYNAMIC_DISPATCH(IntegerGemmRows)(g, row0, rows);
+  if (g.add_other != nullptr) add_after_product(g, row0, rows, 0, g.n);
 }
 
 void run_integer_gemm(IntegerGemmArgs g) {
@@ -465,6 +489,8 @@ void run_integer_gemm(IntegerGemmArgs g) {
       int64_t row0, rows, panel0, panels;
       split.task(t, row0, rows, panel0, panels);
       HWY_DYNAMIC_DISPATCH(IntegerGemmBlock)(g, row0, rows, panel0, panels);
+      if (g.add_other != nullptr)
+        add_after_product(g, row0, rows, panel0 * kIntPanelColumns, panels * kIntPanelColumns);
     }
   });
 }

@@ -44,6 +44,14 @@ struct IntegerGemmArgs {
   // repeated when per tensor).
   const int32_t* column_offsets;
   const float* column_scales;
+  // Then, when add_other is set, com.microsoft QLinearAdd of the requantized bytes and add_other's (the
+  // output's type and [m, n] layout) over y_quant, as kernels::qlinear_add computes it:
+  // saturate(round(fma(A, add_a, fma(B, add_b, add_fixed)))), A the product's bytes when add_product_first,
+  // else add_other's. Each task adds over its own block once its products are stored (still in cache): a
+  // residual's add without a kernel and a pass over memory of its own.
+  const uint8_t* add_other;
+  float add_a, add_b, add_fixed;
+  bool add_product_first;
 };
 
 /** The storage behind IntegerGemmArgs::column_offsets and column_scales, owned by the caller of a call. */

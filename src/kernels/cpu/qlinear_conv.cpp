@@ -574,6 +574,7 @@ void run_qlinear_conv(const NhwcConvArgs& a, const uint8_t* x, uint8_t x_zero, b
       task.lda = lda;
       task.m = count;
       task.y_quant = y + first * g.n;
+      if (g.add_other != nullptr) task.add_other = g.add_other + first * g.n;
       integer_gemm_rows_on_this_thread(task, 0, count);
     }
   });
@@ -610,23 +611,34 @@ void run_qlinear_depthwise(QLinearDepthwiseArgs a) {
 
 // ---- the kernel ----
 
+// What a group-1 kernel adds to its output (QLinearAddAfter less the operands).
+struct AddAfter {
+  QLinearAddRatios ratios;
+  bool conv_first;
+  bool operator==(const AddAfter& o) const {
+    return ratios.a == o.ratios.a && ratios.b == o.ratios.b && ratios.fixed == o.ratios.fixed &&
+           conv_first == o.conv_first;
+  }
+};
+
 // Inputs: x, x_zero, then group 1: packed, column sums, column zeros; depthwise: w; then multiplier,
-// y_zero, [bias].
+// y_zero, [bias], [the add's other operand].
 class QLinearConvKernel : public CpuKernel {
  public:
   QLinearConvKernel(mx::Stream stream, Reference reference, NhwcConvOptions options, bool depthwise,
-                    bool has_bias)
+                    bool has_bias, std::optional<AddAfter> add = std::nullopt)
       : CpuKernel(stream, std::move(reference)),
         options_(options),
         depthwise_(depthwise),
-        has_bias_(has_bias) {}
+        has_bias_(has_bias),
+        add_(add) {}
   const char* name() const override {
     return depthwise_ ? "transmuter::QLinearDepthwiseConvNhwc" : "transmuter::QLinearConvNhwc";
   }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const QLinearConvKernel*>(&other);
     return o != nullptr && o->options_ == options_ && o->depthwise_ == depthwise_ &&
-           o->has_bias_ == has_bias_;
+           o->has_bias_ == has_bias_ && o->add_ == add_;
   }
 
  protected:
@@ -644,6 +656,13 @@ class QLinearConvKernel : public CpuKernel {
       const uint8_t* y_zero = in[6].data<uint8_t>();
       IntegerGemmArgs g =
           product_args(in, y_data, geometry.window(), geometry.out_channels, has_bias_, y.dtype());
+      if (add_) {
+        g.add_other = in.back().data<uint8_t>();
+        g.add_a = add_->ratios.a;
+        g.add_b = add_->ratios.b;
+        g.add_fixed = add_->ratios.fixed;
+        g.add_product_first = add_->conv_first;
+      }
       return [geometry, x_data, x_zero, x_signed, y_zero, g, range]() mutable {
         g.y_zero = range.is_signed ? static_cast<int8_t>(*y_zero) : *y_zero;
         run_qlinear_conv(geometry, x_data, *x_zero, x_signed, g);
@@ -672,6 +691,7 @@ class QLinearConvKernel : public CpuKernel {
  private:
   NhwcConvOptions options_;
   bool depthwise_, has_bias_;
+  std::optional<AddAfter> add_;
 };
 
 // ---- the reference: the same integers through exact MLX and integer_matmul paths ----
@@ -731,10 +751,10 @@ void check_common(const mx::array& x, const mx::array& x_zero, const QLinearRequ
 
 mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, const mx::Shape& shape,
                      mx::Dtype y_type, const NhwcConvOptions& o, bool depthwise, bool has_bias,
-                     mx::Stream stream) {
+                     mx::Stream stream, std::optional<AddAfter> add = std::nullopt) {
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
-        return std::make_shared<QLinearConvKernel>(kernel_stream, reference, o, depthwise, has_bias);
+        return std::make_shared<QLinearConvKernel>(kernel_stream, reference, o, depthwise, has_bias, add);
       },
       reference, std::move(inputs), {shape}, {y_type}, stream)[0];
 }
@@ -798,7 +818,7 @@ mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::a
 
 mx::array qlinear_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, const PackedIntegerRhs& w,
                             int64_t m, const QLinearRequantize& r, const NhwcConvOptions& o,
-                            mx::StreamOrDevice s) {
+                            mx::StreamOrDevice s, const std::optional<QLinearAddAfter>& add) {
   check_common(x, x_zero_point, r, m, o);
   const int64_t k = int64_t{o.kernel[0]} * o.kernel[1] * x.shape(o.channels_first_input ? 1 : 3);
   if (o.channels_first_input && x.shape(1) > 4)
@@ -814,19 +834,34 @@ mx::array qlinear_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, c
   const mx::Stream stream = mx::to_stream(s);
   const mx::Shape shape = nhwc_conv_output_shape(x, m, o);
   const bool has_bias = r.bias.has_value();
-  Reference reference = [o, k, m, has_bias, shape, stream](const std::vector<mx::array>& in) {
+  if (add && add->other.dtype() != r.y_zero_point.dtype())
+    throw std::invalid_argument("the QLinearAdd after a QLinearConv takes an operand of the output's type");
+  if (add && add->other.shape() != shape) {  // broadcast: the convolution, then the add's reference
+    mx::array y = qlinear_conv_nhwc(x, x_zero_point, w, m, r, o, s);
+    return (add->conv_first ? add->reference({y, add->other}) : add->reference({add->other, y}))[0];
+  }
+  const Reference add_reference = add ? add->reference : Reference{};
+  const bool conv_first = add && add->conv_first;
+  Reference reference = [o, k, m, has_bias, shape, stream, add_reference,
+                         conv_first](const std::vector<mx::array>& in) {
     const mx::array x = o.channels_first_input ? mx::transpose(in[0], {0, 2, 3, 1}, stream) : in[0];
     mx::array rows = unfold_reference(x, in[1], o, shape, stream);
     mx::array acc = integer_matmul(rows, PackedIntegerRhs{in[2], in[3], in[4]}, k, m, in[1], stream);
     acc = mx::reshape(acc, shape, stream);
     const std::optional<mx::array> bias = has_bias ? std::optional<mx::array>(in[7]) : std::nullopt;
-    return std::vector<mx::array>{requantize_reference(acc, in[5], bias, in[6], stream)};
+    mx::array y = requantize_reference(acc, in[5], bias, in[6], stream);
+    if (!add_reference) return std::vector<mx::array>{y};
+    return conv_first ? add_reference({y, in.back()}) : add_reference({in.back(), y});
   };
   std::vector<mx::array> inputs = {
       x, x_zero_point, w.packed, w.column_sums, w.column_zeros, r.multiplier, r.y_zero_point};
   if (has_bias) inputs.push_back(*r.bias);
+  if (add) inputs.push_back(add->other);
   if (!is_cpu_stream(stream) || x.size() == 0 || !integer_gemm_available()) return reference(inputs)[0];
-  return run_kernel(std::move(inputs), reference, shape, r.y_zero_point.dtype(), o, false, has_bias, stream);
+  const std::optional<AddAfter> kernel_add =
+      add ? std::optional<AddAfter>(AddAfter{add->ratios, add->conv_first}) : std::nullopt;
+  return run_kernel(std::move(inputs), reference, shape, r.y_zero_point.dtype(), o, false, has_bias, stream,
+                    kernel_add);
 }
 
 mx::array qlinear_depthwise_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, const mx::array& w,

@@ -25,7 +25,9 @@
 
 #include <mlx/mlx.h>
 
-#include "kernels/cpu/conv_nhwc.h"     // NhwcConvOptions
+#include "kernels/cpu/conv_nhwc.h"         // NhwcConvOptions
+#include "kernels/cpu/cpu_kernel.h"        // Reference
+#include "kernels/cpu/dynamic_quantize.h"  // QLinearAddRatios
 #include "kernels/cpu/integer_gemm.h"  // PackedIntegerRhs
 
 namespace transmuter::kernels {
@@ -39,6 +41,16 @@ struct QLinearRequantize {
   mx::array y_zero_point;         // uint8 or int8, one element: the output's type
 };
 
+/** A com.microsoft QLinearAdd that reads the convolution's output bytes and `other`'s (the output's type
+ * and shape), done in the convolution's kernel (qlinear_add's arithmetic over each block of output once
+ * it is stored). */
+struct QLinearAddAfter {
+  mx::array other;
+  QLinearAddRatios ratios;
+  bool conv_first;      // the convolution's output is the add's A (else its B)
+  Reference reference;  // the add of {A, B} as MLX ops (the kernel's reference ends with it)
+};
+
 /** An ONNX QLinearConv weight [M, C, kH, kW] (int8 or uint8) as the GEMM's rows [kH * kW * C, M]:
  * row (ky * kW + kx) * C + c, column m (what pack_integer_gemm_rhs packs for qlinear_conv_nhwc). */
 mx::array qlinear_conv_weight_rows(const mx::array& w);
@@ -50,10 +62,13 @@ mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::a
 /** Group-1 QLinearConv: x uint8 or int8 [N, H, W, C] ([N, C, H, W] with options.channels_first_input: a
  * stem over at most 4 channels), x_zero_point of x's type (one element), w packed from
  * qlinear_conv_weight_rows (with its zero point) for m output channels. Returns [N, oH, oW, m] of
- * requantize.y_zero_point's type. Throws std::invalid_argument when the shapes or types do not agree. */
+ * requantize.y_zero_point's type -- with `add`, that output's QLinearAdd with add->other instead (in the
+ * kernel when add->other has the output's shape, else add->reference after it). Throws
+ * std::invalid_argument when the shapes or types do not agree (add->other's type included). */
 mx::array qlinear_conv_nhwc(const mx::array& x, const mx::array& x_zero_point, const PackedIntegerRhs& w,
                             int64_t m, const QLinearRequantize& requantize, const NhwcConvOptions& options,
-                            mx::StreamOrDevice s = {});
+                            mx::StreamOrDevice s = {},
+                            const std::optional<QLinearAddAfter>& add = std::nullopt);
 
 /** Depthwise QLinearConv (group == C == M): x uint8 or int8 [N, H, W, C], x_zero_point as above, w from
  * qlinear_depthwise_weight with at most kExactIntegerTerms taps. Returns [N, oH, oW, C] of y_zero_point's

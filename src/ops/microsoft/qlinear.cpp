@@ -52,6 +52,7 @@
 #include <mlx/mlx.h>
 
 #include "kernels/cpu/dynamic_quantize.h"
+#include "ops/microsoft/qlinear_add.h"
 #include "ops/node_context.h"
 #include "ops/onnx/conv_pool_attributes.h"
 #include "ops/registry.h"
@@ -158,58 +159,19 @@ OpOutputs qlinear_binary(NodeContext& ctx, bool multiply) {
   const mx::array& b = quantized_input(ctx, 3, "B");
   if (b.dtype() != a.dtype()) throw ctx.error("B must have A's type ", a.dtype(), ", got ", b.dtype());
   const mx::Dtype type = a.dtype();
-  const float sa = host_scale(ctx, 1, "A_scale"), sb = host_scale(ctx, 4, "B_scale"),
-              sc = host_scale(ctx, 6, "C_scale");
-  const int za = host_zero_point(ctx, 2, type, "A_zero_point");
-  const int zb = host_zero_point(ctx, 5, type, "B_zero_point");
-  const int zc = host_zero_point(ctx, 7, type, "C_zero_point");
+  const QLinearAddQuantization q = read_qlinear_add_quantization(ctx, 0, type);
   try {
     mx::broadcast_shapes(a.shape(), b.shape());
   } catch (const std::invalid_argument&) {
     throw ctx.error("A of shape ", a.shape(), " and B of shape ", b.shape(), " do not broadcast");
   }
-  if (multiply) {
-    // (a - zA) * (b - zB) is an exact integer in float32 (|.| <= 255^2).
-    const float ratio = sa * sb / sc;
-    mx::array product =
-        mx::multiply(mx::subtract(mx::astype(a, mx::float32, s), mx::array(static_cast<float>(za)), s),
-                     mx::subtract(mx::astype(b, mx::float32, s), mx::array(static_cast<float>(zb)), s), s);
-    return {saturate_round(mx::multiply(product, mx::array(ratio), s), static_cast<float>(zc), type, s)};
-  }
-  const float ra = sa / sc, rb = sb / sc;
-  const float ka = ra * static_cast<float>(za);
-  const float kb = rb * static_cast<float>(zb);
-  const float fixed_value = static_cast<float>(zc) - (ka + kb);
-  // ORT's kernel computes v * r + t as one fused multiply-add, rounded once. The CPU kernel
-  // (kernels::qlinear_add, operands of one shape) does so in float32. The composition, for the other
-  // cases: on the CPU exact in float64 (v * r, an 8-bit integer times a float32, has at most 33
-  // significant bits) and rounded once to float32; elsewhere (no float64 on GPUs) a float32 multiply and
-  // add, which can leave a sum within an ulp of n + 0.5 one step apart.
-  const bool fused = mx::to_stream(s).device == mx::Device::cpu;
-  auto composition = [s, ra, rb, fixed_value, fused, type](const mx::array& a, const mx::array& b) {
-    const mx::array fixed(fixed_value);
-    mx::array af = mx::astype(a, mx::float32, s);
-    mx::array bf = mx::astype(b, mx::float32, s);
-    auto fma = [&](const mx::array& v, float ratio, const mx::array& t) {
-      if (!fused) return mx::add(mx::multiply(v, mx::array(ratio), s), t, s);
-      mx::array wide = mx::add(
-          mx::multiply(mx::astype(v, mx::float64, s), mx::array(static_cast<double>(ratio), mx::float64), s),
-          mx::astype(t, mx::float64, s), s);
-      return mx::astype(wide, mx::float32, s);
-    };
-    auto term = [&](const mx::array& v, float ratio) { return mx::multiply(v, mx::array(ratio), s); };
-    mx::array sum = [&] {
-      // A run-scalar operand joins the constant first (a multiply and an add).
-      if (is_run_scalar(a.shape(), b.shape())) return fma(bf, rb, mx::add(fixed, term(af, ra), s));
-      if (is_run_scalar(b.shape(), a.shape())) return fma(af, ra, mx::add(fixed, term(bf, rb), s));
-      return fma(af, ra, fma(bf, rb, fixed));
-    }();
-    return saturate_round(sum, 0.0f, type, s);
-  };
-  const kernels::Reference reference = [composition](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{composition(in[0], in[1])};
-  };
-  return {kernels::qlinear_add(a, b, {ra, rb, fixed_value}, reference, s)};
+  if (!multiply) return {qlinear_add_values(a, b, q, s)};
+  // (a - zA) * (b - zB) is an exact integer in float32 (|.| <= 255^2).
+  const float ratio = q.a_scale * q.b_scale / q.c_scale;
+  mx::array product = mx::multiply(
+      mx::subtract(mx::astype(a, mx::float32, s), mx::array(static_cast<float>(q.a_zero)), s),
+      mx::subtract(mx::astype(b, mx::float32, s), mx::array(static_cast<float>(q.b_zero)), s), s);
+  return {saturate_round(mx::multiply(product, mx::array(ratio), s), static_cast<float>(q.c_zero), type, s)};
 }
 
 OpOutputs qlinear_add(NodeContext& ctx) { return qlinear_binary(ctx, false); }
@@ -489,6 +451,56 @@ constexpr std::string_view kQuantized = "outputs are quantized integers";
 constexpr std::string_view kPerTensor = "int8/uint8, per-tensor scales and zero points";
 
 }  // namespace
+
+QLinearAddQuantization read_qlinear_add_quantization(const NodeContext& ctx, size_t first, mx::Dtype type) {
+  return {host_scale(ctx, first + 1, "A_scale"), host_zero_point(ctx, first + 2, type, "A_zero_point"),
+          host_scale(ctx, first + 4, "B_scale"), host_zero_point(ctx, first + 5, type, "B_zero_point"),
+          host_scale(ctx, first + 6, "C_scale"), host_zero_point(ctx, first + 7, type, "C_zero_point")};
+}
+
+kernels::QLinearAddRatios qlinear_add_ratios(const QLinearAddQuantization& q) {
+  const float ra = q.a_scale / q.c_scale, rb = q.b_scale / q.c_scale;
+  const float ka = ra * static_cast<float>(q.a_zero);
+  const float kb = rb * static_cast<float>(q.b_zero);
+  return {ra, rb, static_cast<float>(q.c_zero) - (ka + kb)};
+}
+
+// ORT's kernel computes v * r + t as one fused multiply-add, rounded once. The CPU kernel
+// (kernels::qlinear_add, operands of one shape) does so in float32. The composition, for the other
+// cases: on the CPU exact in float64 (v * r, an 8-bit integer times a float32, has at most 33
+// significant bits) and rounded once to float32; elsewhere (no float64 on GPUs) a float32 multiply and
+// add, which can leave a sum within an ulp of n + 0.5 one step apart.
+kernels::Reference qlinear_add_reference(const kernels::QLinearAddRatios& r, mx::Stream s) {
+  const bool fused = s.device == mx::Device::cpu;
+  return [s, r, fused](const std::vector<mx::array>& in) {
+    const mx::array &a = in[0], &b = in[1];
+    const mx::array fixed(r.fixed);
+    mx::array af = mx::astype(a, mx::float32, s);
+    mx::array bf = mx::astype(b, mx::float32, s);
+    auto fma = [&](const mx::array& v, float ratio, const mx::array& t) {
+      if (!fused) return mx::add(mx::multiply(v, mx::array(ratio), s), t, s);
+      mx::array wide = mx::add(
+          mx::multiply(mx::astype(v, mx::float64, s), mx::array(static_cast<double>(ratio), mx::float64), s),
+          mx::astype(t, mx::float64, s), s);
+      return mx::astype(wide, mx::float32, s);
+    };
+    auto term = [&](const mx::array& v, float ratio) { return mx::multiply(v, mx::array(ratio), s); };
+    mx::array sum = [&] {
+      // A run-scalar operand joins the constant first (a multiply and an add).
+      if (is_run_scalar(a.shape(), b.shape())) return fma(bf, r.b, mx::add(fixed, term(af, r.a), s));
+      if (is_run_scalar(b.shape(), a.shape())) return fma(af, r.a, mx::add(fixed, term(bf, r.b), s));
+      return fma(af, r.a, fma(bf, r.b, fixed));
+    }();
+    return std::vector<mx::array>{saturate_round(sum, 0.0f, a.dtype(), s)};
+  };
+}
+
+mx::array qlinear_add_values(const mx::array& a, const mx::array& b, const QLinearAddQuantization& q,
+                             mx::StreamOrDevice s) {
+  const kernels::QLinearAddRatios ratios = qlinear_add_ratios(q);
+  const mx::Stream stream = mx::to_stream(s);
+  return kernels::qlinear_add(a, b, ratios, qlinear_add_reference(ratios, stream), stream);
+}
 
 void register_microsoft_qlinear(OpRegistry& r) {
   // clang-format off

@@ -33,6 +33,10 @@
 //   [out_channels]. Inputs in that order: X, x_zero_point, W, W_column_sums, W_column_zeros, multiplier,
 //   y_zero_point, B. Attributes: kernel_shape, strides, pads, dilations, group, out_channels, input_layout
 //   (group 1: "NCHW" reads X [N, C, H, W] in place; as ConvNhwc's).
+//   Group 1 may go on with a com.microsoft QLinearAdd of Y (made by src/passes/fuse_qlinear_conv_add.cpp):
+//   inputs 8..15 are that add's A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point
+//   with Y's own slot (A or B) empty, and the output is the add's C (QLinearAdd's arithmetic, on the
+//   kernel's blocks of Y when the other operand has Y's shape, else after the convolution).
 #include <array>
 #include <optional>
 #include <string>
@@ -44,6 +48,7 @@
 #include "kernels/cpu/depthwise_block.h"
 #include "kernels/cpu/qlinear_conv.h"
 #include "kernels/cpu/winograd_conv.h"
+#include "ops/microsoft/qlinear_add.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -202,6 +207,24 @@ OpOutputs global_average_pool_nhwc(NodeContext& ctx) {
   return {mx::mean(x, axes, true, ctx.stream())};
 }
 
+// QLinearConvNhwc's inputs from 8 on, when present: the QLinearAdd that reads its output (A, A_scale,
+// A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point, the convolution's own slot, A or B, empty).
+constexpr size_t kAddInputs = 8;
+
+// The QLinearAdd that reads the convolution's output (inputs kAddInputs on) for the kernel.
+kernels::QLinearAddAfter add_after(const NodeContext& ctx) {
+  const bool conv_first = !ctx.has_input(kAddInputs);
+  if (conv_first == !ctx.has_input(kAddInputs + 3))
+    throw ctx.error("the QLinearAdd inputs must leave exactly one of A and B (the convolution's) empty");
+  const mx::array& other = ctx.input(conv_first ? kAddInputs + 3 : kAddInputs);
+  const mx::Dtype type = ctx.input(6).dtype();
+  if (other.dtype() != type)
+    throw ctx.error("the QLinearAdd operand must have the output's type ", type, ", got ", other.dtype());
+  const kernels::QLinearAddRatios ratios =
+      qlinear_add_ratios(read_qlinear_add_quantization(ctx, kAddInputs, type));
+  return {other, ratios, conv_first, qlinear_add_reference(ratios, mx::to_stream(ctx.stream()))};
+}
+
 OpOutputs qlinear_conv_nhwc(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
   const kernels::NhwcConvOptions options = read_options(ctx);
@@ -222,9 +245,12 @@ OpOutputs qlinear_conv_nhwc(NodeContext& ctx) {
   try {
     if (group == 1) {
       const kernels::PackedIntegerRhs w{ctx.input(2), ctx.input(3), ctx.input(4)};
-      return {
-          kernels::qlinear_conv_nhwc(x, ctx.input(1), w, out_channels, requantize, options, ctx.stream())};
+      std::optional<kernels::QLinearAddAfter> add;
+      if (ctx.num_inputs() > kAddInputs) add = add_after(ctx);
+      return {kernels::qlinear_conv_nhwc(x, ctx.input(1), w, out_channels, requantize, options, ctx.stream(),
+                                         add)};
     }
+    if (ctx.num_inputs() > kAddInputs) throw ctx.error("a depthwise QLinearConvNhwc takes no QLinearAdd");
     if (ctx.has_input(3) || ctx.has_input(4)) throw ctx.error("a depthwise W takes no column sums or zeros");
     return {kernels::qlinear_depthwise_conv_nhwc(x, ctx.input(1), ctx.input(2), requantize, options,
                                                  ctx.stream())};
