@@ -24,6 +24,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/take_rows.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -510,8 +511,18 @@ mx::array checked_gather(const NodeContext& ctx, const mx::array& data, const mx
   require_integer_indices(ctx, indices);
   require_data_rank(ctx, data);
   const int normalized = ctx.normalize_axis(axis, rank_of(data));
-  return mx::take(data, bounded_index(ctx, indices, normalized, data.shape(normalized)), normalized,
-                  ctx.stream());
+  const int size = data.shape(normalized);
+  if (normalized != 0 || size == 0) {
+    return mx::take(data, bounded_index(ctx, indices, normalized, size), normalized, ctx.stream());
+  }
+  // Axis 0 (an embedding lookup): checked where the values are known, then one kernel that clamps and
+  // wraps each index as the traced path does (kernels/cpu/take_rows.h); the traced path is its reference.
+  if (!indices.is_tracer()) check_index_values(ctx, indices, {0}, {size});
+  const mx::Stream s = mx::to_stream(ctx.stream());
+  const kernels::Reference reference = [size, s](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{mx::take(in[0], clamped_index(in[1], size, s), 0, s)};
+  };
+  return kernels::take_rows(data, indices, reference, s);
 }
 
 void register_indexing(OpRegistry& r) {
