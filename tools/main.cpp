@@ -316,6 +316,9 @@ Runner make_runner(const Model& model, const PreparedInputs& prepared, const Arg
   options.device = device;
   options.cpu_eval_lookahead = lookahead;
   options.cpu_kernel_lookahead = kernel_lookahead;
+  const std::string direct = args.get("direct", "on");
+  if (direct != "on" && direct != "off") throw Error(str("--direct expects on or off, got '", direct, "'"));
+  options.direct_cpu_runs = direct == "on";
   const std::string fuse = args.get("fuse", "auto");
   if (fuse == "on" || fuse == "off") {
     options.fuse_elementwise = fuse == "on";
@@ -330,7 +333,8 @@ void print_compile_stats(const Runner& runner) {
   if (!runner.compiled) return;
   const CompileStats& s = runner.compiled->stats();
   std::cerr << "compiled: " << s.segments << " segment(s), " << s.graph_breaks << " graph break(s), "
-            << s.plans_built << " plan(s) built, " << s.cache_hits << " cache hit(s)\n";
+            << s.plans_built << " plan(s) built, " << s.cache_hits << " cache hit(s), " << s.direct_segments
+            << " run directly\n";
 }
 
 int run_main(const Args& args) {
@@ -436,7 +440,8 @@ void usage() {
          "NAME=VALUE]... [--seed N]\n"
          "                 [--dump-all DIR]   (eager: every node's outputs as DIR/NNNNN_K.npy + "
          "DIR/index.json; see scripts/diff)\n"
-         "                 [--passes default|none|NAME,...] [--fuse auto|on|off] [--compute-type "
+         "                 [--passes default|none|NAME,...] [--fuse auto|on|off] [--direct on|off] "
+         "[--compute-type "
          "auto|float32|model]\n"
          "                 [--eval-lookahead MIB] [--kernel-lookahead MIB]   (CPU memory allocated ahead of "
          "the computation)\n"

@@ -131,6 +131,12 @@ struct CompileOptions {
   std::optional<size_t> cpu_eval_lookahead = std::nullopt;
   /** As RunOptions::cpu_kernel_lookahead, applied at every call. */
   std::optional<size_t> cpu_kernel_lookahead = std::nullopt;
+  /** On a CPU device, run a compiled segment whose graph is made of Transmuter's CPU kernels and views
+   * directly: the kernels one after the other on the calling thread, without MLX rebuilding the graph,
+   * ordering it and handing each kernel to its stream's thread (src/runtime/direct_run.h). The outputs
+   * are then already evaluated when the call returns, and equal those of the MLX path. Calls whose
+   * arguments are being traced (mx::value_and_grad, mx::compile around the model) take the MLX path. */
+  bool direct_cpu_runs = true;
 };
 
 /** Counters of a CompiledModel's plan cache. */
@@ -140,6 +146,8 @@ struct CompileStats {
   size_t evictions = 0;
   size_t segments = 0;      // compiled segments in the last plan used
   size_t graph_breaks = 0;  // eager nodes between them in the last plan used
+  size_t direct_segments =
+      0;  // compiled segments that run directly (CompileOptions::direct_cpu_runs), summed over plans
 };
 
 /** A model compiled for repeated calls. The graph is split at graph breaks

@@ -1,5 +1,7 @@
 #include "runtime/compiler.h"
 
+#include <algorithm>
+#include <atomic>
 #include <list>
 #include <mutex>
 #include <sstream>
@@ -10,6 +12,7 @@
 
 #include "mlx_bridge/compiled_function.h"
 #include "mlx_bridge/kernel_cache.h"
+#include "runtime/direct_run.h"
 #include "runtime/inputs.h"
 #include "runtime/interpreter.h"
 #include "runtime/model_state.h"
@@ -24,8 +27,13 @@ namespace {
 // owned by one thread's Executor and only ever used on that thread.
 class Plan {
  public:
-  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params, bool fuse)
-      : graph_(graph), layout_(layout), exec_(exec) {
+  // `direct_count` (when direct runs are allowed) counts the segments recorded for one.
+  Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params, bool fuse,
+       std::atomic<size_t>* direct_count)
+      : graph_(graph),
+        layout_(layout),
+        exec_(exec),
+        direct_count_(exec.device == mx::Device::cpu ? direct_count : nullptr) {
     bind_initializers(*graph_.graph, &params, constants_);
     for (const Step& step : layout_.steps) {
       if (step.eager) {
@@ -35,6 +43,8 @@ class Plan {
       compiled_.push_back(std::make_unique<CompiledFunction>(
           [this, &step](const std::vector<mx::array>& args) { return trace_segment(step, args); }, fuse));
     }
+    direct_.resize(compiled_.size());
+    direct_tried_.assign(compiled_.size(), false);
   }
 
   // `params` shadow the initializers of the same name; the layout makes those
@@ -53,7 +63,7 @@ class Plan {
         run_nodes(graph_, step.begin, step.end, env, exec_);
         continue;
       }
-      std::vector<mx::array> outs = (*compiled_[s])(segment_args(step, env));
+      std::vector<mx::array> outs = run_segment(s, segment_args(step, env));
       for (size_t i = 0; i < outs.size(); ++i) {
         const std::string& name = step.traced_outputs[i];
         env.set(name, Value(outs[i], element_types_.at(name)));
@@ -75,6 +85,22 @@ class Plan {
       args.push_back(v->tensor());
     }
     return args;
+  }
+
+  // Segment s's outputs: directly when its graph allows (recorded from its first untraced call), else
+  // through its compiled function.
+  std::vector<mx::array> run_segment(size_t s, const std::vector<mx::array>& args) {
+    const bool traced =
+        std::any_of(args.begin(), args.end(), [](const mx::array& a) { return a.is_tracer(); });
+    if (direct_count_ == nullptr || traced) return (*compiled_[s])(args);
+    if (direct_[s]) return (*direct_[s])(args);
+    std::vector<mx::array> outs = (*compiled_[s])(args);
+    if (!direct_tried_[s]) {
+      direct_tried_[s] = true;
+      direct_[s] = DirectRun::record(args, outs);
+      if (direct_[s]) ++*direct_count_;
+    }
+    return outs;
   }
 
   // The function mx::compile traces for one segment. Host values it produces
@@ -109,6 +135,9 @@ class Plan {
   Environment constants_;                  // initializers + captured host values
   const Environment* call_env_ = nullptr;  // the running call's scope, for tracing
   std::vector<std::unique_ptr<CompiledFunction>> compiled_;  // null for eager steps
+  std::atomic<size_t>* const direct_count_;                  // null: no direct runs
+  std::vector<std::optional<DirectRun>> direct_;             // per step: its direct run, once recorded
+  std::vector<bool> direct_tried_;
   // ONNX element types of the segments' outputs, seen while tracing: only
   // arrays cross the compiled boundary, and float8/int4... are held widened.
   std::unordered_map<std::string, OnnxType> element_types_;
@@ -163,6 +192,7 @@ struct CompiledModel::State {
   std::set<std::string> traced_params;  // empty unless options.params_as_arguments
   SegmentLayout layout;
 
+  std::atomic<size_t> direct_segments{0};  // recorded for direct runs, over all plans
   std::mutex mutex;  // guards executors and stats
   std::unordered_map<std::thread::id, std::unique_ptr<Executor>> executors;
   CompileStats stats;
@@ -194,7 +224,8 @@ struct CompiledModel::State {
     Execution exec{options.device.value_or(default_device()), options.memory_limit};
     raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
     const bool fuse = options.fuse_elementwise.value_or(exec.device != mx::Device::cpu);
-    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params(), fuse));
+    plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params(), fuse,
+                                                    options.direct_cpu_runs ? &direct_segments : nullptr));
     size_t evicted = 0;
     while (plans.size() > std::max<size_t>(options.cache_size, 1)) {
       plans.pop_back();
@@ -252,6 +283,7 @@ CompileStats CompiledModel::stats() const {
   CompileStats stats = state_->stats;
   stats.segments = state_->layout.compiled_segments;
   stats.graph_breaks = state_->layout.graph_breaks;
+  stats.direct_segments = state_->direct_segments.load();
   return stats;
 }
 

@@ -104,15 +104,15 @@ bool can_take_buffer(const mx::array& in, const mx::array& out) {
 
 }  // namespace
 
-void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  // Inputs that are views (transposes, broadcasts) are copied into dense temporaries on the stream's
-  // thread, before the kernel's task. Doing it here rather than as an mx::contiguous op per input
-  // keeps the graph to one primitive per kernel: a compiled decode step replays ~20 kernels a layer,
-  // and each extra primitive costs the calling thread its set-up and bookkeeping.
-  auto& encoder = mx::cpu::get_command_encoder(stream());
+// Allocates `outputs` (or gives them a donor's buffer) and returns the task that computes them; inputs that
+// are views are copied into dense temporaries, each appended to `temporaries` (to be held until the task
+// has run), inside the task. `new_bytes` gets the bytes allocated.
+KernelTask CpuKernel::prepare(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs,
+                              std::vector<mx::array>& temporaries, size_t& new_bytes,
+                              const std::function<void()>& before_allocating) {
   // Before any copy of the inputs below (a copy is another holder, which would stop the donation).
   std::vector<int> donors(outputs.size(), -1);  // the input whose buffer each output takes, or -1
-  size_t new_bytes = 0;
+  new_bytes = 0;
   for (size_t j = 0; j < outputs.size(); ++j) {
     const int donor = donor_of(j);
     if (donor >= 0 && can_take_buffer(inputs[donor], outputs[j]))
@@ -123,8 +123,7 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   for (const mx::array& in : inputs) {
     if (!in.flags().row_contiguous) new_bytes += in.nbytes();  // its dense copy, below
   }
-  // Waits here, before allocating, while earlier kernels' outputs fill the look-ahead budget.
-  std::shared_ptr<KernelTaskTicket> ticket = admit_kernel_task(new_bytes);
+  if (before_allocating) before_allocating();
   for (size_t j = 0; j < outputs.size(); ++j) {
     if (donors[j] >= 0)
       outputs[j].copy_shared_buffer(inputs[donors[j]]);
@@ -143,7 +142,7 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     copies.push_back({in.data<char>(), copy.data<char>(), in.itemsize(),
                       std::vector<int64_t>(in.shape().begin(), in.shape().end()),
                       std::vector<int64_t>(in.strides().begin(), in.strides().end())});
-    encoder.add_temporary(copy);
+    temporaries.push_back(copy);
     in = copy;
   }
   KernelTask task = make_task(dense, outputs);
@@ -155,6 +154,22 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   }
   if (kernel_profile_enabled())
     task = profiled_task(kernel_profile_key(name(), inputs, outputs), std::move(task));
+  return task;
+}
+
+void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  // Inputs that are views (transposes, broadcasts) are copied into dense temporaries on the stream's
+  // thread, before the kernel's task. Doing it here rather than as an mx::contiguous op per input
+  // keeps the graph to one primitive per kernel: a compiled decode step replays ~20 kernels a layer,
+  // and each extra primitive costs the calling thread its set-up and bookkeeping.
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  std::vector<mx::array> temporaries;
+  size_t new_bytes = 0;
+  std::shared_ptr<KernelTaskTicket> ticket;
+  // Waits before allocating while earlier kernels' outputs fill the look-ahead budget.
+  KernelTask task =
+      prepare(inputs, outputs, temporaries, new_bytes, [&] { ticket = admit_kernel_task(new_bytes); });
+  encoder.add_temporaries(std::move(temporaries));
   task = [task = std::move(task), ticket = std::move(ticket)] {
     task();
     ticket->finish();  // the outputs are written: the evaluating thread may encode the next kernel
@@ -162,6 +177,12 @@ void CpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   for (const mx::array& in : inputs) encoder.set_input_array(in);
   for (mx::array& out : outputs) encoder.set_output_array(out);
   encoder.dispatch(std::move(task));
+}
+
+void CpuKernel::run_here(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  std::vector<mx::array> temporaries;
+  size_t new_bytes = 0;
+  prepare(inputs, outputs, temporaries, new_bytes, {})();
 }
 
 void CpuKernel::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

@@ -46,6 +46,11 @@ class CpuKernel : public mx::Primitive {
   /** The same function as MLX ops (other streams, gradients; tests compare the kernel with it). */
   const Reference& reference() const { return reference_; }
 
+  /** Computes `outputs` (unallocated arrays of the output shapes and types) from `inputs` (evaluated) now,
+   * on the calling thread, without MLX's scheduler: a direct run of a compiled plan
+   * (src/runtime/direct_run.h). The same buffers, donation and result as eval_cpu. */
+  void run_here(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs);
+
  protected:
   /** The task computing `outputs` (already allocated, row-contiguous) from
    * `inputs` (row-contiguous). Called on the thread that evaluates. */
@@ -58,6 +63,10 @@ class CpuKernel : public mx::Primitive {
   virtual int donor_of(size_t /*output*/) const { return -1; }
 
  private:
+  KernelTask prepare(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs,
+                     std::vector<mx::array>& temporaries, size_t& new_bytes,
+                     const std::function<void()>& before_allocating);
+
   Reference reference_;
 };
 
