@@ -62,11 +62,6 @@ float max_abs_diff(const mx::array& a, const mx::array& b) {
   return mx::max(mx::abs(mx::subtract(mx::astype(a, mx::float32), mx::astype(b, mx::float32)))).item<float>();
 }
 
-size_t count(const Model& model, const std::string& op) {
-  auto h = model.op_histogram();
-  return h.contains(op) ? h.at(op) : 0;
-}
-
 // The `to` of every Cast of the model's graph, in node order.
 std::vector<int64_t> cast_targets(const Model& model) {
   std::vector<int64_t> targets;
@@ -94,7 +89,7 @@ TEST(ComputeInFloat32, KeepsTheInterfaceAndComputesInFloat32) {
     EXPECT_EQ(plain.params().at("W").dtype(), d);
     // One Cast up at the input, one Cast back at the output; nothing else changes.
     EXPECT_EQ(cast_targets(converted), (std::vector<int64_t>{kFloat, static_cast<int64_t>(t)}));
-    EXPECT_EQ(count(plain, "Cast"), 0u);
+    EXPECT_EQ(testing::op_count(plain, "Cast"), 0u);
     EXPECT_EQ(converted.node_count(), plain.node_count() + 2);
 
     mx::array x = uniform({2, 8}, -2, 2, 3, d);
@@ -161,7 +156,7 @@ TEST(ComputeInFloat32, AWeightReadThroughACastKeepsOneFloat32Copy) {
       .output("y");
   Model converted = b.build(kFloat32);
   Model plain = b.build(kNoPasses);
-  EXPECT_EQ(count(converted, "Cast"), 0u);
+  EXPECT_EQ(testing::op_count(converted, "Cast"), 0u);
   EXPECT_EQ(converted.params().size(), 1u);
   EXPECT_EQ(converted.params().at("W").dtype(), mx::float32);
   mx::array x = uniform({3, 8}, -1, 1, 7);

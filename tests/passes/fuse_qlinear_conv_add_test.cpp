@@ -29,12 +29,6 @@ using testing::random_integers;
 
 constexpr int kChannels = 40;
 
-size_t count(const Model& model, const std::string& op) {
-  const auto histogram = model.op_histogram();
-  auto it = histogram.find(op);
-  return it == histogram.end() ? 0 : it->second;
-}
-
 mx::array zero_point(bool is_signed, int value) {  // the uint8 value, or value - 128 as int8
   return is_signed ? mx::array(static_cast<int8_t>(value - 128)) : mx::array(static_cast<uint8_t>(value));
 }
@@ -108,10 +102,10 @@ TEST(FuseQLinearConvAdd, AddsRunInTheConvolutionsWithTheOperatorsBytes) {
     expect_same_bytes(b, is_signed);
     if (!kernels::integer_gemm_available()) continue;
     Model converted = b.build();
-    EXPECT_EQ(count(converted, "ai.transmuter.QLinearConvNhwc"), 3u);
-    EXPECT_EQ(count(converted, "com.microsoft.QLinearAdd"), 0u);
+    EXPECT_EQ(testing::op_count(converted, "ai.transmuter.QLinearConvNhwc"), 3u);
+    EXPECT_EQ(testing::op_count(converted, "com.microsoft.QLinearAdd"), 0u);
     Model unfused = b.build(testing::passes_except("fuse_qlinear_conv_add"));
-    EXPECT_EQ(count(unfused, "com.microsoft.QLinearAdd"), 2u);
+    EXPECT_EQ(testing::op_count(unfused, "com.microsoft.QLinearAdd"), 2u);
   }
 }
 
@@ -120,7 +114,8 @@ TEST(FuseQLinearConvAdd, ABroadcastOperandIsAddedAfterTheConvolution) {
     SCOPED_TRACE(is_signed ? "int8 activations" : "uint8 activations");
     const GraphBuilder b = residual_blocks(is_signed, true);
     expect_same_bytes(b, is_signed);
-    if (kernels::integer_gemm_available()) EXPECT_EQ(count(b.build(), "com.microsoft.QLinearAdd"), 0u);
+    if (kernels::integer_gemm_available())
+      EXPECT_EQ(testing::op_count(b.build(), "com.microsoft.QLinearAdd"), 0u);
   }
 }
 
@@ -129,7 +124,8 @@ TEST(FuseQLinearConvAdd, AConvolutionReadElsewhereKeepsItsAdd) {
   expect_same_bytes(b, false);
   if (!kernels::integer_gemm_available()) return;
   Model converted = b.build();
-  EXPECT_EQ(count(converted, "com.microsoft.QLinearAdd"), 1u);  // c1's (a graph output); c2's fused
+  EXPECT_EQ(testing::op_count(converted, "com.microsoft.QLinearAdd"),
+            1u);  // c1's (a graph output); c2's fused
 }
 
 }  // namespace

@@ -28,12 +28,6 @@ mx::array random_integers(mx::Shape shape, mx::Dtype dtype, uint64_t seed, int l
   return mx::astype(mx::random::randint(lo, hi, shape, mx::int32, mx::random::key(seed)), dtype);
 }
 
-size_t count(const Model& model, const std::string& op) {
-  const auto histogram = model.op_histogram();
-  auto it = histogram.find(op);
-  return it == histogram.end() ? 0 : it->second;
-}
-
 // The parameters both forms share: x [1, 8, 9, 9] uint8; conv (3x3, 12 out, per-channel int8 weights, int32
 // bias of scale x_scale * w_scale) -> c; a 1x1 shortcut of x (per-tensor weight) -> s; c + s -> sum.
 void parameters(GraphBuilder& b, float bias_scale_factor = 1.0f) {
@@ -95,11 +89,11 @@ TEST(QdqAsQlinear, EqualsTheIntegerOperatorsAndStaysWithinAStepOfTheQdqGraph) {
   Model qdq = qdq_block().build({.run_passes = false});
   Model qoperator = qoperator_block().build({.run_passes = false});
   if (kernels::integer_gemm_available()) {
-    EXPECT_EQ(count(rewritten, "Conv"), 0u);
-    EXPECT_EQ(count(rewritten, "Add"), 0u);
-    EXPECT_EQ(count(rewritten, "QuantizeLinear"), 0u);
-    EXPECT_EQ(count(rewritten, "DequantizeLinear"), 0u);
-    EXPECT_EQ(count(rewritten, "ai.transmuter.QLinearConvNhwc"), 2u);
+    EXPECT_EQ(testing::op_count(rewritten, "Conv"), 0u);
+    EXPECT_EQ(testing::op_count(rewritten, "Add"), 0u);
+    EXPECT_EQ(testing::op_count(rewritten, "QuantizeLinear"), 0u);
+    EXPECT_EQ(testing::op_count(rewritten, "DequantizeLinear"), 0u);
+    EXPECT_EQ(testing::op_count(rewritten, "ai.transmuter.QLinearConvNhwc"), 2u);
   }
   for (uint64_t seed : {1, 2, 3}) {
     const Inputs in = {{"x", Value(random_integers({1, 8, 9, 9}, mx::uint8, seed, 0, 256))}};
@@ -166,10 +160,11 @@ TEST(QdqAsQlinear, ClassifierBecomesQLinearGlobalAveragePoolAndQGemm) {
   Model rewritten = classifier(true).build();
   Model qoperator = classifier(false).build({.run_passes = false});
   if (kernels::integer_gemm_available()) {
-    EXPECT_EQ(count(rewritten, "Gemm"), 0u);
-    EXPECT_EQ(count(rewritten, "GlobalAveragePool"), 0u);
-    EXPECT_EQ(count(rewritten, "com.microsoft.QLinearGlobalAveragePool"), 1u);
-    EXPECT_EQ(count(rewritten, "ai.transmuter.QLinearConvNhwc"), 1u);  // the QGemm, as a 1x1 convolution
+    EXPECT_EQ(testing::op_count(rewritten, "Gemm"), 0u);
+    EXPECT_EQ(testing::op_count(rewritten, "GlobalAveragePool"), 0u);
+    EXPECT_EQ(testing::op_count(rewritten, "com.microsoft.QLinearGlobalAveragePool"), 1u);
+    EXPECT_EQ(testing::op_count(rewritten, "ai.transmuter.QLinearConvNhwc"),
+              1u);  // the QGemm, as a 1x1 convolution
   }
   for (uint64_t seed : {1, 2}) {
     const Inputs in = {{"x", Value(random_integers({2, 16, 4, 4}, mx::uint8, seed, 0, 256))}};
@@ -186,8 +181,9 @@ TEST(QdqAsQlinear, ClassifierBecomesQLinearGlobalAveragePoolAndQGemm) {
 // Add, whose operands are plain per-tensor DequantizeLinears, still becomes QLinearAdd).
 TEST(QdqAsQlinear, LeavesConvolutionsWhoseBiasScaleIsNotTheProduct) {
   Model model = qdq_block(1.5f).build();
-  EXPECT_EQ(count(model, "ai.transmuter.QLinearConvNhwc") + count(model, "QLinearConv"),
-            kernels::integer_gemm_available() ? 1u : 0u);
+  EXPECT_EQ(
+      testing::op_count(model, "ai.transmuter.QLinearConvNhwc") + testing::op_count(model, "QLinearConv"),
+      kernels::integer_gemm_available() ? 1u : 0u);
 }
 
 }  // namespace

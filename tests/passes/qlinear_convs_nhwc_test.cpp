@@ -38,12 +38,6 @@ bool applied(const Model& model, const std::string& pass) {
   return std::find(passes.begin(), passes.end(), pass) != passes.end();
 }
 
-size_t count(const Model& model, const std::string& op) {
-  const auto histogram = model.op_histogram();
-  auto it = histogram.find(op);
-  return it == histogram.end() ? 0 : it->second;
-}
-
 // The bytes of `output` with the passes and without, eager and compiled, over two random inputs of x.
 void expect_same_bytes(const GraphBuilder& b, const mx::Shape& x_shape, mx::Dtype x_type,
                        const std::string& output) {
@@ -82,10 +76,11 @@ TEST(QlinearConvsNhwc, IntegerKernelsGiveTheOperatorsBytes) {
     if (!kernels::integer_gemm_available()) continue;
     Model converted = b.build();
     EXPECT_TRUE(applied(converted, "qlinear_convs_nhwc"));
-    EXPECT_EQ(count(converted, "ai.transmuter.QLinearConvNhwc"), 4u);
-    EXPECT_EQ(count(converted, "QLinearConv"), 0u);  // the grouped one: a float Conv (qlinear_conv_as_conv)
+    EXPECT_EQ(testing::op_count(converted, "ai.transmuter.QLinearConvNhwc"), 4u);
+    EXPECT_EQ(testing::op_count(converted, "QLinearConv"),
+              0u);  // the grouped one: a float Conv (qlinear_conv_as_conv)
     // The stem reads x in NCHW (no transpose in); the two first layers hand bytes over without a transpose.
-    EXPECT_LE(count(converted, "Transpose"), 3u);
+    EXPECT_LE(testing::op_count(converted, "Transpose"), 3u);
   }
 }
 
@@ -96,8 +91,8 @@ TEST(QlinearConvsNhwc, QLinearAddAndGlobalPoolStayChannelsLast) {
   expect_same_bytes(b, {1, 8, 10, 10}, mx::uint8, "pooled");
   if (!kernels::integer_gemm_available()) return;
   Model converted = b.build();
-  EXPECT_EQ(count(converted, "ai.transmuter.QLinearConvNhwc"), 2u);
-  EXPECT_EQ(count(converted, "Transpose"), 2u);
+  EXPECT_EQ(testing::op_count(converted, "ai.transmuter.QLinearConvNhwc"), 2u);
+  EXPECT_EQ(testing::op_count(converted, "Transpose"), 2u);
 }
 
 // QGemm(A, ..., B constant, ..., C, y_scale, y_zero) -> Reshape -> QLinearConvNhwc (1x1) -> Reshape, both
@@ -127,8 +122,8 @@ TEST(QlinearConvsNhwc, QGemmRunsAsAPointwiseConvolution) {
     expect_same_bytes(b, {3, k}, mx::uint8, "y");
     if (!kernels::integer_gemm_available()) continue;
     Model converted = b.build();
-    EXPECT_EQ(count(converted, "com.microsoft.QGemm"), 0u);
-    EXPECT_EQ(count(converted, "ai.transmuter.QLinearConvNhwc"), 1u);
+    EXPECT_EQ(testing::op_count(converted, "com.microsoft.QGemm"), 0u);
+    EXPECT_EQ(testing::op_count(converted, "ai.transmuter.QLinearConvNhwc"), 1u);
   }
 }
 
@@ -146,8 +141,9 @@ TEST(QlinearConvsNhwc, LeavesWhatTheKernelsDoNotTake) {
       .node("QLinearConv", {"y", "s", "z", "w2", "s", "wz", "s", "z"}, {"y2"})
       .output("y2");
   Model model = b.build();
-  EXPECT_EQ(count(model, "QLinearConv"), 1u);
-  EXPECT_EQ(count(model, "ai.transmuter.QLinearConvNhwc"), kernels::integer_gemm_available() ? 1u : 0u);
+  EXPECT_EQ(testing::op_count(model, "QLinearConv"), 1u);
+  EXPECT_EQ(testing::op_count(model, "ai.transmuter.QLinearConvNhwc"),
+            kernels::integer_gemm_available() ? 1u : 0u);
 }
 
 // The op the pass writes refuses operands that do not agree, naming its node and what is wrong: a float X,

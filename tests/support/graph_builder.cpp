@@ -88,4 +88,10 @@ LoadOptions passes_except(const std::string& skipped) {
   return options;
 }
 
+size_t op_count(const Model& model, const std::string& op) {
+  const auto histogram = model.op_histogram();
+  auto it = histogram.find(op);
+  return it == histogram.end() ? 0 : it->second;
+}
+
 }  // namespace transmuter::testing

@@ -44,4 +44,8 @@ class GraphBuilder {
  * checks another pass's rewrite in isolation). */
 LoadOptions passes_except(const std::string& skipped);
 
+/** How many nodes of `op` (as Model::op_histogram names it: "domain.Type" outside the default domain) the
+ * loaded model has. */
+size_t op_count(const Model& model, const std::string& op);
+
 }  // namespace transmuter::testing
