@@ -94,12 +94,12 @@ class Plan {
         std::any_of(args.begin(), args.end(), [](const mx::array& a) { return a.is_tracer(); });
     if (direct_count_ == nullptr || traced) return (*compiled_[s])(args);
     if (direct_[s]) return (*direct_[s])(args);
-    std::vector<mx::array> outs = (*compiled_[s])(args);
-    if (!direct_tried_[s]) {
-      direct_tried_[s] = true;
-      direct_[s] = DirectRun::record(args, outs);
-      if (direct_[s]) ++*direct_count_;
-    }
+    if (direct_tried_[s]) return (*compiled_[s])(args);
+    direct_tried_[s] = true;
+    const std::vector<mx::array> own = DirectRun::own_handles(args);
+    std::vector<mx::array> outs = (*compiled_[s])(own);
+    direct_[s] = DirectRun::record(own, outs);
+    if (direct_[s]) ++*direct_count_;
     return outs;
   }
 

@@ -181,6 +181,19 @@ std::optional<DirectRun> DirectRun::record(const std::vector<mx::array>& args,
   return DirectRun(std::move(tape));
 }
 
+std::vector<mx::array> DirectRun::own_handles(const std::vector<mx::array>& args) {
+  wait_for(args);
+  std::vector<mx::array> own;
+  own.reserve(args.size());
+  for (const mx::array& a : args) {
+    mx::array handle(a.shape(), a.dtype(), nullptr, {});
+    handle.copy_shared_buffer(a);
+    handle.set_status(mx::array::Status::available);
+    own.push_back(std::move(handle));
+  }
+  return own;
+}
+
 size_t DirectRun::steps() const { return tape_->steps.size(); }
 
 std::vector<mx::array> DirectRun::operator()(const std::vector<mx::array>& args) const {

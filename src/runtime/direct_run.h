@@ -36,6 +36,12 @@ class DirectRun {
   static std::optional<DirectRun> record(const std::vector<mx::array>& args,
                                          const std::vector<mx::array>& outputs, std::string* why = nullptr);
 
+  /** Handles of their own for `args` (computed first when lazy), sharing their buffers: the arguments to
+   * pass to the call that is recorded. The graph names arrays by identity, and the caller's arrays may
+   * repeat (one array passed for two inputs) or be constants of the graph too (an initializer passed as
+   * an input), which would tie those uses to one slot. */
+  static std::vector<mx::array> own_handles(const std::vector<mx::array>& args);
+
   /** The outputs for new `args` (the recorded shapes and types), evaluated on the calling thread. */
   std::vector<mx::array> operator()(const std::vector<mx::array>& args) const;
 

@@ -97,6 +97,27 @@ TEST(DirectRun, TwoThreadsRunTheirOwnPlans) {
   EXPECT_EQ(direct.stats().direct_segments, 2u);  // one plan per thread
 }
 
+// One array passed for both inputs on the recorded call, then two different ones: each input keeps its slot.
+TEST(DirectRun, AnArrayPassedForTwoInputsStillFillsTwoSlots) {
+  GraphBuilder b(13);
+  b.input("x", OnnxType::kFloat, {1, 3, 8, 8})
+      .input("z", OnnxType::kFloat, {1, 3, 8, 8})
+      .initializer("w", uniform({4, 3, 3, 3}, 60))
+      .node("Conv", {"x", "w"}, {"cx"}, {ints_attr("pads", {1, 1, 1, 1})})
+      .node("Conv", {"z", "w"}, {"cz"}, {ints_attr("pads", {1, 1, 1, 1})});
+  Model model = b.output("cx").output("cz").build();
+  CompiledModel direct = compile(model, {}, on_cpu(true));
+  CompiledModel mlx_path = compile(model, {}, on_cpu(false));
+  const mx::array same = uniform({1, 3, 8, 8}, 61);
+  direct({{"x", Value(same)}, {"z", Value(same)}});
+  const Inputs in = {{"x", Value(uniform({1, 3, 8, 8}, 62))}, {"z", Value(uniform({1, 3, 8, 8}, 63))}};
+  Outputs got = direct(in), want = mlx_path(in);
+  EXPECT_EQ(direct.stats().direct_segments, 1u);
+  EXPECT_TRUE(mx::array_equal(got.tensor("cx"), want.tensor("cx")).item<bool>());
+  EXPECT_TRUE(mx::array_equal(got.tensor("cz"), want.tensor("cz")).item<bool>());
+  EXPECT_FALSE(mx::array_equal(got.tensor("cx"), got.tensor("cz")).item<bool>());
+}
+
 // A traced argument (the gradient with respect to the input) takes the MLX path: the kernels' references.
 TEST(DirectRun, GradientsTakeTheMlxPath) {
   Model model = small_cnn().output("y").build();
