@@ -86,8 +86,9 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   std::string signature;
   std::shared_ptr<const SignatureMemo> replay;
   std::shared_ptr<SignatureMemo> record;
+  const bool own_params = uses_model_params(params, model);
   // A hook may replace values, and sees every node: nothing is replayed or recorded.
-  if (uses_model_params(params, model) && !options.node_hook) {
+  if (own_params && !options.node_hook) {
     signature = signature_of(typed_inputs, {});
     replay = host_reads.find(signature);
     if (replay == nullptr) record = std::make_shared<SignatureMemo>();
@@ -96,8 +97,9 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
     exec.rememberable = &host_reads.rememberable();
     exec.replayable = &host_reads.replayable();
   }
-  Environment env;
-  bind_initializers(graph, &params, env);
+  // The model's own params: its initializers, bound once at load, are the enclosing scope.
+  Environment env(own_params ? &model.internal_state().initializers : nullptr);
+  if (!own_params) bind_initializers(graph, &params, env);
   for (const auto& [name, value] : typed_inputs) env.set(name, value);
   bind_omitted_optionals(graph, typed_inputs, env);
   if (options.node_hook) exec.node_hook = &options.node_hook;
