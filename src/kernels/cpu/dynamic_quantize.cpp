@@ -432,8 +432,7 @@ class QLinearAddKernel : public CpuKernel {
   const char* name() const override { return "transmuter::QLinearAdd"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const QLinearAddKernel*>(&other);
-    return o != nullptr && o->ratios_.a == ratios_.a && o->ratios_.b == ratios_.b &&
-           o->ratios_.fixed == ratios_.fixed;
+    return o != nullptr && o->ratios_ == ratios_;
   }
 
  protected:
@@ -468,7 +467,7 @@ class QLinearGlobalAverageKernel : public CpuKernel {
   const char* name() const override { return "transmuter::QLinearGlobalAverageNhwc"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const QLinearGlobalAverageKernel*>(&other);
-    return o != nullptr && o->q_.scale == q_.scale && o->q_.x_zero == q_.x_zero && o->q_.y_zero == q_.y_zero;
+    return o != nullptr && o->q_ == q_;
   }
 
  protected:

@@ -68,6 +68,7 @@ mx::array requantize(const mx::array& v, const mx::array& multiplier, const mx::
 /** com.microsoft QLinearAdd's ratios: a = sA / sC, b = sB / sC, fixed = zC - (a zA + b zB). */
 struct QLinearAddRatios {
   float a = 0, b = 0, fixed = 0;
+  bool operator==(const QLinearAddRatios&) const = default;
 };
 
 /** com.microsoft QLinearAdd of two uint8 or int8 tensors of one shape, as ONNX Runtime's kernel computes it:
@@ -86,6 +87,7 @@ void qlinear_add_bytes(const void* a, const void* b, int64_t n, QLinearAddRatios
 struct QGlobalAverage {
   float scale = 0;
   int32_t x_zero = 0, y_zero = 0;
+  bool operator==(const QGlobalAverage&) const = default;
 };
 
 /** QLinearGlobalAveragePool over channels-last x uint8 or int8 [N, D1, ..., C] as ONNX Runtime's kernel

@@ -183,16 +183,6 @@ HWY_INLINE void IntTile(const IntegerGemmArgs& g, int64_t row, int64_t p, const 
   }
 }
 
-// Tile<R>::Run for a tile of `rows` rows (1 .. kIntTileRows): the row count as a template argument.
-template <template <int> class Tile, int R = static_cast<int>(kIntTileRows)>
-HWY_INLINE void RunTile(int64_t rows, const IntegerGemmArgs& g, int64_t row, int64_t p,
-                        const int32_t* row_sums) {
-  if constexpr (R > 1) {
-    if (rows < R) return RunTile<Tile, R - 1>(rows, g, row, p, row_sums);
-  }
-  Tile<R>::Run(g, row, p, row_sums);
-}
-
 // The tiles of rows [row0, row0 + rows) x panels [panel0, panel0 + panels), 6 rows at a time.
 template <template <int> class Tile>
 HWY_INLINE void Tiles(const IntegerGemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
@@ -542,7 +532,7 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
     const uint8_t* zb = host_bytes(z, /*as_float32=*/false, keep_zero).data();
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t byte = zb[z.size() == 1 ? 0 : j];
-      zero[j] = b.dtype() == mx::int8 ? int32_t{static_cast<int8_t>(byte)} : int32_t{byte};
+      zero[j] = byte_value(byte, b.dtype() == mx::int8);
     }
   }
   // B's bytes where they lie (often the model file): int8 values, or uint8 ones that XOR 0x80 turns

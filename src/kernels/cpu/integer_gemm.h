@@ -23,6 +23,11 @@
 
 namespace transmuter::kernels {
 
+/** A stored 8-bit weight or zero point's value: the byte as int8 when `is_signed`, else as uint8. */
+inline int32_t byte_value(uint8_t byte, bool is_signed) {
+  return is_signed ? int32_t{static_cast<int8_t>(byte)} : int32_t{byte};
+}
+
 namespace mx = mlx::core;
 
 /** Float32 holds every integer below 2^24 exactly, so a sum of at most 2^24 / 65025 = 258 products

@@ -615,10 +615,7 @@ void run_qlinear_depthwise(QLinearDepthwiseArgs a) {
 struct AddAfter {
   QLinearAddRatios ratios;
   bool conv_first;
-  bool operator==(const AddAfter& o) const {
-    return ratios.a == o.ratios.a && ratios.b == o.ratios.b && ratios.fixed == o.ratios.fixed &&
-           conv_first == o.conv_first;
-  }
+  bool operator==(const AddAfter&) const = default;
 };
 
 // Inputs: x, x_zero, then group 1: packed, column sums, column zeros; depthwise: w; then multiplier,
@@ -761,7 +758,6 @@ mx::array run_kernel(std::vector<mx::array> inputs, const Reference& reference, 
 
 }  // namespace
 
-
 mx::array qlinear_conv_weight_rows(const mx::array& w) {
   if (w.ndim() != 4 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
     throw std::invalid_argument("QLinearConv weight must be 8-bit [M, C, kH, kW]");
@@ -793,9 +789,6 @@ mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::a
     throw std::invalid_argument("depthwise QLinearConv weight must be 8-bit [C, 1, kH, kW]");
   const int64_t c = w.shape(0), taps = int64_t{w.shape(2)} * w.shape(3);
   const bool is_signed = w.dtype() == mx::int8;
-  auto value = [is_signed](uint8_t byte) {
-    return is_signed ? int32_t{static_cast<int8_t>(byte)} : int32_t{byte};
-  };
   std::vector<int32_t> zero(static_cast<size_t>(c), 0);
   if (w_zero_point) {
     const mx::array& z = *w_zero_point;
@@ -803,7 +796,7 @@ mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::a
       throw std::invalid_argument("depthwise QLinearConv w_zero_point must be w's type, one value or [C]");
     mx::array keep_zero = z;
     const uint8_t* zb = host_bytes(z, /*as_float32=*/false, keep_zero).data();
-    for (int64_t ci = 0; ci < c; ++ci) zero[ci] = value(zb[z.size() == 1 ? 0 : ci]);
+    for (int64_t ci = 0; ci < c; ++ci) zero[ci] = byte_value(zb[z.size() == 1 ? 0 : ci], is_signed);
   }
   mx::array keep = w;
   const uint8_t* v = host_bytes(w, /*as_float32=*/false, keep).data();  // [M, C, kH, kW]
@@ -811,7 +804,7 @@ mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::a
   auto* out = buffer.as<int16_t>();
   for (int64_t ci = 0; ci < c; ++ci) {
     for (int64_t t = 0; t < taps; ++t)
-      out[t * c + ci] = static_cast<int16_t>(value(v[ci * taps + t]) - zero[ci]);
+      out[t * c + ci] = static_cast<int16_t>(byte_value(v[ci * taps + t], is_signed) - zero[ci]);
   }
   return std::move(buffer).into_array({w.shape(2), w.shape(3), static_cast<int>(c)}, mx::int16);
 }
