@@ -334,7 +334,13 @@ void print_compile_stats(const Runner& runner) {
   const CompileStats& s = runner.compiled->stats();
   std::cerr << "compiled: " << s.segments << " segment(s), " << s.graph_breaks << " graph break(s), "
             << s.plans_built << " plan(s) built, " << s.cache_hits << " cache hit(s), " << s.direct_segments
-            << " run directly\n";
+            << " run directly";
+  if (!s.direct_blockers.empty()) {
+    std::cerr << " (kept off direct runs by MLX's";
+    for (const std::string& name : s.direct_blockers) std::cerr << ' ' << name;
+    std::cerr << ')';
+  }
+  std::cerr << '\n';
 }
 
 int run_main(const Args& args) {

@@ -148,6 +148,9 @@ struct CompileStats {
   size_t graph_breaks = 0;  // eager nodes between them in the last plan used
   size_t direct_segments =
       0;  // compiled segments that run directly (CompileOptions::direct_cpu_runs), summed over plans
+  /** The MLX primitives that kept the other CPU segments off direct runs (sorted, each once): the ops
+   * that a Transmuter kernel would have to cover for them to run directly. */
+  std::vector<std::string> direct_blockers;
 };
 
 /** A model compiled for repeated calls. The graph is split at graph breaks

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <list>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -23,17 +24,32 @@ namespace transmuter {
 
 namespace {
 
+// Direct runs over all of a model's plans (each thread's own): how many segments were recorded, and the
+// primitives that kept the others off (CompileStats::direct_blockers).
+struct DirectTally {
+  std::atomic<size_t> segments{0};
+  std::mutex mutex;  // guards blockers
+  std::set<std::string> blockers;
+
+  void count(bool recorded, const std::vector<std::string>& names) {
+    if (recorded) ++segments;
+    if (names.empty()) return;
+    std::lock_guard lock(mutex);
+    blockers.insert(names.begin(), names.end());
+  }
+};
+
 // The compiled functions and captured host values for one input signature,
 // owned by one thread's Executor and only ever used on that thread.
 class Plan {
  public:
-  // `direct_count` (when direct runs are allowed) counts the segments recorded for one.
+  // `direct` (when direct runs are allowed) counts the segments recorded for one, and the others' blockers.
   Plan(const BoundGraph& graph, const SegmentLayout& layout, Execution exec, const Params& params, bool fuse,
-       std::atomic<size_t>* direct_count)
+       DirectTally* direct)
       : graph_(graph),
         layout_(layout),
         exec_(exec),
-        direct_count_(exec.device == mx::Device::cpu ? direct_count : nullptr) {
+        direct_(exec.device == mx::Device::cpu ? direct : nullptr) {
     bind_initializers(*graph_.graph, &params, constants_);
     for (const Step& step : layout_.steps) {
       if (step.eager) {
@@ -43,7 +59,7 @@ class Plan {
       compiled_.push_back(std::make_unique<CompiledFunction>(
           [this, &step](const std::vector<mx::array>& args) { return trace_segment(step, args); }, fuse));
     }
-    direct_.resize(compiled_.size());
+    direct_runs_.resize(compiled_.size());
     direct_tried_.assign(compiled_.size(), false);
   }
 
@@ -92,14 +108,15 @@ class Plan {
   std::vector<mx::array> run_segment(size_t s, const std::vector<mx::array>& args) {
     const bool traced =
         std::any_of(args.begin(), args.end(), [](const mx::array& a) { return a.is_tracer(); });
-    if (direct_count_ == nullptr || traced) return (*compiled_[s])(args);
-    if (direct_[s]) return (*direct_[s])(args);
+    if (direct_ == nullptr || traced) return (*compiled_[s])(args);
+    if (direct_runs_[s]) return (*direct_runs_[s])(args);
     if (direct_tried_[s]) return (*compiled_[s])(args);
     direct_tried_[s] = true;
     const std::vector<mx::array> own = DirectRun::own_handles(args);
     std::vector<mx::array> outs = (*compiled_[s])(own);
-    direct_[s] = DirectRun::record(own, outs);
-    if (direct_[s]) ++*direct_count_;
+    std::vector<std::string> blockers;
+    direct_runs_[s] = DirectRun::record(own, outs, &blockers);
+    direct_->count(direct_runs_[s].has_value(), blockers);
     return outs;
   }
 
@@ -135,8 +152,8 @@ class Plan {
   Environment constants_;                  // initializers + captured host values
   const Environment* call_env_ = nullptr;  // the running call's scope, for tracing
   std::vector<std::unique_ptr<CompiledFunction>> compiled_;  // null for eager steps
-  std::atomic<size_t>* const direct_count_;                  // null: no direct runs
-  std::vector<std::optional<DirectRun>> direct_;             // per step: its direct run, once recorded
+  DirectTally* const direct_;                                // null: no direct runs
+  std::vector<std::optional<DirectRun>> direct_runs_;        // per step: its direct run, once recorded
   std::vector<bool> direct_tried_;
   // ONNX element types of the segments' outputs, seen while tracing: only
   // arrays cross the compiled boundary, and float8/int4... are held widened.
@@ -192,7 +209,7 @@ struct CompiledModel::State {
   std::set<std::string> traced_params;  // empty unless options.params_as_arguments
   SegmentLayout layout;
 
-  std::atomic<size_t> direct_segments{0};  // recorded for direct runs, over all plans
+  DirectTally direct;  // segments recorded for direct runs over all plans, and what kept the others off
   std::mutex mutex;  // guards executors and stats
   std::unordered_map<std::thread::id, std::unique_ptr<Executor>> executors;
   CompileStats stats;
@@ -225,7 +242,7 @@ struct CompiledModel::State {
     raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
     const bool fuse = options.fuse_elementwise.value_or(exec.device != mx::Device::cpu);
     plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params(), fuse,
-                                                    options.direct_cpu_runs ? &direct_segments : nullptr));
+                                                    options.direct_cpu_runs ? &direct : nullptr));
     size_t evicted = 0;
     while (plans.size() > std::max<size_t>(options.cache_size, 1)) {
       plans.pop_back();
@@ -283,7 +300,9 @@ CompileStats CompiledModel::stats() const {
   CompileStats stats = state_->stats;
   stats.segments = state_->layout.compiled_segments;
   stats.graph_breaks = state_->layout.graph_breaks;
-  stats.direct_segments = state_->direct_segments.load();
+  stats.direct_segments = state_->direct.segments.load();
+  std::lock_guard blockers_lock(state_->direct.mutex);
+  stats.direct_blockers.assign(state_->direct.blockers.begin(), state_->direct.blockers.end());
   return stats;
 }
 

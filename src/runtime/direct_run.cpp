@@ -54,8 +54,9 @@ class Recorder {
     tape_.slots = args.size();
   }
 
-  // False when a primitive that depends on the arguments is neither a kernel nor a view.
-  bool visit(const mx::array& root) {
+  // Walks the graph of `root`; a primitive that depends on the arguments and is neither a kernel nor a
+  // view is named in `blockers` (the walk goes on, so that all of them are named).
+  void visit(const mx::array& root) {
     std::vector<std::pair<mx::array, size_t>> stack = {{root, 0}};
     while (!stack.empty()) {
       auto& [a, next] = stack.back();
@@ -70,19 +71,18 @@ class Recorder {
       }
       const mx::array done = a;
       stack.pop_back();
-      if (!add(done)) return false;
+      add(done);
     }
-    return true;
   }
 
-  std::vector<mx::array> folded;  // primitives of constants alone, evaluated once the walk is done
-  std::string why;
+  std::vector<mx::array> folded;   // primitives of constants alone, evaluated once the walk is done
+  std::set<std::string> blockers;  // the primitives that need MLX's scheduler
 
  private:
-  bool add(const mx::array& a) {
+  void add(const mx::array& a) {
     if (!a.has_primitive()) {  // a constant: an initializer, a captured host value
       add_constant(a);
-      return true;
+      return;
     }
     bool depends = false;
     for (const mx::array& in : a.inputs()) depends = depends || !is_constant(slot_of_.at(in.id()));
@@ -91,16 +91,13 @@ class Recorder {
         add_constant(out);
         folded.push_back(out);
       }
-      return true;
+      return;
     }
     DirectRun::Tape::Step step;
     step.primitive = a.primitive_ptr();
     step.kernel = dynamic_cast<kernels::CpuKernel*>(step.primitive.get());
     const std::string name = a.primitive().name();
-    if (step.kernel == nullptr && !is_view(name)) {
-      why = name;
-      return false;
-    }
+    if (step.kernel == nullptr && !is_view(name)) blockers.insert(name);
     step.reshape = name == "Reshape";
     for (const mx::array& in : a.inputs()) step.inputs.push_back(slot_of_.at(in.id()));
     for (const mx::array& out : a.outputs()) {
@@ -109,7 +106,6 @@ class Recorder {
       step.outputs.push_back(new_slot(out));
     }
     tape_.steps.push_back(std::move(step));
-    return true;
   }
 
   size_t new_slot(const mx::array& a) {
@@ -166,14 +162,14 @@ void wait_for(const std::vector<mx::array>& args) {
 }  // namespace
 
 std::optional<DirectRun> DirectRun::record(const std::vector<mx::array>& args,
-                                           const std::vector<mx::array>& outputs, std::string* why) {
+                                           const std::vector<mx::array>& outputs,
+                                           std::vector<std::string>* blockers) {
   auto tape = std::make_shared<Tape>();
   Recorder recorder(args, *tape);
-  for (const mx::array& out : outputs) {
-    if (!recorder.visit(out)) {
-      if (why != nullptr) *why = recorder.why;
-      return std::nullopt;
-    }
+  for (const mx::array& out : outputs) recorder.visit(out);
+  if (!recorder.blockers.empty()) {
+    if (blockers != nullptr) blockers->assign(recorder.blockers.begin(), recorder.blockers.end());
+    return std::nullopt;
   }
   for (const mx::array& out : outputs) tape->results.push_back(recorder.slot(out));
   if (!recorder.folded.empty()) mx::eval(recorder.folded);

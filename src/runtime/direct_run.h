@@ -31,10 +31,12 @@ namespace mx = mlx::core;
 class DirectRun {
  public:
   /** The run of `outputs` -- the unevaluated results of one call of a compiled function -- over that
-   * call's `args`, or nullopt (and in `why`, the first primitive that needs MLX's scheduler) when the
-   * graph has a primitive that is neither a CPU kernel nor a view. Constant parts are evaluated here. */
+   * call's `args`, or nullopt (and in `blockers`, the names of the primitives that need MLX's scheduler,
+   * sorted, each once) when the graph has a primitive that is neither a CPU kernel nor a view. Constant parts
+   * are evaluated here. */
   static std::optional<DirectRun> record(const std::vector<mx::array>& args,
-                                         const std::vector<mx::array>& outputs, std::string* why = nullptr);
+                                         const std::vector<mx::array>& outputs,
+                                         std::vector<std::string>* blockers = nullptr);
 
   /** Handles of their own for `args` (computed first when lazy), sharing their buffers: the arguments to
    * pass to the call that is recorded. The graph names arrays by identity, and the caller's arrays may

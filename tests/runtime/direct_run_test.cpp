@@ -135,7 +135,7 @@ TEST(DirectRun, GradientsTakeTheMlxPath) {
   EXPECT_GT(mx::max(mx::abs(want)).item<float>(), 0.0f);
 }
 
-// Add of the input to the product is an MLX computation: the segment keeps the MLX path.
+// The product by a constant is an MLX computation: the segment keeps the MLX path, and the stats name it.
 TEST(DirectRun, AnMlxComputationKeepsTheMlxPath) {
   GraphBuilder b = small_cnn();
   b.initializer("shift", uniform({4}, 6)).node("Mul", {"y", "shift"}, {"z"});
@@ -147,6 +147,8 @@ TEST(DirectRun, AnMlxComputationKeepsTheMlxPath) {
     EXPECT_TRUE(mx::array_equal(direct(in).tensor("z"), mlx_path(in).tensor("z")).item<bool>());
   }
   EXPECT_EQ(direct.stats().direct_segments, 0u);
+  EXPECT_EQ(direct.stats().direct_blockers, std::vector<std::string>{"Multiply"});
+  EXPECT_TRUE(mlx_path.stats().direct_blockers.empty());  // never tried
 }
 
 // DirectRun::record on graphs made here: a constant's widening and reshape (folded once), a view of the
@@ -157,9 +159,9 @@ TEST(DirectRun, RecordFoldsConstantsAndReturnsArgumentsAndConstants) {
   const mx::array constant = mx::array({1, 2, 3, 4}, mx::int32);
   const mx::array folded = mx::reshape(mx::astype(constant, mx::float32), {1, 4});  // constants alone
   const mx::array view = mx::transpose(arg, {1, 0});
-  std::string why;
+  std::vector<std::string> why;
   std::optional<DirectRun> run = DirectRun::record({arg}, {view, arg, folded, constant}, &why);
-  ASSERT_TRUE(run.has_value()) << why;
+  ASSERT_TRUE(run.has_value()) << ::testing::PrintToString(why);
   EXPECT_EQ(run->steps(), 1u);  // the transpose; the widening and reshape were evaluated at recording
   const mx::array other = mx::reshape(mx::arange(12.0f, 24.0f), {3, 4});
   mx::eval(other);
@@ -170,9 +172,11 @@ TEST(DirectRun, RecordFoldsConstantsAndReturnsArgumentsAndConstants) {
   EXPECT_TRUE(mx::array_equal(out[2], mx::array({1.0f, 2.0f, 3.0f, 4.0f}, {1, 4})).item<bool>());
   EXPECT_TRUE(mx::array_equal(out[3], constant).item<bool>());
 
-  // An MLX computation on the argument: not recorded, and named.
-  EXPECT_FALSE(DirectRun::record({arg}, {mx::exp(arg)}, &why).has_value());
-  EXPECT_EQ(why, "Exp");
+  // MLX computations on the argument: not recorded, and each named once, however often and wherever
+  // it appears.
+  const mx::array blocked = mx::add(mx::exp(mx::exp(arg)), mx::reshape(mx::exp(arg), {3, 4}));
+  EXPECT_FALSE(DirectRun::record({arg}, {blocked}, &why).has_value());
+  EXPECT_EQ(why, (std::vector<std::string>{"Add", "Exp"}));
 }
 
 }  // namespace

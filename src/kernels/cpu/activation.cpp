@@ -254,6 +254,8 @@ class ActivationKernel : public CpuKernel {
   ActivationKernel(mx::Stream stream, Reference reference, bool has_bias, Activation activation)
       : CpuKernel(stream, std::move(reference)), has_bias_(has_bias), activation_(activation) {}
   const char* name() const override { return kernel_name(activation_); }
+  // Elementwise: each element is read before its own slot is written, so y may be x's buffer.
+  int donor_of(size_t) const override { return 0; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const ActivationKernel*>(&other);
     return o != nullptr && o->has_bias_ == has_bias_ && o->activation_ == activation_;

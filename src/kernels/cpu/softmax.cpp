@@ -80,6 +80,9 @@ class SoftmaxKernel : public CpuKernel {
   SoftmaxKernel(mx::Stream stream, Reference reference, SoftmaxOptions options, bool has_mask)
       : CpuKernel(stream, std::move(reference)), options_(options), has_mask_(has_mask) {}
   const char* name() const override { return "transmuter::Softmax"; }
+  // The rows are computed in place (SoftmaxRow's y may alias x): taking x's buffer saves the
+  // write-allocate traffic of a fresh output (80 x 6625 logits: 2 MiB).
+  int donor_of(size_t) const override { return 0; }
 
  protected:
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
