@@ -109,7 +109,10 @@ class Plan {
     const bool traced =
         std::any_of(args.begin(), args.end(), [](const mx::array& a) { return a.is_tracer(); });
     if (direct_ == nullptr || traced) return (*compiled_[s])(args);
-    if (direct_runs_[s]) return (*direct_runs_[s])(args);
+    if (direct_runs_[s]) {
+      // Other shapes than the recorded ones (after a graph break) take the MLX path, which retraces.
+      return direct_runs_[s]->accepts(args) ? (*direct_runs_[s])(args) : (*compiled_[s])(args);
+    }
     if (direct_tried_[s]) return (*compiled_[s])(args);
     direct_tried_[s] = true;
     const std::vector<mx::array> own = DirectRun::own_handles(args);

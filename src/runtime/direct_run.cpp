@@ -19,7 +19,7 @@ struct DirectRun::Tape {
   struct Step {
     std::shared_ptr<mx::Primitive> primitive;
     kernels::CpuKernel* kernel = nullptr;  // the primitive as a Transmuter kernel, or null: a view
-    bool reshape = false;                  // a Reshape: its input is made row-contiguous first
+    bool contiguous_input = false;         // a Reshape or View: its input is made row-contiguous first
     std::vector<size_t> inputs;            // slots
     std::vector<mx::Shape> shapes;
     std::vector<mx::Dtype> dtypes;
@@ -27,6 +27,8 @@ struct DirectRun::Tape {
     std::vector<size_t> released;  // slots this step reads last (none of the run's results)
   };
   size_t arguments = 0;                                 // slots 0 .. arguments - 1
+  std::vector<mx::Shape> argument_shapes;               // the recorded call's
+  std::vector<mx::Dtype> argument_dtypes;
   std::vector<std::pair<size_t, mx::array>> constants;  // evaluated: inputs and folded primitives
   std::vector<Step> steps;
   std::vector<size_t> results;  // the slot of each output
@@ -36,13 +38,14 @@ struct DirectRun::Tape {
 namespace {
 
 // MLX primitives whose CPU evaluation only points the output at the input's buffer (with other strides
-// or an offset), on the calling thread. A Reshape of a row-contiguous input is one too (its input is made
-// so first).
+// or an offset), on the calling thread. A Reshape, and a View (the bytes as another type: "View float32"),
+// of a row-contiguous input are too (their input is made so first: needs_contiguous_input).
+bool needs_contiguous_input(std::string_view name) { return name == "Reshape" || name.starts_with("View "); }
+
 bool is_view(std::string_view name) {
-  static const std::set<std::string_view> views = {"Reshape",       "Transpose",  "Broadcast",
-                                                   "BroadcastAxes", "ExpandDims", "Squeeze",
-                                                   "Slice",         "Copy",       "StopGradient"};
-  return views.count(name) > 0;
+  static const std::set<std::string_view> views = {"Transpose", "Broadcast", "BroadcastAxes", "ExpandDims",
+                                                   "Squeeze",   "Slice",     "Copy",          "StopGradient"};
+  return views.count(name) > 0 || needs_contiguous_input(name);
 }
 
 // Builds the tape by a depth-first walk from the outputs, each array once.
@@ -98,7 +101,7 @@ class Recorder {
     step.kernel = dynamic_cast<kernels::CpuKernel*>(step.primitive.get());
     const std::string name = a.primitive().name();
     if (step.kernel == nullptr && !is_view(name)) blockers.insert(name);
-    step.reshape = name == "Reshape";
+    step.contiguous_input = needs_contiguous_input(name);
     for (const mx::array& in : a.inputs()) step.inputs.push_back(slot_of_.at(in.id()));
     for (const mx::array& out : a.outputs()) {
       step.shapes.push_back(out.shape());
@@ -172,6 +175,10 @@ std::optional<DirectRun> DirectRun::record(const std::vector<mx::array>& args,
     return std::nullopt;
   }
   for (const mx::array& out : outputs) tape->results.push_back(recorder.slot(out));
+  for (const mx::array& a : args) {
+    tape->argument_shapes.push_back(a.shape());
+    tape->argument_dtypes.push_back(a.dtype());
+  }
   if (!recorder.folded.empty()) mx::eval(recorder.folded);
   mark_last_reads(*tape);
   return DirectRun(std::move(tape));
@@ -192,6 +199,15 @@ std::vector<mx::array> DirectRun::own_handles(const std::vector<mx::array>& args
 
 size_t DirectRun::steps() const { return tape_->steps.size(); }
 
+bool DirectRun::accepts(const std::vector<mx::array>& args) const {
+  if (args.size() != tape_->argument_shapes.size()) return false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].shape() != tape_->argument_shapes[i] || args[i].dtype() != tape_->argument_dtypes[i])
+      return false;
+  }
+  return true;
+}
+
 std::vector<mx::array> DirectRun::operator()(const std::vector<mx::array>& args) const {
   const Tape& tape = *tape_;
   wait_for(args);
@@ -207,7 +223,7 @@ std::vector<mx::array> DirectRun::operator()(const std::vector<mx::array>& args)
     // Released slots give up their arrays before the step, so that a kernel may take an input's buffer
     // (CpuKernel::donor_of) where nothing else holds it.
     for (size_t slot : step.released) slots[slot].reset();
-    if (step.reshape && !inputs[0].flags().row_contiguous) {
+    if (step.contiguous_input && !inputs[0].flags().row_contiguous) {
       inputs[0] = mx::contiguous(inputs[0]);
       mx::eval(inputs[0]);
     }

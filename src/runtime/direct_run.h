@@ -44,7 +44,11 @@ class DirectRun {
    * an input), which would tie those uses to one slot. */
   static std::vector<mx::array> own_handles(const std::vector<mx::array>& args);
 
-  /** The outputs for new `args` (the recorded shapes and types), evaluated on the calling thread. */
+  /** True when `args` have the shapes and types of the recorded call's: the tape's shapes hold for them
+   * only. A segment after a graph break can see other shapes under the same plan (NonZero's count). */
+  bool accepts(const std::vector<mx::array>& args) const;
+
+  /** The outputs for new `args` (accepted ones), evaluated on the calling thread. */
   std::vector<mx::array> operator()(const std::vector<mx::array>& args) const;
 
   size_t steps() const;

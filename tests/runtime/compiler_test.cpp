@@ -73,6 +73,9 @@ TEST(Compile, GraphBreakAroundDataDependentShape) {
   // second segment must see the new shape, not a stale trace.
   EXPECT_EQ(to_doubles(compiled({{"x", mx::array({1.f, 1.f, 1.f, 1.f})}}).tensor("s")), std::vector<double>{6});
   EXPECT_EQ(compiled.stats().cache_hits, 1u);
+  // Both segments are kernels (Relu; Cast and ReduceSum) recorded for direct runs, the second for NonZero's
+  // first count: the new count must not run on the recorded shapes.
+  EXPECT_EQ(compiled.stats().direct_segments, 2u);
 }
 
 // y = Reshape(x, shape) where `shape` is a graph input.

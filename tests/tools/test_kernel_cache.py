@@ -28,9 +28,10 @@ __attribute__((constructor)) static void planted(void) {
 
 
 def gelu_model(path: Path) -> None:
-    # Elementwise chains that MLX fuses into run-time compiled CPU kernels.
-    nodes = [helper.make_node("Mul", ["x", "x"], ["a"]), helper.make_node("Add", ["a", "x"], ["b"]),
-             helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("Mul", ["c", "x"], ["y"])]
+    # Elementwise chains that MLX fuses into run-time compiled CPU kernels (unary MLX ops: float32 Add and
+    # Mul are Transmuter kernels, which MLX does not fuse).
+    nodes = [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Sin", ["a"], ["b"]),
+             helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("Cos", ["c"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)

@@ -1,7 +1,8 @@
 // Sums across the lanes of several vectors at once, as Highway per-target code for kernels that end
 // many short dot products (the GQA kernel's scores; tried in the quantized GEMV's columns, where it
-// measured no faster). Include it after hwy/highway.h inside a file that foreach_target re-includes
-// (the include guard below toggles per target, Highway's "-inl.h" convention). Not for HWY_SCALAR.
+// measured no faster); and the sum of one row (layer norm's mean, the reduction kernel's rows). Include it
+// after hwy/highway.h inside a file that foreach_target re-includes (the include guard below toggles per
+// target, Highway's "-inl.h" convention). Not for HWY_SCALAR.
 #if defined(TRANSMUTER_KERNELS_CPU_LANE_SUMS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TRANSMUTER_KERNELS_CPU_LANE_SUMS_INL_H_
 #undef TRANSMUTER_KERNELS_CPU_LANE_SUMS_INL_H_
@@ -38,6 +39,22 @@ HWY_INLINE hn::Vec<hn::Full128<float>> SumsOfFour(D d, V a0, V a1, V a2, V a3) {
   return sums;
 }
 #endif
+
+// The sum of v[0, d), in two vector accumulators.
+HWY_INLINE float SumOfRow(const float* v, int64_t d) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + 2 * lanes <= d; i += 2 * lanes) {
+    acc0 = hn::Add(acc0, hn::LoadU(df, v + i));
+    acc1 = hn::Add(acc1, hn::LoadU(df, v + i + lanes));
+  }
+  for (; i + lanes <= d; i += lanes) acc0 = hn::Add(acc0, hn::LoadU(df, v + i));
+  float total = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+  for (; i < d; ++i) total += v[i];
+  return total;
+}
 
 }  // namespace transmuter::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();

@@ -6,6 +6,8 @@
 
 #include <hwy/highway.h>
 
+#include "kernels/cpu/lane_sums-inl.h"
+
 #include <cmath>
 #include <cstdint>
 
@@ -50,21 +52,6 @@ const float* SumRow(const NormalizeRowsArgs& a, int64_t row, float* out) {
   }
   for (; i < a.d; ++i) out[i] = x[i] + (skip != nullptr ? skip[i] : 0.0f) + (a.bias != nullptr ? a.bias[i] : 0.0f);
   return out;
-}
-
-float SumOfRow(const float* v, int64_t d) {
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
-  int64_t i = 0;
-  for (; i + 2 * lanes <= d; i += 2 * lanes) {
-    acc0 = hn::Add(acc0, hn::LoadU(df, v + i));
-    acc1 = hn::Add(acc1, hn::LoadU(df, v + i + lanes));
-  }
-  for (; i + lanes <= d; i += lanes) acc0 = hn::Add(acc0, hn::LoadU(df, v + i));
-  float total = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
-  for (; i < d; ++i) total += v[i];
-  return total;
 }
 
 // Sum of (v - center)^2 over the row.

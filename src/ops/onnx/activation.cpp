@@ -7,13 +7,14 @@
 
 #include <mlx/mlx.h>
 
-#include "kernels/cpu/softmax.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/softmax.h"
 #include "ops/node_context.h"
 #include "ops/rational_erf.h"
-#include "ops/vectorized_exp.h"
 #include "ops/registry.h"
+#include "ops/vectorized_exp.h"
 
 namespace transmuter {
 namespace {
@@ -35,7 +36,7 @@ OpOutputs widened(NodeContext& ctx, Formula formula) {
 
 OpOutputs relu(NodeContext& ctx) {
   const mx::array& x = ctx.input(0);
-  return {mx::maximum(x, scalar_like(x, 0), ctx.stream())};
+  return {kernels::binary(kernels::BinaryOp::kMaximum, x, scalar_like(x, 0), ctx.stream())};
 }
 
 OpOutputs sigmoid(NodeContext& ctx) {
@@ -77,8 +78,14 @@ OpOutputs selu(NodeContext& ctx) {
 
 /** max(0, min(1, alpha * x + beta)). */
 mx::array hard_sigmoid(const mx::array& x, float alpha, float beta, mx::StreamOrDevice s) {
-  mx::array linear = mx::add(mx::multiply(scalar_like(x, alpha), x, s), scalar_like(x, beta), s);
-  return mx::clip(linear, scalar_like(x, 0), scalar_like(x, 1), s);
+  using kernels::BinaryOp;
+  // mx::clip's steps (maximum, then minimum) through the float32 CPU kernels (kernels/cpu/elementwise.h).
+  mx::array linear =
+      kernels::binary(BinaryOp::kAdd, kernels::binary(BinaryOp::kMultiply, scalar_like(x, alpha), x, s),
+                      scalar_like(x, beta), s);
+  return kernels::binary(BinaryOp::kMinimum,
+                         kernels::binary(BinaryOp::kMaximum, linear, scalar_like(x, 0), s), scalar_like(x, 1),
+                         s);
 }
 
 OpOutputs hard_sigmoid_op(NodeContext& ctx) {
@@ -91,7 +98,7 @@ OpOutputs hard_sigmoid_op(NodeContext& ctx) {
 // x * HardSigmoid(x) with alpha = 1/6, beta = 0.5.
 OpOutputs hard_swish(NodeContext& ctx) {
   return widened(ctx, [](const mx::array& x, mx::StreamOrDevice s) {
-    return mx::multiply(x, hard_sigmoid(x, 1.0f / 6.0f, 0.5f, s), s);
+    return kernels::binary(kernels::BinaryOp::kMultiply, x, hard_sigmoid(x, 1.0f / 6.0f, 0.5f, s), s);
   });
 }
 

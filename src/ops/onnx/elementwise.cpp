@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/cpu_kernel.h"
+#include "kernels/cpu/elementwise.h"
 #include "ops/node_context.h"
 #include "ops/rational_erf.h"
 #include "ops/registry.h"
@@ -46,6 +47,13 @@ OpOutputs binary(NodeContext& ctx) {
   return {Fn(ctx.input(0), second_operand(ctx), ctx.stream())};
 }
 
+/** Float32 arithmetic through the CPU kernel (kernels/cpu/elementwise.h: MLX's result bit for bit, and
+ * a kernel that keeps a compiled segment eligible for direct runs); other types and streams MLX's op. */
+template <kernels::BinaryOp Op>
+mx::array arithmetic(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  return kernels::binary(Op, a, b, s);
+}
+
 template <UnaryFn Fn>
 OpOutputs unary(NodeContext& ctx) {
   return {Fn(ctx.input(0), ctx.stream())};
@@ -69,7 +77,7 @@ OpOutputs div_op(NodeContext& ctx) {
   const mx::array& a = ctx.input(0);
   mx::array b = second_operand(ctx);
   if (mx::issubdtype(a.dtype(), mx::integer)) return {truncating_divide(a, b, ctx.stream())};
-  return {mx::divide(a, b, ctx.stream())};
+  return {arithmetic<kernels::BinaryOp::kDivide>(a, b, ctx.stream())};
 }
 
 // Pow's output has the dtype of the base X; the exponent may have another
@@ -183,8 +191,8 @@ OpOutputs isinf_op(NodeContext& ctx) {
 mx::array clamp(const mx::array& x, const std::optional<mx::array>& lo, const std::optional<mx::array>& hi,
                 mx::StreamOrDevice s) {
   mx::array out = x;
-  if (lo) out = mx::maximum(out, mx::astype(*lo, x.dtype(), s), s);
-  if (hi) out = mx::minimum(out, mx::astype(*hi, x.dtype(), s), s);
+  if (lo) out = arithmetic<kernels::BinaryOp::kMaximum>(out, mx::astype(*lo, x.dtype(), s), s);
+  if (hi) out = arithmetic<kernels::BinaryOp::kMinimum>(out, mx::astype(*hi, x.dtype(), s), s);
   return out;
 }
 
@@ -241,12 +249,12 @@ void register_elementwise(OpRegistry& r) {
   constexpr std::string_view kIntegerOnly = "integer types only";
   r.add({
       // Binary arithmetic: opset < 7 has the broadcast/axis attributes.
-      {"Add", kOnnx, 1, 6, binary<mx::add>},
-      {"Add", kOnnx, 7, kOpen, binary<mx::add>},
-      {"Sub", kOnnx, 1, 6, binary<mx::subtract>},
-      {"Sub", kOnnx, 7, kOpen, binary<mx::subtract>},
-      {"Mul", kOnnx, 1, 6, binary<mx::multiply>},
-      {"Mul", kOnnx, 7, kOpen, binary<mx::multiply>},
+      {"Add", kOnnx, 1, 6, binary<arithmetic<kernels::BinaryOp::kAdd>>},
+      {"Add", kOnnx, 7, kOpen, binary<arithmetic<kernels::BinaryOp::kAdd>>},
+      {"Sub", kOnnx, 1, 6, binary<arithmetic<kernels::BinaryOp::kSubtract>>},
+      {"Sub", kOnnx, 7, kOpen, binary<arithmetic<kernels::BinaryOp::kSubtract>>},
+      {"Mul", kOnnx, 1, 6, binary<arithmetic<kernels::BinaryOp::kMultiply>>},
+      {"Mul", kOnnx, 7, kOpen, binary<arithmetic<kernels::BinaryOp::kMultiply>>},
       {"Div", kOnnx, 1, 6, div_op},
       {"Div", kOnnx, 7, kOpen, div_op},
       {"Pow", kOnnx, 1, 6, pow_op},
@@ -314,9 +322,9 @@ void register_elementwise(OpRegistry& r) {
       {"Clip", kOnnx, 11, kOpen, clip_v11},
       // Variadic: 1..N inputs, numpy broadcasting from opset 8 (a superset of
       // the same-shape rule before it).
-      {"Sum", kOnnx, 1, kOpen, variadic<mx::add>},
-      {"Min", kOnnx, 1, kOpen, variadic<mx::minimum>},
-      {"Max", kOnnx, 1, kOpen, variadic<mx::maximum>},
+      {"Sum", kOnnx, 1, kOpen, variadic<arithmetic<kernels::BinaryOp::kAdd>>},
+      {"Min", kOnnx, 1, kOpen, variadic<arithmetic<kernels::BinaryOp::kMinimum>>},
+      {"Max", kOnnx, 1, kOpen, variadic<arithmetic<kernels::BinaryOp::kMaximum>>},
       {"Mean", kOnnx, 1, kOpen, mean_op},
       {"Identity", kOnnx, 1, kOpen, identity_op},
   });

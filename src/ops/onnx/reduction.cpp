@@ -9,6 +9,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/reduce.h"
 #include "ops/node_context.h"
 #include "ops/registry.h"
 
@@ -123,10 +124,12 @@ mx::array reduce_values(Reduction kind, const mx::array& x, const std::vector<in
                         mx::StreamOrDevice s) {
   mx::array xf = as_floating(x, s);
   switch (kind) {
+    // float32 sums and means through the CPU kernel where it fits (kernels/cpu/reduce.h), else MLX's.
     case Reduction::kSum:
-      return mx::sum(x, axes, keepdims, s);
+      return kernels::sum_over_axes(x, axes, keepdims, /*mean=*/false, s);
     case Reduction::kMean:
-      return is_integral(x.dtype()) ? integer_mean(x, axes, keepdims, s) : mx::mean(x, axes, keepdims, s);
+      return is_integral(x.dtype()) ? integer_mean(x, axes, keepdims, s)
+                                    : kernels::sum_over_axes(x, axes, keepdims, /*mean=*/true, s);
     case Reduction::kMax:
       return mx::max(x, axes, keepdims, s);
     case Reduction::kMin:
