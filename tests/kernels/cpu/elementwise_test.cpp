@@ -2,12 +2,14 @@
 // loop distinguishes (equal shapes, a scalar on either side, a row, a channel vector, a column, both sides
 // repeating, a middle axis, ranks that differ, an empty result), values with NaN, infinities and signed
 // zeros (maximum / minimum pick as MLX does), sizes that span many tasks and rows longer than a task, a
-// transposed view, a donated operand; the loop's layout itself; gradients (the references'); the cases
-// handed to MLX.
+// transposed view, a donated operand -- under each SIMD target the CPU has; the loop's layout itself;
+// gradients (the references'); the cases handed to MLX.
 #include "kernels/cpu/elementwise.h"
 
 #include <gtest/gtest.h>
 #include <mlx/primitives.h>
+
+#include "support/simd_targets.h"
 
 #include <cstdint>
 #include <limits>
@@ -75,19 +77,22 @@ TEST(BinaryKernel, EqualsMlxBitForBitOverEveryBroadcastLayout) {
       {{3, 50000}, {3, 1}},            // rows longer than a task
       {{300, 173}, {300, 173}},        // many tasks, odd lengths
   };
-  uint64_t seed = 1;
-  for (const auto& [sa, sb] : layouts) {
-    const mx::array a = awkward(sa, seed++), b = awkward(sb, seed++);
-    for (BinaryOp op : kOps) {
-      const mx::array got = binary(op, a, b, mx::Device::cpu);
-      const std::string what = std::string(got.has_primitive() ? got.primitive().name() : "?") + " of " +
-                               testing::PrintToString(sa) + " and " + testing::PrintToString(sb);
-      if (mx::broadcast_shapes(sa, sb) != mx::Shape{0, 4}) {
-        EXPECT_EQ(std::string(got.primitive().name()).rfind("transmuter::", 0), 0u) << what;
+  const int targets = testing::for_each_simd_target([&](const std::string& target) {
+    uint64_t seed = 1;
+    for (const auto& [sa, sb] : layouts) {
+      const mx::array a = awkward(sa, seed++), b = awkward(sb, seed++);
+      for (BinaryOp op : kOps) {
+        const mx::array got = binary(op, a, b, mx::Device::cpu);
+        const std::string what = target + ": " + std::string(got.primitive().name()) + " of " +
+                                 ::testing::PrintToString(sa) + " and " + ::testing::PrintToString(sb);
+        if (mx::broadcast_shapes(sa, sb) != mx::Shape{0, 4}) {
+          EXPECT_EQ(std::string(got.primitive().name()).rfind("transmuter::", 0), 0u) << what;
+        }
+        expect_same_bits(got, mlx_op(op, a, b), what);
       }
-      expect_same_bits(got, mlx_op(op, a, b), what);
     }
-  }
+  });
+  EXPECT_GE(targets, 1);
 }
 
 // A transposed view is copied dense first; an operand that nothing else holds gives its buffer to the

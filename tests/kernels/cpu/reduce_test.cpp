@@ -2,11 +2,13 @@
 // (n * 2^-24 * sum |x|, n the values summed, + the mean's one rounding): the reduced axes last (rows), first,
 // in the middle, several adjacent ones, ones separated only by extents of 1, keepdims on and off, sizes that
 // span many tasks and more columns than a task; a transposed view; gradients (mx::sum's / mx::mean's);
-// the cases handed to MLX (axes not adjacent, other types).
+// the cases handed to MLX (axes not adjacent, other types). Under each SIMD target the CPU has.
 #include "kernels/cpu/reduce.h"
 
 #include <gtest/gtest.h>
 #include <mlx/primitives.h>
+
+#include "support/simd_targets.h"
 
 #include <cmath>
 #include <string>
@@ -40,7 +42,8 @@ void expect_within_summation_bound(const mx::array& x, const std::vector<int>& a
       mx::add(mx::multiply(magnitude, mx::array((n + 1) * eps, mx::float64)), mx::array(1e-30, mx::float64));
   const mx::array error = mx::abs(mx::subtract(mx::astype(got, mx::float64, mx::Device::cpu), want));
   EXPECT_TRUE(mx::all(mx::less_equal(error, bound), mx::Device::cpu).item<bool>())
-      << testing::PrintToString(x.shape()) << " over " << testing::PrintToString(axes) << " mean " << mean;
+      << ::testing::PrintToString(x.shape()) << " over " << ::testing::PrintToString(axes) << " mean "
+      << mean;
 }
 
 TEST(SumOverAxesKernel, WithinTheSummationBoundOfFloat64Sums) {
@@ -57,13 +60,17 @@ TEST(SumOverAxesKernel, WithinTheSummationBoundOfFloat64Sums) {
       {{6}, {0}},                 // everything
       {{16, 384}, {0, 1}},
   };
-  uint64_t seed = 1;
-  for (const Case& c : cases) {
-    const mx::array x = mx::random::normal(c.shape, mx::float32, 1.0f, 3.0f, mx::random::key(seed++));
-    for (bool keepdims : {true, false}) {
-      for (bool mean : {false, true}) expect_within_summation_bound(x, c.axes, keepdims, mean);
+  const int targets = testing::for_each_simd_target([&](const std::string& target) {
+    SCOPED_TRACE(target);
+    uint64_t seed = 1;
+    for (const Case& c : cases) {
+      const mx::array x = mx::random::normal(c.shape, mx::float32, 1.0f, 3.0f, mx::random::key(seed++));
+      for (bool keepdims : {true, false}) {
+        for (bool mean : {false, true}) expect_within_summation_bound(x, c.axes, keepdims, mean);
+      }
     }
-  }
+  });
+  EXPECT_GE(targets, 1);
   const mx::array t = mx::transpose(mx::random::normal({40, 30}, mx::float32, mx::random::key(9)));
   expect_within_summation_bound(t, {1}, false, true);
 }
