@@ -224,8 +224,7 @@ std::vector<mx::array> DirectRun::operator()(const std::vector<mx::array>& args)
     // (CpuKernel::donor_of) where nothing else holds it.
     for (size_t slot : step.released) slots[slot].reset();
     if (step.contiguous_input && !inputs[0].flags().row_contiguous) {
-      inputs[0] = mx::contiguous(inputs[0]);
-      mx::eval(inputs[0]);
+      inputs[0] = kernels::dense_copy_here(inputs[0]);  // here: mx::contiguous would go through the stream
     }
     std::vector<mx::array> outputs;
     for (size_t j = 0; j < step.shapes.size(); ++j)

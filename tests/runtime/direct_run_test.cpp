@@ -118,6 +118,27 @@ TEST(DirectRun, AnArrayPassedForTwoInputsStillFillsTwoSlots) {
   EXPECT_FALSE(mx::array_equal(got.tensor("cx"), got.tensor("cz")).item<bool>());
 }
 
+// A Reshape of a transposed view (attention heads merged back) is made dense on the calling thread:
+// MLX's own copy would still be queued on the stream when the next kernel reads it.
+TEST(DirectRun, ReshapesOfViewsAreCopiedHere) {
+  Model model = GraphBuilder(13)
+                    .input("x", OnnxType::kFloat, {1, 12, 16, 32})
+                    .initializer("shape", mx::array({1, 16, 384}, {3}, mx::int64))
+                    .initializer("bias", uniform({384}, 7))
+                    .node("Transpose", {"x"}, {"t"}, {ints_attr("perm", {0, 2, 1, 3})})
+                    .node("Reshape", {"t", "shape"}, {"r"})
+                    .node("Add", {"r", "bias"}, {"y"})
+                    .output("y")
+                    .build();
+  CompiledModel direct = compile(model, {}, on_cpu(true));
+  CompiledModel mlx_path = compile(model, {}, on_cpu(false));
+  for (uint64_t seed = 50; seed < 53; ++seed) {
+    const Inputs in = {{"x", Value(uniform({1, 12, 16, 32}, seed))}};
+    EXPECT_TRUE(mx::array_equal(direct(in).tensor("y"), mlx_path(in).tensor("y")).item<bool>()) << seed;
+  }
+  EXPECT_EQ(direct.stats().direct_segments, 1u);
+}
+
 // A traced argument (the gradient with respect to the input) takes the MLX path: the kernels' references.
 TEST(DirectRun, GradientsTakeTheMlxPath) {
   Model model = small_cnn().output("y").build();

@@ -96,6 +96,22 @@ void copy_row_contiguous(const DenseCopy& copy) {
   }
 }
 
+// A row-contiguous array of `in`'s shape and type, allocated, not yet written.
+mx::array unwritten_dense_copy(const mx::array& in, const char* who) {
+  if (in.itemsize() != 1 && in.itemsize() != 2 && in.itemsize() != 4 && in.itemsize() != 8)
+    throw std::logic_error(std::string(who) + ": an input of " + std::to_string(in.itemsize()) +
+                           "-byte elements");
+  mx::array copy(in.shape(), in.dtype(), nullptr, {});
+  copy.set_data(mx::allocator::malloc(copy.nbytes()));
+  return copy;
+}
+
+DenseCopy dense_copy_of(const mx::array& in, mx::array& copy) {
+  return {in.data<char>(), copy.data<char>(), in.itemsize(),
+          std::vector<int64_t>(in.shape().begin(), in.shape().end()),
+          std::vector<int64_t>(in.strides().begin(), in.strides().end())};
+}
+
 // `out` may take `in`'s buffer: nothing else can see `in` afterwards, and the layouts agree.
 bool can_take_buffer(const mx::array& in, const mx::array& out) {
   return in.is_donatable() && in.flags().row_contiguous && in.dtype() == out.dtype() &&
@@ -134,14 +150,8 @@ KernelTask CpuKernel::prepare(const std::vector<mx::array>& inputs, std::vector<
   std::vector<DenseCopy> copies;
   for (mx::array& in : dense) {
     if (in.flags().row_contiguous) continue;
-    if (in.itemsize() != 1 && in.itemsize() != 2 && in.itemsize() != 4 && in.itemsize() != 8)
-      throw std::logic_error(std::string(name()) + ": an input of " + std::to_string(in.itemsize()) +
-                             "-byte elements");
-    mx::array copy(in.shape(), in.dtype(), nullptr, {});
-    copy.set_data(mx::allocator::malloc(copy.nbytes()));
-    copies.push_back({in.data<char>(), copy.data<char>(), in.itemsize(),
-                      std::vector<int64_t>(in.shape().begin(), in.shape().end()),
-                      std::vector<int64_t>(in.strides().begin(), in.strides().end())});
+    mx::array copy = unwritten_dense_copy(in, name());
+    copies.push_back(dense_copy_of(in, copy));
     temporaries.push_back(copy);
     in = copy;
   }
@@ -183,6 +193,13 @@ void CpuKernel::run_here(const std::vector<mx::array>& inputs, std::vector<mx::a
   std::vector<mx::array> temporaries;
   size_t new_bytes = 0;
   prepare(inputs, outputs, temporaries, new_bytes, {})();
+}
+
+mx::array dense_copy_here(const mx::array& in) {
+  mx::array copy = unwritten_dense_copy(in, "dense_copy_here");
+  copy_row_contiguous(dense_copy_of(in, copy));
+  copy.set_status(mx::array::Status::available);
+  return copy;
 }
 
 void CpuKernel::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

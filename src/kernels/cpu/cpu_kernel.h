@@ -83,6 +83,10 @@ class PartiallyDifferentiableKernel : public CpuKernel {
                              const std::vector<int>& argnums) override;
 };
 
+/** A row-contiguous copy of `in` (evaluated, any layout of 1-, 2-, 4- or 8-byte elements), made now on the
+ * calling thread: a direct run's Reshape of a view, without MLX's scheduler. */
+mx::array dense_copy_here(const mx::array& in);
+
 /** True when `s` resolves to a CPU stream (own kernels run only there). */
 bool is_cpu_stream(mx::StreamOrDevice s);
 

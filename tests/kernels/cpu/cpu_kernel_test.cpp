@@ -73,5 +73,22 @@ TEST(CpuKernelInputs, StridedViewsAreCopiedInRowMajorOrder) {
   }
 }
 
+// dense_copy_here: the same copy, made on the calling thread, and marked computed.
+TEST(CpuKernelInputs, DenseCopiesHereEqualMlxContiguous) {
+  for (mx::Dtype dtype : {mx::uint8, mx::float16, mx::float32, mx::int64}) {
+    mx::array base = counting({2, 3, 4, 5}, dtype);
+    for (mx::array view :
+         {mx::transpose(base, {0, 2, 1, 3}), mx::broadcast_to(counting({4, 1}, dtype), {4, 6}),
+          mx::slice(base, {0, 0, 0, 0}, {2, 3, 4, 5}, {1, 2, 1, 2})}) {
+      mx::eval(view);
+      ASSERT_FALSE(view.flags().row_contiguous);
+      const mx::array copy = dense_copy_here(view);
+      EXPECT_EQ(copy.status(), mx::array::Status::available);
+      EXPECT_TRUE(copy.flags().row_contiguous);
+      EXPECT_TRUE(mx::array_equal(copy, mx::contiguous(view)).item<bool>());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace transmuter::kernels
