@@ -74,17 +74,44 @@ mx::array saturated_int64(mx::array a, mx::StreamOrDevice s) {
 // axes[j] of size sizes[j]: one column is the whole tensor (Gather*,
 // ScatterElements), several are its last dim (GatherND, ScatterND). Only the
 // per-column min and max are evaluated, once.
+// The per-column extremes of an evaluated, row-contiguous int32 or int64 index table, read where it lies:
+// an eager run's input ids need no evaluation on MLX's stream (a round trip to its thread per lookup).
+template <typename T>
+void column_extremes(const mx::array& indices, int columns, std::vector<int64_t>& low,
+                     std::vector<int64_t>& high) {
+  const T* data = indices.data<T>();
+  const size_t rows = indices.size() / static_cast<size_t>(columns);
+  for (size_t r = 0; r < rows; ++r) {
+    for (int j = 0; j < columns; ++j) {
+      const auto v = static_cast<int64_t>(data[r * static_cast<size_t>(columns) + static_cast<size_t>(j)]);
+      low[j] = std::min(low[j], v);
+      high[j] = std::max(high[j], v);
+    }
+  }
+}
+
 void check_index_values(const NodeContext& ctx, const mx::array& indices, const std::vector<int>& axes,
                         const std::vector<int>& sizes) {
   if (indices.size() == 0) return;
   auto s = ctx.stream();
   const int columns = static_cast<int>(axes.size());
-  mx::array table = mx::reshape(indices, {-1, columns}, s);
-  mx::array low = saturated_int64(mx::min(table, 0, false, s), s);
-  mx::array high = saturated_int64(mx::max(table, 0, false, s), s);
-  mx::eval({low, high});
+  std::vector<int64_t> low_of(columns, std::numeric_limits<int64_t>::max()),
+      high_of(columns, std::numeric_limits<int64_t>::min());
+  const bool readable = indices.status() == mx::array::Status::available && indices.flags().row_contiguous;
+  if (readable && indices.dtype() == mx::int64) {
+    column_extremes<int64_t>(indices, columns, low_of, high_of);
+  } else if (readable && indices.dtype() == mx::int32) {
+    column_extremes<int32_t>(indices, columns, low_of, high_of);
+  } else {
+    mx::array table = mx::reshape(indices, {-1, columns}, s);
+    mx::array low = saturated_int64(mx::min(table, 0, false, s), s);
+    mx::array high = saturated_int64(mx::max(table, 0, false, s), s);
+    mx::eval({low, high});
+    std::copy_n(low.data<int64_t>(), columns, low_of.begin());
+    std::copy_n(high.data<int64_t>(), columns, high_of.begin());
+  }
   for (int j = 0; j < columns; ++j) {
-    const int64_t lowest = low.data<int64_t>()[j], highest = high.data<int64_t>()[j];
+    const int64_t lowest = low_of[j], highest = high_of[j];
     if (highest >= sizes[j] || lowest < -int64_t{sizes[j]}) {
       throw ctx.error("index ", highest >= sizes[j] ? highest : lowest, " out of range for axis ", axes[j],
                       " of size ", sizes[j]);

@@ -212,6 +212,16 @@ TEST(BadIndices, GatherOutOfRangeNamesNodeAxisAndValue) {
   EXPECT_EQ(to_doubles(out0(run_op("Gather", 13, {iota({5}), i64({-5})}))), (std::vector<double>{0}));
   EXPECT_NE(op_error("Gather", 13, {iota({5}), mx::array({7}, mx::int32)}).find("index 7 out of range"),
             std::string::npos);
+  // Indices read where they lie (evaluated, dense) and through MLX (lazy; a transposed view) alike.
+  const mx::array lazy = mx::add(i64({4}), i64({1}));
+  EXPECT_EQ(op_error("Gather", 13, {iota({5}), lazy}),
+            "[Gather v1] node 'test_Gather': index 5 out of range for axis 0 of size 5");
+  mx::array transposed = mx::transpose(i64({0, 1, 2, 9}, {2, 2}));
+  mx::eval(transposed);
+  EXPECT_EQ(op_error("Gather", 13, {iota({5}), transposed}),
+            "[Gather v1] node 'test_Gather': index 9 out of range for axis 0 of size 5");
+  EXPECT_EQ(op_error("Gather", 13, {iota({5}), mx::array({-6, 2}, mx::int32)}),
+            "[Gather v1] node 'test_Gather': index -6 out of range for axis 0 of size 5");
 }
 
 TEST(BadIndices, GatherElementsAndGatherNDOutOfRange) {
