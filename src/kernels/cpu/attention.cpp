@@ -89,10 +89,23 @@ HWY_INLINE void ScoreTile(const float* q, int64_t dim, const float* kt, int64_t 
   }
 }
 
+// The widest register tile a target's registers hold: with AVX-512's 32, 4 rows x 4 vectors (16
+// accumulators, each loaded key vector feeding four rows and each broadcast four vectors); with 16
+// registers 4 x 2.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kWideVecs = 4;
+#else
+constexpr int kWideVecs = 2;
+#endif
+
 template <int R>
 HWY_INLINE void ScoreRows(const float* q, int64_t dim, const float* kt, int64_t ld, float* scores) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   int64_t j = 0;
+  if constexpr (kWideVecs > 2) {
+    for (; j + kWideVecs * lanes <= ld; j += kWideVecs * lanes)
+      ScoreTile<R, kWideVecs>(q, dim, kt, ld, j, scores);
+  }
   for (; j + 2 * lanes <= ld; j += 2 * lanes) ScoreTile<R, 2>(q, dim, kt, ld, j, scores);
   for (; j < ld; j += lanes) ScoreTile<R, 1>(q, dim, kt, ld, j, scores);
 }
@@ -177,7 +190,7 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
   const int64_t own_used = std::min(used_keys, own_scored);
   const int64_t more_used = std::max<int64_t>(used_keys - own_keys, 0);
   for (r = 0; r + 4 <= rows; r += 4) {
-    ValueRows<4>(scores + r * ld, ld, own_used, v, a.value_dim, out + r * a.value_dim);
+    ValueRows<4, false, kWideVecs>(scores + r * ld, ld, own_used, v, a.value_dim, out + r * a.value_dim);
     if (more_used > 0)
       ValueRows<4, true>(scores + r * ld + own_keys, ld, more_used, v_more, a.value_dim, out + r * a.value_dim);
   }

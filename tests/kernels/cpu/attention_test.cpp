@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/simd_targets.h"
+
 #include <limits>
 #include <string>
 #include "support/random_arrays.h"
@@ -71,18 +73,23 @@ TEST(AttentionKernel, MatchesTheComposition) {
       {1, 1, 1, 100, 37, 64, 64, mx::Shape{1, 1, 100, 37}, false, 0}, // one head: query blocks
       {1, 2, 2, 6, 4, 8, 8, std::nullopt, true, -2},                  // first rows attend nothing: zeros
   };
-  uint64_t seed = 1;
-  for (const Case& c : cases) {
-    mx::array q = random_array({c.batch, c.q_heads, c.queries, c.head_dim}, seed++);
-    mx::array k = random_array({c.batch, c.kv_heads, c.keys, c.head_dim}, seed++);
-    mx::array v = random_array({c.batch, c.kv_heads, c.keys, c.value_dim}, seed++);
-    std::optional<mx::array> mask;
-    if (c.mask) mask = random_array(*c.mask, seed++, 2.0f);
-    const SoftmaxOptions o = options_of(c);
-    mx::array got = scaled_dot_product_attention(q, k, v, mask, o, mx::Device::cpu);
-    EXPECT_EQ(got.shape(), (mx::Shape{c.batch, c.q_heads, c.queries, c.value_dim})) << describe(c);
-    EXPECT_LT(max_abs_diff(got, expected(q, k, v, mask, o)), kTolerance) << describe(c);
-  }
+  // Every SIMD target: AVX-512's register tiles are wider than AVX2's.
+  const int targets = testing::for_each_simd_target([&](const std::string& target) {
+    uint64_t seed = 1;
+    for (const Case& c : cases) {
+      mx::array q = random_array({c.batch, c.q_heads, c.queries, c.head_dim}, seed++);
+      mx::array k = random_array({c.batch, c.kv_heads, c.keys, c.head_dim}, seed++);
+      mx::array v = random_array({c.batch, c.kv_heads, c.keys, c.value_dim}, seed++);
+      std::optional<mx::array> mask;
+      if (c.mask) mask = random_array(*c.mask, seed++, 2.0f);
+      const SoftmaxOptions o = options_of(c);
+      mx::array got = scaled_dot_product_attention(q, k, v, mask, o, mx::Device::cpu);
+      EXPECT_EQ(got.shape(), (mx::Shape{c.batch, c.q_heads, c.queries, c.value_dim}))
+          << target << describe(c);
+      EXPECT_LT(max_abs_diff(got, expected(q, k, v, mask, o)), kTolerance) << target << describe(c);
+    }
+  });
+  EXPECT_GE(targets, 1);
 }
 
 // Keys and values in two runs (a cache, then a step's new rows): the same as
