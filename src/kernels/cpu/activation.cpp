@@ -82,6 +82,8 @@ V Formula(D d, V z) {
     return Sigmoid(d, z);
   } else if constexpr (A == Activation::kSilu) {
     return hn::Mul(z, Sigmoid(d, z));
+  } else if constexpr (A == Activation::kTanh) {
+    return hn::Tanh(d, z);
   } else {
     static_assert(A == Activation::kErf);
     return Erf(d, z);
@@ -144,6 +146,8 @@ void ActivateRange(const ActivationArgs& a, int64_t begin, int64_t end) {
       return ActivateElements<Activation::kSilu>(a, begin, end);
     case Activation::kErf:
       return ActivateElements<Activation::kErf>(a, begin, end);
+    case Activation::kTanh:
+      return ActivateElements<Activation::kTanh>(a, begin, end);
   }
 }
 
@@ -166,6 +170,8 @@ void ActivateBlock(float* y, int64_t rows, int64_t cols, int64_t ld, Activation 
       return ActivateRows<Activation::kSilu>(y, rows, cols, ld);
     case Activation::kErf:
       return ActivateRows<Activation::kErf>(y, rows, cols, ld);
+    case Activation::kTanh:
+      return ActivateRows<Activation::kTanh>(y, rows, cols, ld);
   }
 }
 
@@ -227,6 +233,8 @@ mx::array activation_reference(const mx::array& x, const std::optional<mx::array
       return mx::multiply(z, mx::sigmoid(z, s), s);
     case Activation::kErf:
       return mx::erf(z, s);
+    case Activation::kTanh:
+      return mx::tanh(z, s);
   }
   return z;
 }
@@ -245,6 +253,8 @@ const char* kernel_name(Activation activation) {
       return "transmuter::BiasSilu";
     case Activation::kErf:
       return "transmuter::BiasErf";
+    case Activation::kTanh:
+      return "transmuter::BiasTanh";
   }
   return "transmuter::BiasActivation";
 }

@@ -14,6 +14,7 @@
 //   kSigmoid   1 / (1 + exp(-z)); Highway's Exp (1 ulp) on -z clamped to 88
 //   kSilu      z * sigmoid(z)
 //   kErf       erf(z), as in kGeluErf
+//   kTanh      tanh(z): Highway's Tanh, 4 ulp (a BERT pooler's activation)
 //   kIdentity  z (a plain bias add)
 // NaN stays NaN. Gradients are those of the MLX composition (mx::erf, mx::tanh,
 // mx::sigmoid), which is also what runs off CPU streams.
@@ -28,7 +29,7 @@ namespace transmuter::kernels {
 
 namespace mx = mlx::core;
 
-enum class Activation { kIdentity, kGeluErf, kGeluTanh, kSigmoid, kSilu, kErf };
+enum class Activation { kIdentity, kGeluErf, kGeluTanh, kSigmoid, kSilu, kErf, kTanh };
 
 /** True when bias_activation runs the kernel for these arguments on a CPU
  * stream: x float32 with at least one dimension; bias absent or float32 [D],

@@ -69,7 +69,9 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/thread_pool.h"
@@ -119,21 +121,106 @@ const char* binary_name(BinaryOp op) {
   return "transmuter::Binary";
 }
 
-// The element offsets of both operands at the start of row `row` of the loop.
-void row_offsets(const BroadcastLoop& loop, int64_t row, int64_t& a, int64_t& b) {
-  a = b = 0;
-  for (size_t d = loop.outer.size(); d-- > 0;) {
-    const int64_t i = row % loop.outer[d];
-    row /= loop.outer[d];
-    a += i * loop.a_strides[d];
-    b += i * loop.b_strides[d];
+mx::array compare_reference(CompareOp op, const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  switch (op) {
+    case CompareOp::kEqual:
+      return mx::equal(a, b, s);
+    case CompareOp::kLess:
+      return mx::less(a, b, s);
+    case CompareOp::kLessEqual:
+      return mx::less_equal(a, b, s);
+    case CompareOp::kGreater:
+      return mx::greater(a, b, s);
+    case CompareOp::kGreaterEqual:
+      return mx::greater_equal(a, b, s);
+    case CompareOp::kAnd:
+      return mx::logical_and(a, b, s);
+    case CompareOp::kOr:
+      return mx::logical_or(a, b, s);
   }
+  throw std::logic_error("compare_reference: unknown op");
 }
 
-class BinaryKernel : public CpuKernel {
+// Rows of the loop (cut into pieces of kTaskElements where longer) across the kernel threads:
+// row(offsets, out, n) with each operand's element offset at the piece's start and the output's.
+template <typename Row>
+void for_each_row(const BroadcastLoop& loop, const Row& row) {
+  if (loop.inner == 0) return;
+  int64_t rows = 1;
+  for (int64_t extent : loop.outer) rows *= extent;
+  const int64_t pieces = (loop.inner + kTaskElements - 1) / kTaskElements;
+  const int64_t piece = (loop.inner + pieces - 1) / pieces;
+  const int64_t grain = pieces > 1 ? 1 : std::max<int64_t>(1, kTaskElements / loop.inner);
+  const size_t operands = loop.steps.size();
+  parallel_for(rows * pieces, grain, [&](int64_t begin, int64_t end) {
+    int64_t offsets[kMaxBroadcastOperands];
+    for (int64_t item = begin; item < end; ++item) {
+      int64_t rest = item / pieces;
+      const int64_t start = (item % pieces) * piece;
+      const int64_t first = rest * loop.inner + start;
+      for (size_t k = 0; k < operands; ++k) offsets[k] = loop.steps[k] ? start : 0;
+      for (size_t d = loop.outer.size(); d-- > 0;) {
+        const int64_t i = rest % loop.outer[d];
+        rest /= loop.outer[d];
+        for (size_t k = 0; k < operands; ++k) offsets[k] += i * loop.strides[k][d];
+      }
+      row(offsets, first, std::min(piece, loop.inner - start));
+    }
+  });
+}
+
+// The output's buffer may be the first operand of its shape (when MLX would donate it): every element
+// is read before its own slot is written, and a repeating operand is never the output's shape.
+int donor_among(const std::vector<mx::array>& operands, const mx::Shape& shape, mx::Dtype dtype) {
+  for (size_t i = 0; i < operands.size(); ++i) {
+    if (operands[i].shape() == shape && operands[i].dtype() == dtype) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool shapes_broadcast(const std::vector<mx::array>& operands) {
+  size_t rank = 0;
+  for (const mx::array& a : operands) rank = std::max(rank, a.ndim());
+  for (size_t i = 1; i <= rank; ++i) {
+    int extent = 1;
+    for (const mx::array& a : operands) {
+      const int d = i <= a.ndim() ? a.shape(static_cast<int>(a.ndim() - i)) : 1;
+      if (d == 1) continue;
+      if (extent != 1 && extent != d) return false;
+      extent = d;
+    }
+  }
+  return true;
+}
+
+mx::Shape shapes_of_loop(const std::vector<mx::array>& in, std::vector<mx::Shape>& shapes) {
+  shapes.clear();
+  for (const mx::array& a : in) shapes.push_back(a.shape());
+  mx::Shape out;
+  for (const mx::Shape& sh : shapes) out = mx::broadcast_shapes(out, sh);
+  return out;
+}
+
+// A kernel over broadcast operands: the loop is made from the inputs' shapes when the task is.
+class BroadcastKernel : public CpuKernel {
+ public:
+  BroadcastKernel(mx::Stream stream, Reference reference, int donor)
+      : CpuKernel(stream, std::move(reference)), donor_(donor) {}
+
+ protected:
+  int donor_of(size_t) const override { return donor_; }
+  static std::shared_ptr<const BroadcastLoop> loop_of(const std::vector<mx::array>& in) {
+    std::vector<mx::Shape> shapes;
+    shapes_of_loop(in, shapes);
+    return std::make_shared<const BroadcastLoop>(broadcast_loop(shapes));
+  }
+  int donor_;
+};
+
+class BinaryKernel : public BroadcastKernel {
  public:
   BinaryKernel(mx::Stream stream, Reference reference, BinaryOp op, int donor)
-      : CpuKernel(stream, std::move(reference)), op_(op), donor_(donor) {}
+      : BroadcastKernel(stream, std::move(reference), donor), op_(op) {}
   const char* name() const override { return binary_name(op_); }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const BinaryKernel*>(&other);
@@ -141,126 +228,257 @@ class BinaryKernel : public CpuKernel {
   }
 
  protected:
-  // Each element reads its own slot of the donor before writing it (or, for a repeated operand, a slot
-  // that is the donor's only when the shapes are equal).
-  int donor_of(size_t) const override { return donor_; }
-
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
-    auto loop = std::make_shared<const BroadcastLoop>(broadcast_loop(in[0].shape(), in[1].shape()));
-    const float* a = in[0].data<float>();
-    const float* b = in[1].data<float>();
-    float* y = out[0].data<float>();
-    const BinaryOp op = op_;
-    return [loop, a, b, y, op] { run(*loop, op, a, b, y); };
+    return [loop = loop_of(in), a = in[0].data<float>(), b = in[1].data<float>(), y = out[0].data<float>(),
+            op = op_] {
+      for_each_row(*loop, [&](const int64_t* at, int64_t first, int64_t n) {
+        HWY_DYNAMIC_DISPATCH(BinaryRow)(op, a + at[0], loop->steps[0], b + at[1], loop->steps[1], y + first,
+                                        n);
+      });
+    };
   }
 
  private:
-  static void run(const BroadcastLoop& loop, BinaryOp op, const float* a, const float* b, float* y) {
-    if (loop.inner == 0) return;
-    int64_t rows = 1;
-    for (int64_t extent : loop.outer) rows *= extent;
-    // Rows longer than a task are cut into pieces of kTaskElements.
-    const int64_t pieces = (loop.inner + kTaskElements - 1) / kTaskElements;
-    const int64_t piece = (loop.inner + pieces - 1) / pieces;
-    const int64_t grain = pieces > 1 ? 1 : std::max<int64_t>(1, kTaskElements / loop.inner);
-    parallel_for(rows * pieces, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t row = item / pieces;
-        const int64_t start = (item % pieces) * piece;
-        const int64_t n = std::min(piece, loop.inner - start);
-        int64_t ao = 0, bo = 0;
-        row_offsets(loop, row, ao, bo);
-        if (loop.a_steps) ao += start;
-        if (loop.b_steps) bo += start;
-        HWY_DYNAMIC_DISPATCH(BinaryRow)(op, a + ao, loop.a_steps, b + bo, loop.b_steps,
-                                        y + row * loop.inner + start, n);
-      }
-    });
-  }
-
   BinaryOp op_;
-  int donor_;
 };
 
-template <typename From>
-void widen(const From* x, float* y, int64_t count) {
-  parallel_for(count, kTaskElements, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = static_cast<float>(x[i]);
-  });
+const char* compare_name(CompareOp op) {
+  switch (op) {
+    case CompareOp::kEqual:
+      return "transmuter::Equal";
+    case CompareOp::kLess:
+      return "transmuter::Less";
+    case CompareOp::kLessEqual:
+      return "transmuter::LessEqual";
+    case CompareOp::kGreater:
+      return "transmuter::Greater";
+    case CompareOp::kGreaterEqual:
+      return "transmuter::GreaterEqual";
+    case CompareOp::kAnd:
+      return "transmuter::LogicalAnd";
+    case CompareOp::kOr:
+      return "transmuter::LogicalOr";
+  }
+  return "transmuter::Compare";
 }
 
-class ToFloat32Kernel : public CpuKernel {
+template <typename T>
+bool compare_values(CompareOp op, T a, T b) {
+  switch (op) {
+    case CompareOp::kEqual:
+      return a == b;
+    case CompareOp::kLess:
+      return a < b;
+    case CompareOp::kLessEqual:
+      return a <= b;
+    case CompareOp::kGreater:
+      return a > b;
+    case CompareOp::kGreaterEqual:
+      return a >= b;
+    case CompareOp::kAnd:
+      return static_cast<bool>(a) && static_cast<bool>(b);
+    case CompareOp::kOr:
+      return static_cast<bool>(a) || static_cast<bool>(b);
+  }
+  return false;
+}
+
+class CompareKernel : public BroadcastKernel {
  public:
-  using CpuKernel::CpuKernel;
-  const char* name() const override { return "transmuter::ToFloat32"; }
+  CompareKernel(mx::Stream stream, Reference reference, CompareOp op, int donor)
+      : BroadcastKernel(stream, std::move(reference), donor), op_(op) {}
+  const char* name() const override { return compare_name(op_); }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return dynamic_cast<const ToFloat32Kernel*>(&other) != nullptr;
+    const auto* o = dynamic_cast<const CompareKernel*>(&other);
+    return o != nullptr && o->op_ == op_ && o->donor_ == donor_;
   }
 
  protected:
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
-    const auto count = static_cast<int64_t>(in[0].size());
-    float* y = out[0].data<float>();
-    if (in[0].dtype() == mx::int64) return [x = in[0].data<int64_t>(), y, count] { widen(x, y, count); };
-    if (in[0].dtype() == mx::int32) return [x = in[0].data<int32_t>(), y, count] { widen(x, y, count); };
-    return [x = in[0].data<bool>(), y, count] { widen(x, y, count); };
+    switch (in[0].dtype()) {
+      case mx::float32:
+        return task<float>(in, out);
+      case mx::int64:
+        return task<int64_t>(in, out);
+      case mx::int32:
+        return task<int32_t>(in, out);
+      default:
+        return task<bool>(in, out);
+    }
+  }
+
+ private:
+  template <typename T>
+  KernelTask task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    return [loop = loop_of(in), a = in[0].data<T>(), b = in[1].data<T>(), y = out[0].data<bool>(), op = op_] {
+      for_each_row(*loop, [&](const int64_t* at, int64_t first, int64_t n) {
+        const int64_t sa = loop->steps[0] ? 1 : 0, sb = loop->steps[1] ? 1 : 0;
+        for (int64_t i = 0; i < n; ++i)
+          y[first + i] = compare_values(op, a[at[0] + i * sa], b[at[1] + i * sb]);
+      });
+    };
+  }
+
+  CompareOp op_;
+};
+
+class SelectKernel : public BroadcastKernel {
+ public:
+  using BroadcastKernel::BroadcastKernel;
+  const char* name() const override { return "transmuter::Select"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const SelectKernel*>(&other);
+    return o != nullptr && o->donor_ == donor_;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    switch (in[1].itemsize()) {  // values are moved, not computed: by their width
+      case 8:
+        return task<uint64_t>(in, out);
+      case 4:
+        return task<uint32_t>(in, out);
+      default:
+        return task<uint8_t>(in, out);
+    }
+  }
+
+ private:
+  template <typename T>
+  KernelTask task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    return [loop = loop_of(in), c = in[0].data<bool>(), a = in[1].data<T>(), b = in[2].data<T>(),
+            y = out[0].data<T>()] {
+      for_each_row(*loop, [&](const int64_t* at, int64_t first, int64_t n) {
+        const int64_t sc = loop->steps[0] ? 1 : 0, sa = loop->steps[1] ? 1 : 0, sb = loop->steps[2] ? 1 : 0;
+        for (int64_t i = 0; i < n; ++i)
+          y[first + i] = c[at[0] + i * sc] ? a[at[1] + i * sa] : b[at[2] + i * sb];
+      });
+    };
   }
 };
 
+template <typename From, typename To>
+void convert_elements(const From* x, To* y, int64_t count) {
+  parallel_for(count, kTaskElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if constexpr (std::is_same_v<To, bool>) {
+        y[i] = x[i] != From{0};
+      } else {
+        y[i] = static_cast<To>(x[i]);
+      }
+    }
+  });
+}
+
+class ConvertKernel : public CpuKernel {
+ public:
+  ConvertKernel(mx::Stream stream, Reference reference, mx::Dtype to)
+      : CpuKernel(stream, std::move(reference)), to_(to) {}
+  const char* name() const override { return "transmuter::Convert"; }
+  // The target type is the kernel's (MLX's merge of equivalent primitives looks at their inputs only).
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const ConvertKernel*>(&other);
+    return o != nullptr && o->to_ == to_;
+  }
+
+ protected:
+  KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
+    switch (out[0].dtype()) {
+      case mx::float32:
+        return from<float>(in[0], out[0]);
+      case mx::bool_:
+        return from<bool>(in[0], out[0]);
+      case mx::int64:
+        return from<int64_t>(in[0], out[0]);
+      default:
+        return from<int32_t>(in[0], out[0]);
+    }
+  }
+
+ private:
+  template <typename To>
+  static KernelTask from(const mx::array& x, mx::array& y) {
+    const auto count = static_cast<int64_t>(x.size());
+    To* to = y.data<To>();
+    switch (x.dtype()) {
+      case mx::float32:
+        return [x = x.data<float>(), to, count] { convert_elements(x, to, count); };
+      case mx::int64:
+        return [x = x.data<int64_t>(), to, count] { convert_elements(x, to, count); };
+      case mx::int32:
+        return [x = x.data<int32_t>(), to, count] { convert_elements(x, to, count); };
+      default:
+        return [x = x.data<bool>(), to, count] { convert_elements(x, to, count); };
+    }
+  }
+
+  mx::Dtype to_;
+};
+
+bool is_one_of(mx::Dtype t, std::initializer_list<mx::Dtype> types) {
+  for (mx::Dtype u : types) {
+    if (t == u) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
-BroadcastLoop broadcast_loop(const mx::Shape& a, const mx::Shape& b) {
-  const size_t rank = std::max(a.size(), b.size());
+BroadcastLoop broadcast_loop(const std::vector<mx::Shape>& shapes) {
+  if (shapes.empty() || shapes.size() > static_cast<size_t>(kMaxBroadcastOperands))
+    throw std::invalid_argument("broadcast_loop: 1 to " + std::to_string(kMaxBroadcastOperands) +
+                                " operands");
+  const size_t operands = shapes.size();
+  size_t rank = 0;
+  for (const mx::Shape& sh : shapes) rank = std::max(rank, sh.size());
   // Extents padded with leading ones, and each operand's contiguous strides (0 where it repeats).
-  std::vector<int64_t> ea(rank, 1), eb(rank, 1), out(rank), sa(rank), sb(rank);
-  std::copy(a.begin(), a.end(), ea.begin() + static_cast<ptrdiff_t>(rank - a.size()));
-  std::copy(b.begin(), b.end(), eb.begin() + static_cast<ptrdiff_t>(rank - b.size()));
-  int64_t step_a = 1, step_b = 1;
-  for (size_t d = rank; d-- > 0;) {
-    out[d] = ea[d] == 1 ? eb[d] : ea[d];
-    sa[d] = ea[d] == 1 ? 0 : step_a;
-    sb[d] = eb[d] == 1 ? 0 : step_b;
-    step_a *= ea[d];
-    step_b *= eb[d];
+  std::vector<std::vector<int64_t>> extent(operands, std::vector<int64_t>(rank, 1)), stride = extent;
+  std::vector<int64_t> out(rank, 1);
+  for (size_t k = 0; k < operands; ++k) {
+    std::copy(shapes[k].begin(), shapes[k].end(),
+              extent[k].begin() + static_cast<ptrdiff_t>(rank - shapes[k].size()));
+    int64_t step = 1;
+    for (size_t d = rank; d-- > 0;) {
+      if (extent[k][d] != 1) out[d] = extent[k][d];
+      stride[k][d] = extent[k][d] == 1 ? 0 : step;
+      step *= extent[k][d];
+    }
   }
   BroadcastLoop loop;
+  loop.strides.assign(operands, {});
+  loop.steps.assign(operands, true);
   if (std::find(out.begin(), out.end(), 0) != out.end()) {
     loop.inner = 0;
     return loop;
   }
-  // Innermost first: merge a dimension into the one inside it when both operands step through the pair
+  // Innermost first: merge a dimension into the one inside it when every operand steps through the pair
   // as through one dimension; drop extents of 1.
-  std::vector<int64_t> extents, strides_a, strides_b;
+  std::vector<int64_t> extents;
+  std::vector<std::vector<int64_t>> merged(operands);
   for (size_t d = rank; d-- > 0;) {
     if (out[d] == 1) continue;
-    if (!extents.empty() && sa[d] == strides_a.back() * extents.back() &&
-        sb[d] == strides_b.back() * extents.back()) {
+    bool mergeable = !extents.empty();
+    for (size_t k = 0; k < operands && mergeable; ++k)
+      mergeable = stride[k][d] == merged[k].back() * extents.back();
+    if (mergeable) {
       extents.back() *= out[d];
       continue;
     }
     extents.push_back(out[d]);
-    strides_a.push_back(sa[d]);
-    strides_b.push_back(sb[d]);
+    for (size_t k = 0; k < operands; ++k) merged[k].push_back(stride[k][d]);
   }
   if (extents.empty()) return loop;  // one element
   loop.inner = extents.front();
-  loop.a_steps = strides_a.front() != 0;
-  loop.b_steps = strides_b.front() != 0;
   loop.outer.assign(extents.rbegin(), extents.rend() - 1);
-  loop.a_strides.assign(strides_a.rbegin(), strides_a.rend() - 1);
-  loop.b_strides.assign(strides_b.rbegin(), strides_b.rend() - 1);
+  for (size_t k = 0; k < operands; ++k) {
+    loop.steps[k] = merged[k].front() != 0;
+    loop.strides[k].assign(merged[k].rbegin(), merged[k].rend() - 1);
+  }
   return loop;
 }
 
 bool binary_fits(const mx::array& a, const mx::array& b) {
-  if (a.dtype() != mx::float32 || b.dtype() != mx::float32) return false;
-  const size_t rank = std::max(a.ndim(), b.ndim());
-  for (size_t i = 1; i <= rank; ++i) {
-    const int da = i <= a.ndim() ? a.shape(static_cast<int>(a.ndim() - i)) : 1;
-    const int db = i <= b.ndim() ? b.shape(static_cast<int>(b.ndim() - i)) : 1;
-    if (da != db && da != 1 && db != 1) return false;
-  }
-  return true;
+  return a.dtype() == mx::float32 && b.dtype() == mx::float32 && shapes_broadcast({a, b});
 }
 
 mx::array binary(BinaryOp op, const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
@@ -270,7 +488,7 @@ mx::array binary(BinaryOp op, const mx::array& a, const mx::array& b, mx::Stream
   };
   if (!binary_fits(a, b)) return binary_reference(op, a, b, stream);
   const mx::Shape shape = mx::broadcast_shapes(a.shape(), b.shape());
-  const int donor = a.shape() == shape ? 0 : b.shape() == shape ? 1 : -1;
+  const int donor = donor_among({a, b}, shape, mx::float32);
   return make_cpu_kernel_outputs(
       [&](mx::Stream kernel_stream) {
         return std::make_shared<BinaryKernel>(kernel_stream, reference, op, donor);
@@ -278,19 +496,66 @@ mx::array binary(BinaryOp op, const mx::array& a, const mx::array& b, mx::Stream
       reference, {a, b}, {shape}, {mx::float32}, stream)[0];
 }
 
-bool to_float32_fits(const mx::array& x) {
-  return x.dtype() == mx::int64 || x.dtype() == mx::int32 || x.dtype() == mx::bool_;
+bool compare_fits(CompareOp op, const mx::array& a, const mx::array& b) {
+  const bool logical = op == CompareOp::kAnd || op == CompareOp::kOr;
+  const bool typed =
+      logical ? a.dtype() == mx::bool_ : is_one_of(a.dtype(), {mx::float32, mx::int64, mx::int32, mx::bool_});
+  return typed && a.dtype() == b.dtype() && shapes_broadcast({a, b});
 }
 
-mx::array to_float32(const mx::array& x, mx::StreamOrDevice s) {
+mx::array compare(CompareOp op, const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [op, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{compare_reference(op, in[0], in[1], stream)};
+  };
+  if (!compare_fits(op, a, b)) return compare_reference(op, a, b, stream);
+  const mx::Shape shape = mx::broadcast_shapes(a.shape(), b.shape());
+  const int donor = donor_among({a, b}, shape, mx::bool_);
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<CompareKernel>(kernel_stream, reference, op, donor);
+      },
+      reference, {a, b}, {shape}, {mx::bool_}, stream)[0];
+}
+
+bool select_fits(const mx::array& condition, const mx::array& a, const mx::array& b) {
+  return condition.dtype() == mx::bool_ && a.dtype() == b.dtype() &&
+         is_one_of(a.dtype(), {mx::float32, mx::int64, mx::int32, mx::bool_}) &&
+         shapes_broadcast({condition, a, b});
+}
+
+mx::array select(const mx::array& condition, const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
   const mx::Stream stream = mx::to_stream(s);
   Reference reference = [stream](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{mx::astype(in[0], mx::float32, stream)};
+    return std::vector<mx::array>{mx::where(in[0], in[1], in[2], stream)};
   };
-  if (!to_float32_fits(x)) return reference({x})[0];
+  if (!select_fits(condition, a, b)) return reference({condition, a, b})[0];
+  mx::Shape shape = mx::broadcast_shapes(condition.shape(), mx::broadcast_shapes(a.shape(), b.shape()));
+  const int donor = donor_among({condition, a, b}, shape, a.dtype());
   return make_cpu_kernel_outputs(
-      [&](mx::Stream kernel_stream) { return std::make_shared<ToFloat32Kernel>(kernel_stream, reference); },
-      reference, {x}, {x.shape()}, {mx::float32}, stream)[0];
+      [&](mx::Stream kernel_stream) {
+        return std::make_shared<SelectKernel>(kernel_stream, reference, donor);
+      },
+      reference, {condition, a, b}, {shape}, {a.dtype()}, stream)[0];
+}
+
+bool convert_fits(const mx::array& x, mx::Dtype to) {
+  const mx::Dtype from = x.dtype();
+  if (from == to) return false;
+  if (to == mx::float32) return is_one_of(from, {mx::int64, mx::int32, mx::bool_});
+  if (to == mx::bool_) return is_one_of(from, {mx::float32, mx::int64, mx::int32});
+  return is_one_of(to, {mx::int64, mx::int32}) && is_one_of(from, {mx::int64, mx::int32, mx::bool_});
+}
+
+mx::array convert(const mx::array& x, mx::Dtype to, mx::StreamOrDevice s) {
+  const mx::Stream stream = mx::to_stream(s);
+  Reference reference = [to, stream](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{mx::astype(in[0], to, stream)};
+  };
+  if (!convert_fits(x, to)) return reference({x})[0];
+  return make_cpu_kernel_outputs(
+      [&](mx::Stream kernel_stream) { return std::make_shared<ConvertKernel>(kernel_stream, reference, to); },
+      reference, {x}, {x.shape()}, {to}, stream)[0];
 }
 
 }  // namespace transmuter::kernels

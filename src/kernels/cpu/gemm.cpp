@@ -275,6 +275,8 @@ HWY_AFTER_NAMESPACE();
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/elementwise.h"
+
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/thread_pool.h"
 #include "mlx_bridge/buffers.h"
@@ -552,7 +554,7 @@ mx::array packed_matmul(const mx::array& a, const mx::array& packed, const std::
       if (activation != Activation::kIdentity) {
         throw std::invalid_argument("packed_matmul: a residual goes with no activation only");
       }
-      return mx::add(packed_matmul(a, packed, bias, n, activation, s), *residual, stream);
+      return binary(BinaryOp::kAdd, packed_matmul(a, packed, bias, n, activation, s), *residual, stream);
     }
   }
   const bool has_residual = residual.has_value();

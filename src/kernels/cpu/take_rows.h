@@ -1,8 +1,8 @@
-// ONNX Gather along axis 0 -- an embedding lookup -- as one CPU kernel.
+// ONNX Gather -- an embedding lookup on axis 0, a pooler's first token on axis 1 -- as one CPU kernel.
 //
-//   data [V, ...] (any type), indices int32 or int64 [...]:
-//   out[i..., :] = data[w(clamp(indices[i...], -V, V - 1)), ...],  w(j) = j < 0 ? j + V : j
-//   out: indices.shape + data.shape[1:], data's type.
+//   data [A..., V, B...] (any type, V on `axis`), indices int32 or int64 [I...]:
+//   out[a..., i..., b...] = data[a..., w(clamp(indices[i...], -V, V - 1)), b...],  w(j) = j < 0 ? j + V : j
+//   out: A + I + B, data's type.
 //
 // The clamp and wrap are those of Gather's traced path (ops/onnx/indexing.cpp: an index out of range is an
 // error where its value is known, checked before, and clamped while tracing); there they are six MLX
@@ -19,10 +19,10 @@ namespace transmuter::kernels {
 
 namespace mx = mlx::core;
 
-/** The gather above on a CPU stream, for data of rank >= 1 with a non-empty first axis and int32 or int64
+/** The gather above on a CPU stream, for non-empty data, an axis in [0, rank) and non-empty int32 or int64
  * indices; anything else (other streams, types; gradients with respect to data) is reference({data,
- * indices}), which must compute the same: mx::take of the clamped, wrapped indices. */
+ * indices}), which must compute the same: mx::take of the clamped, wrapped indices along `axis`. */
 mx::array take_rows(const mx::array& data, const mx::array& indices, const Reference& reference,
-                    mx::StreamOrDevice s = {});
+                    mx::StreamOrDevice s = {}, int axis = 0);
 
 }  // namespace transmuter::kernels

@@ -234,10 +234,9 @@ Value cast_value(const NodeContext& ctx, const Value& in, OnnxType to, const Cas
     case OnnxType::kUint2:
       return wrap_to_bits(x, 2, false, s);
     default:
-      // Integers and booleans to float32 through the CPU kernel (mx::astype's values; a kernel keeps a
-      // compiled segment eligible for direct runs: an encoder's attention mask is cast so).
-      if (*target == mx::float32 && kernels::to_float32_fits(x)) return kernels::to_float32(x, s);
-      return mx::astype(x, *target, s);
+      // The common conversions through the CPU kernel (mx::astype's values; a kernel keeps a compiled
+      // segment eligible for direct runs: an encoder's attention mask is cast so).
+      return kernels::convert(x, *target, s);
   }
 }
 

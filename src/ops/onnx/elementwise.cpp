@@ -54,6 +54,13 @@ mx::array arithmetic(const mx::array& a, const mx::array& b, mx::StreamOrDevice 
   return kernels::binary(Op, a, b, s);
 }
 
+/** Comparisons and logic through the CPU kernel where the types fit (kernels/cpu/elementwise.h), else MLX's.
+ */
+template <kernels::CompareOp Op>
+mx::array comparison(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
+  return kernels::compare(Op, a, b, s);
+}
+
 template <UnaryFn Fn>
 OpOutputs unary(NodeContext& ctx) {
   return {Fn(ctx.input(0), ctx.stream())};
@@ -169,7 +176,7 @@ OpOutputs equal_op(NodeContext& ctx) {
     }
     return {equal_strings(ctx, a.strings(), b.strings())};
   }
-  return binary<mx::equal>(ctx);
+  return binary<comparison<kernels::CompareOp::kEqual>>(ctx);
 }
 
 // --- math ----------------------------------------------------------------------
@@ -232,6 +239,15 @@ OpOutputs mean_op(NodeContext& ctx) {
 // and optionals.
 OpOutputs identity_op(NodeContext& ctx) { return {ctx.value(0)}; }
 
+// float32 on a CPU stream: the threaded SIMD kernel (Highway's tanh, 4 ulp); otherwise mx::tanh.
+OpOutputs tanh_op(NodeContext& ctx) {
+  const mx::array& x = ctx.input(0);
+  if (kernels::is_cpu_stream(ctx.stream()) && kernels::bias_activation_fits(x, std::nullopt)) {
+    return {kernels::bias_activation(x, std::nullopt, kernels::Activation::kTanh, ctx.stream())};
+  }
+  return {mx::tanh(x, ctx.stream())};
+}
+
 // float32 on a CPU stream: the threaded SIMD kernel (same rational erf as
 // rational_erf); otherwise rational_erf's composition.
 OpOutputs erf(NodeContext& ctx) {
@@ -268,16 +284,48 @@ void register_elementwise(OpRegistry& r) {
       // Comparison and logic.
       {"Equal", kOnnx, 1, 6, equal_op, {}, false, {}, kBooleanOutput},
       {"Equal", kOnnx, 7, kOpen, equal_op, {}, false, {}, kBooleanOutput},
-      {"Less", kOnnx, 1, 6, binary<mx::less>, {}, false, {}, kBooleanOutput},
-      {"Less", kOnnx, 7, kOpen, binary<mx::less>, {}, false, {}, kBooleanOutput},
-      {"Greater", kOnnx, 1, 6, binary<mx::greater>, {}, false, {}, kBooleanOutput},
-      {"Greater", kOnnx, 7, kOpen, binary<mx::greater>, {}, false, {}, kBooleanOutput},
-      {"LessOrEqual", kOnnx, 12, kOpen, binary<mx::less_equal>, {}, false, {}, kBooleanOutput},
-      {"GreaterOrEqual", kOnnx, 12, kOpen, binary<mx::greater_equal>, {}, false, {}, kBooleanOutput},
-      {"And", kOnnx, 1, 6, binary<mx::logical_and>, {}, false, {}, kBooleanOutput},
-      {"And", kOnnx, 7, kOpen, binary<mx::logical_and>, {}, false, {}, kBooleanOutput},
-      {"Or", kOnnx, 1, 6, binary<mx::logical_or>, {}, false, {}, kBooleanOutput},
-      {"Or", kOnnx, 7, kOpen, binary<mx::logical_or>, {}, false, {}, kBooleanOutput},
+      {"Less", kOnnx, 1, 6, binary<comparison<kernels::CompareOp::kLess>>, {}, false, {}, kBooleanOutput},
+      {"Less", kOnnx, 7, kOpen, binary<comparison<kernels::CompareOp::kLess>>, {}, false, {}, kBooleanOutput},
+      {"Greater",
+       kOnnx,
+       1,
+       6,
+       binary<comparison<kernels::CompareOp::kGreater>>,
+       {},
+       false,
+       {},
+       kBooleanOutput},
+      {"Greater",
+       kOnnx,
+       7,
+       kOpen,
+       binary<comparison<kernels::CompareOp::kGreater>>,
+       {},
+       false,
+       {},
+       kBooleanOutput},
+      {"LessOrEqual",
+       kOnnx,
+       12,
+       kOpen,
+       binary<comparison<kernels::CompareOp::kLessEqual>>,
+       {},
+       false,
+       {},
+       kBooleanOutput},
+      {"GreaterOrEqual",
+       kOnnx,
+       12,
+       kOpen,
+       binary<comparison<kernels::CompareOp::kGreaterEqual>>,
+       {},
+       false,
+       {},
+       kBooleanOutput},
+      {"And", kOnnx, 1, 6, binary<comparison<kernels::CompareOp::kAnd>>, {}, false, {}, kBooleanOutput},
+      {"And", kOnnx, 7, kOpen, binary<comparison<kernels::CompareOp::kAnd>>, {}, false, {}, kBooleanOutput},
+      {"Or", kOnnx, 1, 6, binary<comparison<kernels::CompareOp::kOr>>, {}, false, {}, kBooleanOutput},
+      {"Or", kOnnx, 7, kOpen, binary<comparison<kernels::CompareOp::kOr>>, {}, false, {}, kBooleanOutput},
       {"Xor", kOnnx, 1, 6, binary<mx::logical_xor>, {}, false, {}, kBooleanOutput},
       {"Xor", kOnnx, 7, kOpen, binary<mx::logical_xor>, {}, false, {}, kBooleanOutput},
       {"Not", kOnnx, 1, kOpen, unary<mx::logical_not>, {}, false, {}, kBooleanOutput},
@@ -287,7 +335,7 @@ void register_elementwise(OpRegistry& r) {
       {"BitwiseNot", kOnnx, 18, kOpen, unary<mx::bitwise_invert>, {}, false, {}, kIntegerOnly},
       {"Where", kOnnx, 9, kOpen,
        [](NodeContext& ctx) -> OpOutputs {
-         return {mx::where(ctx.input(0), ctx.input(1), ctx.input(2), ctx.stream())};
+         return {kernels::select(ctx.input(0), ctx.input(1), ctx.input(2), ctx.stream())};
        }},
       // Unary math.
       {"Sqrt", kOnnx, 1, kOpen, unary<mx::sqrt>},
@@ -296,7 +344,7 @@ void register_elementwise(OpRegistry& r) {
       {"Abs", kOnnx, 1, kOpen, unary<mx::abs>},
       {"Exp", kOnnx, 1, kOpen, unary<mx::exp>},
       {"Log", kOnnx, 1, kOpen, unary<mx::log>},
-      {"Tanh", kOnnx, 1, kOpen, unary<mx::tanh>},
+      {"Tanh", kOnnx, 1, kOpen, tanh_op},
       {"Sin", kOnnx, 7, kOpen, unary<mx::sin>},
       {"Cos", kOnnx, 7, kOpen, unary<mx::cos>},
       // 22 added bfloat16 to the trig and hyperbolic family: one function serves both versions.

@@ -539,17 +539,17 @@ mx::array checked_gather(const NodeContext& ctx, const mx::array& data, const mx
   require_data_rank(ctx, data);
   const int normalized = ctx.normalize_axis(axis, rank_of(data));
   const int size = data.shape(normalized);
-  if (normalized != 0 || size == 0) {
+  if (size == 0)
     return mx::take(data, bounded_index(ctx, indices, normalized, size), normalized, ctx.stream());
-  }
-  // Axis 0 (an embedding lookup): checked where the values are known, then one kernel that clamps and
-  // wraps each index as the traced path does (kernels/cpu/take_rows.h); the traced path is its reference.
-  if (!indices.is_tracer()) check_index_values(ctx, indices, {0}, {size});
+  // Checked where the values are known, then one kernel that clamps and wraps each index as the traced
+  // path does (kernels/cpu/take_rows.h: an embedding lookup on axis 0, a pooler's first token on axis 1);
+  // the traced path is its reference.
+  if (!indices.is_tracer()) check_index_values(ctx, indices, {normalized}, {size});
   const mx::Stream s = mx::to_stream(ctx.stream());
-  const kernels::Reference reference = [size, s](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{mx::take(in[0], clamped_index(in[1], size, s), 0, s)};
+  const kernels::Reference reference = [size, normalized, s](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{mx::take(in[0], clamped_index(in[1], size, s), normalized, s)};
   };
-  return kernels::take_rows(data, indices, reference, s);
+  return kernels::take_rows(data, indices, reference, s, normalized);
 }
 
 void register_indexing(OpRegistry& r) {

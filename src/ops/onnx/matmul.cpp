@@ -6,6 +6,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/matmul.h"
 #include "ops/node_context.h"
@@ -75,10 +76,13 @@ OpOutputs gemm(NodeContext& ctx) {
     throw ctx.error("inner dimensions differ: ", a.shape(1), " and ", trans_b ? b.shape(1) : b.shape(0));
   }
   mx::array y = one_row ? kernels::matvec(a, b, trans_b, s) : numpy_matmul(ctx, a, trans_b ? mx::transpose(b, s) : b);
-  if (alpha != 1.0f) y = mx::multiply(y, mx::array(alpha, dtype), s);
+  // The scalings and C's addition through the float32 kernels where they fit (kernels/cpu/elementwise.h).
+  using kernels::BinaryOp;
+  if (alpha != 1.0f) y = kernels::binary(BinaryOp::kMultiply, y, mx::array(alpha, dtype), s);
   if (auto c = ctx.optional_input(2); c && beta != 0.0f) {
-    mx::array scaled_c = beta == 1.0f ? *c : mx::multiply(*c, mx::array(beta, dtype), s);
-    y = mx::add(y, scaled_c, s);
+    mx::array scaled_c =
+        beta == 1.0f ? *c : kernels::binary(BinaryOp::kMultiply, *c, mx::array(beta, dtype), s);
+    y = kernels::binary(BinaryOp::kAdd, y, scaled_c, s);
   }
   return {mx::astype(y, dtype, s)};
 }

@@ -33,6 +33,8 @@ mx::array expected(const mx::array& x, const std::optional<mx::array>& bias, Act
       return z / (1.0f + mx::exp(-z));
     case Activation::kErf:
       return mx::erf(z);
+    case Activation::kTanh:
+      return mx::tanh(z);
   }
   return z;
 }
@@ -51,12 +53,15 @@ const char* label(Activation a) {
       return "silu";
     case Activation::kErf:
       return "erf";
+    case Activation::kTanh:
+      return "tanh";
   }
   return "?";
 }
 
 constexpr Activation kAll[] = {Activation::kIdentity, Activation::kGeluErf, Activation::kGeluTanh,
-                               Activation::kSigmoid,  Activation::kSilu,    Activation::kErf};
+                               Activation::kSigmoid,  Activation::kSilu,    Activation::kErf,
+                               Activation::kTanh};
 
 // Inputs up to |z| ~ 20 (scale 4, plus the bias). The erf fit's 3.8e-7 gives
 // GELU an abs error of 2e-7 |z| (<= 4e-6 here); Tanh (4 ulp), Exp (1 ulp) and
@@ -88,7 +93,8 @@ TEST(ActivationKernel, LimitsAndNaN) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   mx::array x = mx::array({-inf, -100.0f, -9.0f, 0.0f, 9.0f, 100.0f, inf, nan, 1.0f}, {9});
-  for (Activation a : {Activation::kGeluErf, Activation::kGeluTanh, Activation::kSigmoid, Activation::kErf}) {
+  for (Activation a : {Activation::kGeluErf, Activation::kGeluTanh, Activation::kSigmoid, Activation::kErf,
+                       Activation::kTanh}) {
     mx::array got = bias_activation(x, std::nullopt, a, mx::Device::cpu);
     mx::array want = expected(x, std::nullopt, a);
     // Finite where the precise formula is (GELU at -inf is -inf * 0 there: NaN).

@@ -1,4 +1,5 @@
-// The float32 arithmetic and widening kernels against MLX's ops, bit for bit: every broadcast layout the
+// The elementwise kernels against MLX's ops, bit for bit -- arithmetic, comparisons and logic, selection,
+// conversions. Arithmetic: every broadcast layout the
 // loop distinguishes (equal shapes, a scalar on either side, a row, a channel vector, a column, both sides
 // repeating, a middle axis, ranks that differ, an empty result), values with NaN, infinities and signed
 // zeros (maximum / minimum pick as MLX does), sizes that span many tasks and rows longer than a task, a
@@ -109,26 +110,36 @@ TEST(BinaryKernel, ViewsDonatedOperandsAndAliasedOperands) {
   }
 }
 
-TEST(BinaryKernel, LoopMergesWhatBothOperandsStepThroughAlike) {
-  BroadcastLoop se = broadcast_loop({2, 5, 7, 16}, {2, 1, 1, 16});
+TEST(BroadcastLoop, MergesWhatEveryOperandStepsThroughAlike) {
+  BroadcastLoop se = broadcast_loop({{2, 5, 7, 16}, {2, 1, 1, 16}});
   EXPECT_EQ(se.outer, (std::vector<int64_t>{2, 35}));
-  EXPECT_EQ(se.a_strides, (std::vector<int64_t>{560, 16}));
-  EXPECT_EQ(se.b_strides, (std::vector<int64_t>{16, 0}));
+  EXPECT_EQ(se.strides[0], (std::vector<int64_t>{560, 16}));
+  EXPECT_EQ(se.strides[1], (std::vector<int64_t>{16, 0}));
   EXPECT_EQ(se.inner, 16);
-  EXPECT_TRUE(se.a_steps && se.b_steps);
+  EXPECT_TRUE(se.steps[0] && se.steps[1]);
 
-  BroadcastLoop same = broadcast_loop({4, 1, 6}, {4, 1, 6});  // one run of 24
+  BroadcastLoop same = broadcast_loop({{4, 1, 6}, {4, 1, 6}});  // one run of 24
   EXPECT_TRUE(same.outer.empty());
   EXPECT_EQ(same.inner, 24);
 
-  BroadcastLoop column = broadcast_loop({16, 1}, {16, 384});
+  BroadcastLoop column = broadcast_loop({{16, 1}, {16, 384}});
   EXPECT_EQ(column.outer, (std::vector<int64_t>{16}));
-  EXPECT_EQ(column.a_strides, (std::vector<int64_t>{1}));
+  EXPECT_EQ(column.strides[0], (std::vector<int64_t>{1}));
   EXPECT_EQ(column.inner, 384);
-  EXPECT_FALSE(column.a_steps);
-  EXPECT_TRUE(column.b_steps);
+  EXPECT_FALSE(column.steps[0]);
+  EXPECT_TRUE(column.steps[1]);
 
-  EXPECT_EQ(broadcast_loop({0, 4}, {4}).inner, 0);
+  // Three operands: a condition per row, a full tensor and a scalar.
+  BroadcastLoop three = broadcast_loop({{3, 1}, {3, 8}, {}});
+  EXPECT_EQ(three.outer, (std::vector<int64_t>{3}));
+  EXPECT_EQ(three.inner, 8);
+  EXPECT_EQ(three.strides[0], (std::vector<int64_t>{1}));
+  EXPECT_EQ(three.strides[2], (std::vector<int64_t>{0}));
+  EXPECT_FALSE(three.steps[0]);
+  EXPECT_TRUE(three.steps[1]);
+  EXPECT_FALSE(three.steps[2]);
+
+  EXPECT_EQ(broadcast_loop({{0, 4}, {4}}).inner, 0);
 }
 
 TEST(BinaryKernel, GradientsAreTheMlxOps) {
@@ -159,20 +170,130 @@ TEST(BinaryKernel, OtherTypesAndShapesAreMlxs) {
   EXPECT_THROW(binary(BinaryOp::kAdd, mx::zeros({3, 4}), mx::zeros({5}), mx::Device::cpu), std::exception);
 }
 
-TEST(ToFloat32Kernel, EqualsAstype) {
+// Every pair of types the kernel converts, against mx::astype: values that round (2^24 + 1, 2^40 + 1),
+// the int64 extremes, NaN and -0 to bool, int64 narrowed to int32 (wrapping as a C++ cast does).
+TEST(ConvertKernel, EqualsAstype) {
   const mx::array wide =
       mx::array({int64_t{0}, int64_t{-1}, int64_t{1} << 40, (int64_t{1} << 40) + 1, (int64_t{1} << 24) + 1,
                  std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()});
   const mx::array big = mx::random::randint(-1000000, 1000000, {40000}, mx::int32, mx::random::key(60));
   const mx::array flags = mx::greater(big, mx::array(0));
-  for (const mx::array& x :
-       {wide, big, mx::astype(big, mx::int64), flags, mx::transpose(mx::reshape(big, {200, 200}))}) {
-    const mx::array got = to_float32(x, mx::Device::cpu);
-    EXPECT_EQ(std::string(got.primitive().name()), "transmuter::ToFloat32");
-    expect_same_bits(got, mx::astype(x, mx::float32), "to_float32");
+  const mx::array floats = awkward({300}, 61);
+  const std::vector<std::pair<mx::array, std::vector<mx::Dtype>>> cases = {
+      {wide, {mx::float32, mx::bool_, mx::int32}},
+      {big, {mx::float32, mx::bool_, mx::int64}},
+      {mx::astype(big, mx::int64), {mx::float32, mx::bool_, mx::int32}},
+      {flags, {mx::float32, mx::int64, mx::int32}},
+      {floats, {mx::bool_}},
+      {mx::transpose(mx::reshape(big, {200, 200})), {mx::float32}},
+  };
+  for (const auto& [x, targets] : cases) {
+    for (mx::Dtype to : targets) {
+      const mx::array got = convert(x, to, mx::Device::cpu);
+      EXPECT_EQ(std::string(got.primitive().name()), "transmuter::Convert");
+      EXPECT_EQ(got.dtype(), to);
+      EXPECT_TRUE(mx::array_equal(got, mx::astype(x, to)).item<bool>()) << x.dtype() << " -> " << to;
+    }
   }
-  const mx::array half = to_float32(mx::astype(big, mx::float16), mx::Device::cpu);
+  // Two conversions of one array to different types stay two (MLX merges equivalent primitives).
+  const mx::array a = convert(big, mx::float32, mx::Device::cpu),
+                  b = convert(big, mx::bool_, mx::Device::cpu);
+  EXPECT_FALSE(a.primitive().is_equivalent(b.primitive()));
+  const mx::array half = convert(mx::astype(big, mx::float16), mx::float32, mx::Device::cpu);
   EXPECT_EQ(std::string(half.primitive().name()), "AsType");  // not the kernel's
+  EXPECT_FALSE(convert_fits(floats, mx::int64));              // float to integer: MLX's
+}
+
+mx::array mlx_compare(CompareOp op, const mx::array& a, const mx::array& b) {
+  switch (op) {
+    case CompareOp::kEqual:
+      return mx::equal(a, b);
+    case CompareOp::kLess:
+      return mx::less(a, b);
+    case CompareOp::kLessEqual:
+      return mx::less_equal(a, b);
+    case CompareOp::kGreater:
+      return mx::greater(a, b);
+    case CompareOp::kGreaterEqual:
+      return mx::greater_equal(a, b);
+    case CompareOp::kAnd:
+      return mx::logical_and(a, b);
+    case CompareOp::kOr:
+      return mx::logical_or(a, b);
+  }
+  return a;
+}
+
+// Comparisons of float32 (NaN, infinities, signed zeros, ties), int64, int32 and bool operands, and logic
+// of bools, over broadcast layouts, against MLX's ops.
+TEST(CompareKernel, EqualsMlx) {
+  const std::vector<std::pair<mx::Shape, mx::Shape>> layouts = {{{16, 384}, {16, 384}},
+                                                                {{16, 384}, {}},
+                                                                {{2, 1, 1, 16}, {2, 7, 1, 16}},
+                                                                {{1, 1, 1, 9}, {1, 1, 9, 1}},
+                                                                {{3, 50000}, {3, 1}}};
+  const CompareOp comparisons[] = {CompareOp::kEqual, CompareOp::kLess, CompareOp::kLessEqual,
+                                   CompareOp::kGreater, CompareOp::kGreaterEqual};
+  uint64_t seed = 70;
+  for (const auto& [sa, sb] : layouts) {
+    const mx::array fa = awkward(sa, seed++), fb = awkward(sb, seed++);
+    const mx::array pa = mx::greater(fa, mx::array(0.0f)), pb = mx::less(fb, mx::array(1.0f));
+    const std::vector<std::pair<mx::array, mx::array>> operands = {
+        {fa, fb},
+        {mx::astype(fa, mx::int64), mx::astype(fb, mx::int64)},
+        {mx::astype(fa, mx::int32), mx::astype(fb, mx::int32)},
+        {pa, pb}};
+    for (const auto& [a, b] : operands) {
+      for (CompareOp op : comparisons) {
+        const mx::array got = compare(op, a, b, mx::Device::cpu);
+        EXPECT_EQ(std::string(got.primitive().name()).rfind("transmuter::", 0), 0u);
+        EXPECT_TRUE(mx::array_equal(got, mlx_compare(op, a, b)).item<bool>())
+            << static_cast<int>(op) << " " << a.dtype();
+      }
+    }
+    for (CompareOp op : {CompareOp::kAnd, CompareOp::kOr}) {
+      const mx::array got = compare(op, pa, pb, mx::Device::cpu);
+      EXPECT_TRUE(mx::array_equal(got, mlx_compare(op, pa, pb)).item<bool>()) << static_cast<int>(op);
+    }
+  }
+  EXPECT_FALSE(compare_fits(CompareOp::kAnd, mx::zeros({3}), mx::zeros({3})));              // logic of floats
+  EXPECT_FALSE(compare_fits(CompareOp::kLess, mx::zeros({3}), mx::zeros({3}, mx::int32)));  // mixed types
+}
+
+// Where over an attention mask's layout (a row of keys against the scores), values of each width.
+TEST(SelectKernel, EqualsWhere) {
+  const mx::array scores = awkward({2, 4, 9, 9}, 80);
+  const mx::array keep = mx::greater(awkward({2, 1, 1, 9}, 81), mx::array(0.0f));
+  const mx::array fill(-std::numeric_limits<float>::infinity());
+  const std::vector<std::pair<mx::array, mx::array>> values = {
+      {scores, fill},
+      {fill, scores},
+      {mx::astype(scores, mx::int64), mx::array(int64_t{-7})},
+      {mx::astype(scores, mx::int32), mx::astype(scores, mx::int32)},
+      {mx::greater(scores, mx::array(1.0f)), mx::array(true)}};
+  for (const auto& [a, b] : values) {
+    const mx::array got = select(keep, a, b, mx::Device::cpu);
+    EXPECT_EQ(std::string(got.primitive().name()), "transmuter::Select");
+    EXPECT_TRUE(mx::array_equal(got, mx::where(keep, a, b), /*equal_nan=*/true).item<bool>()) << a.dtype();
+  }
+  const mx::array big = awkward({3, 40000}, 82);
+  const mx::array rows = mx::greater(awkward({3, 1}, 83), mx::array(0.0f));
+  EXPECT_TRUE(mx::array_equal(select(rows, big, mx::array(0.0f), mx::Device::cpu),
+                              mx::where(rows, big, mx::array(0.0f)), true)
+                  .item<bool>());
+  // Gradients with respect to the values: mx::where's.
+  const mx::array x = awkward({4, 9}, 84);
+  auto loss = [&](bool kernel) {
+    return [&, kernel](const mx::array& v) {
+      const mx::array keep_x = mx::greater(x, mx::array(0.0f));
+      const mx::array y = kernel ? select(keep_x, v, mx::array(2.0f), mx::Device::cpu)
+                                 : mx::where(keep_x, v, mx::array(2.0f));
+      return mx::sum(mx::multiply(y, y));
+    };
+  };
+  const mx::array v = mx::random::normal({4, 9}, mx::float32, mx::random::key(85));
+  EXPECT_TRUE(mx::allclose(mx::grad(loss(true))(v), mx::grad(loss(false))(v)).item<bool>());
+  EXPECT_FALSE(select_fits(mx::zeros({3}), scores, scores));  // a float condition
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "kernels/cpu/take_rows.h"
 
 #include <gtest/gtest.h>
+#include <mlx/primitives.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -78,6 +79,32 @@ TEST(TakeRowsKernel, PicksTheClampedWrappedRows) {
 }
 
 // The data's gradient is the reference's (a scatter-add of the cotangent rows), a repeated row summed.
+// Other axes: a pooler's first token ([B, S, H], axis 1, a scalar index), a middle axis with a matrix of
+// indices, the last axis; clamped and wrapped like axis 0.
+TEST(TakeRowsKernel, PicksAlongAnyAxis) {
+  const mx::array data = mx::random::uniform(-9.0f, 9.0f, {3, 5, 4, 6}, mx::float32, mx::random::key(40));
+  const std::vector<std::pair<int, mx::array>> cases = {
+      {1, mx::array(int64_t{0})},
+      {1, mx::array({4, -1, 2, 7, -9, 0}, {2, 3}, mx::int64)},
+      {2, mx::array({3, 0}, {2}, mx::int32)},
+      {3, mx::array({5, -6, 6}, {3}, mx::int64)},
+  };
+  for (const auto& [axis, indices] : cases) {
+    const int size = data.shape(axis);
+    const Reference reference = [size, axis](const std::vector<mx::array>& in) {
+      mx::array i =
+          mx::clip(mx::astype(in[1], mx::int64), mx::array(-int64_t{size}), mx::array(int64_t{size} - 1));
+      i = mx::where(mx::less(i, mx::array(int64_t{0})), mx::add(i, mx::array(int64_t{size})), i);
+      return std::vector<mx::array>{mx::take(in[0], i, axis)};
+    };
+    const mx::array got = take_rows(data, indices, reference, mx::Device::cpu, axis);
+    EXPECT_EQ(std::string(got.primitive().name()), "transmuter::TakeRows");
+    const mx::array want = reference({data, indices})[0];
+    ASSERT_EQ(got.shape(), want.shape()) << "axis " << axis;
+    EXPECT_TRUE(mx::array_equal(got, want).item<bool>()) << "axis " << axis;
+  }
+}
+
 TEST(TakeRowsKernel, GradientIsTheReferences) {
   const mx::array table = mx::random::normal({6, 4}, mx::float32, 0.0f, 1.0f, mx::random::key(4));
   const mx::array indices = mx::array({1, 1, -1, 9});
