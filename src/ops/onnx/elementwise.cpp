@@ -54,8 +54,7 @@ mx::array arithmetic(const mx::array& a, const mx::array& b, mx::StreamOrDevice 
   return kernels::binary(Op, a, b, s);
 }
 
-/** Comparisons and logic through the CPU kernel where the types fit (kernels/cpu/elementwise.h), else MLX's.
- */
+/** Comparisons and logic through the CPU kernel where the types fit (kernels/cpu/elementwise.h). */
 template <kernels::CompareOp Op>
 mx::array comparison(const mx::array& a, const mx::array& b, mx::StreamOrDevice s) {
   return kernels::compare(Op, a, b, s);
@@ -261,6 +260,7 @@ OpOutputs erf(NodeContext& ctx) {
 }  // namespace
 
 void register_elementwise(OpRegistry& r) {
+  using Cmp = kernels::CompareOp;
   constexpr std::string_view kBooleanOutput = "boolean output";
   constexpr std::string_view kIntegerOnly = "integer types only";
   r.add({
@@ -284,48 +284,24 @@ void register_elementwise(OpRegistry& r) {
       // Comparison and logic.
       {"Equal", kOnnx, 1, 6, equal_op, {}, false, {}, kBooleanOutput},
       {"Equal", kOnnx, 7, kOpen, equal_op, {}, false, {}, kBooleanOutput},
-      {"Less", kOnnx, 1, 6, binary<comparison<kernels::CompareOp::kLess>>, {}, false, {}, kBooleanOutput},
-      {"Less", kOnnx, 7, kOpen, binary<comparison<kernels::CompareOp::kLess>>, {}, false, {}, kBooleanOutput},
-      {"Greater",
-       kOnnx,
-       1,
-       6,
-       binary<comparison<kernels::CompareOp::kGreater>>,
-       {},
-       false,
-       {},
-       kBooleanOutput},
-      {"Greater",
-       kOnnx,
-       7,
-       kOpen,
-       binary<comparison<kernels::CompareOp::kGreater>>,
-       {},
-       false,
-       {},
-       kBooleanOutput},
-      {"LessOrEqual",
-       kOnnx,
-       12,
-       kOpen,
-       binary<comparison<kernels::CompareOp::kLessEqual>>,
-       {},
-       false,
-       {},
-       kBooleanOutput},
+      {"Less", kOnnx, 1, 6, binary<comparison<Cmp::kLess>>, {}, false, {}, kBooleanOutput},
+      {"Less", kOnnx, 7, kOpen, binary<comparison<Cmp::kLess>>, {}, false, {}, kBooleanOutput},
+      {"Greater", kOnnx, 1, 6, binary<comparison<Cmp::kGreater>>, {}, false, {}, kBooleanOutput},
+      {"Greater", kOnnx, 7, kOpen, binary<comparison<Cmp::kGreater>>, {}, false, {}, kBooleanOutput},
+      {"LessOrEqual", kOnnx, 12, kOpen, binary<comparison<Cmp::kLessEqual>>, {}, false, {}, kBooleanOutput},
       {"GreaterOrEqual",
        kOnnx,
        12,
        kOpen,
-       binary<comparison<kernels::CompareOp::kGreaterEqual>>,
+       binary<comparison<Cmp::kGreaterEqual>>,
        {},
        false,
        {},
        kBooleanOutput},
-      {"And", kOnnx, 1, 6, binary<comparison<kernels::CompareOp::kAnd>>, {}, false, {}, kBooleanOutput},
-      {"And", kOnnx, 7, kOpen, binary<comparison<kernels::CompareOp::kAnd>>, {}, false, {}, kBooleanOutput},
-      {"Or", kOnnx, 1, 6, binary<comparison<kernels::CompareOp::kOr>>, {}, false, {}, kBooleanOutput},
-      {"Or", kOnnx, 7, kOpen, binary<comparison<kernels::CompareOp::kOr>>, {}, false, {}, kBooleanOutput},
+      {"And", kOnnx, 1, 6, binary<comparison<Cmp::kAnd>>, {}, false, {}, kBooleanOutput},
+      {"And", kOnnx, 7, kOpen, binary<comparison<Cmp::kAnd>>, {}, false, {}, kBooleanOutput},
+      {"Or", kOnnx, 1, 6, binary<comparison<Cmp::kOr>>, {}, false, {}, kBooleanOutput},
+      {"Or", kOnnx, 7, kOpen, binary<comparison<Cmp::kOr>>, {}, false, {}, kBooleanOutput},
       {"Xor", kOnnx, 1, 6, binary<mx::logical_xor>, {}, false, {}, kBooleanOutput},
       {"Xor", kOnnx, 7, kOpen, binary<mx::logical_xor>, {}, false, {}, kBooleanOutput},
       {"Not", kOnnx, 1, kOpen, unary<mx::logical_not>, {}, false, {}, kBooleanOutput},
