@@ -154,7 +154,9 @@ constexpr int kDirectCols = 6;
 // Output columns [ox0, ox0 + kCols) of output row (n, oy), output channels
 // [m0, m0 + count) (kVecs vectors of DT; m0 on a vector boundary of one
 // panel). kChecked: some taps fall outside the input row (border columns).
-template <class DT, int kCols, int kVecs, bool kChecked>
+// kChannels: the input's channels when known at compile time (3: an RGB stem, whose tap loop then
+// unrolls; perf had the loop's counters and a spilled register beside its 12 multiply-adds), else 0.
+template <class DT, int kCols, int kVecs, bool kChecked, int kChannels = 0>
 HWY_INLINE void DirectColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t ox0, int64_t m0,
                               int64_t count) {
   using VT = hn::Vec<DT>;
@@ -173,7 +175,7 @@ HWY_INLINE void DirectColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int6
     const VT start = a.bias != nullptr ? LoadFirst(d, a.bias + m0 + v * lanes, valid(v)) : hn::Zero(d);
     for (int j = 0; j < kCols; ++j) acc[j][v] = start;
   }
-  const int64_t C = a.channels;
+  const int64_t C = kChannels > 0 ? kChannels : a.channels;
   for (int64_t ky = 0; ky < a.kernel_h; ++ky) {
     const int64_t iy = a.input_row(oy) + ky * a.dilation_h;
     if (iy < 0 || iy >= a.in_h) continue;
@@ -182,6 +184,7 @@ HWY_INLINE void DirectColumns(const NhwcConvArgs& a, int64_t n, int64_t oy, int6
       const int64_t ix0 = a.input_col(ox0) + kx * a.dilation_w;
       // Row (ky, kx, c) of the packed weight, from c = 0.
       int64_t weight_row = (ky * a.kernel_w + kx) * C * width;
+#pragma GCC unroll 4
       for (int64_t c = 0; c < C; ++c, weight_row += width) {
         VT w[kVecs];
         for (int v = 0; v < kVecs; ++v)
@@ -220,18 +223,20 @@ constexpr int DirectCols() {
 // One output row (image n, row oy), output channels [m0, m0 + count) (kVecs
 // vectors of DT): interior columns a register block at a time, the border
 // columns one at a time with their taps checked.
-template <class DT, int kVecs>
+template <class DT, int kVecs, int kChannels>
 HWY_INLINE void DirectRowChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, int64_t m0, int64_t count) {
   constexpr int kCols = DirectCols<kVecs>();
   int64_t lo, hi;
   InteriorColumns(a, lo, hi);
-  for (int64_t ox = 0; ox < lo; ++ox) DirectColumns<DT, 1, kVecs, true>(a, n, oy, ox, m0, count);
+  for (int64_t ox = 0; ox < lo; ++ox) DirectColumns<DT, 1, kVecs, true, kChannels>(a, n, oy, ox, m0, count);
   int64_t ox = lo;
-  for (; ox + kCols <= hi; ox += kCols) DirectColumns<DT, kCols, kVecs, false>(a, n, oy, ox, m0, count);
+  for (; ox + kCols <= hi; ox += kCols)
+    DirectColumns<DT, kCols, kVecs, false, kChannels>(a, n, oy, ox, m0, count);
   // The rest four at a time: one column alone waits out each multiply-add's latency.
-  for (; ox + 4 <= hi; ox += 4) DirectColumns<DT, 4, kVecs, false>(a, n, oy, ox, m0, count);
-  for (; ox < hi; ++ox) DirectColumns<DT, 1, kVecs, false>(a, n, oy, ox, m0, count);
-  for (ox = std::max(hi, lo); ox < a.out_w; ++ox) DirectColumns<DT, 1, kVecs, true>(a, n, oy, ox, m0, count);
+  for (; ox + 4 <= hi; ox += 4) DirectColumns<DT, 4, kVecs, false, kChannels>(a, n, oy, ox, m0, count);
+  for (; ox < hi; ++ox) DirectColumns<DT, 1, kVecs, false, kChannels>(a, n, oy, ox, m0, count);
+  for (ox = std::max(hi, lo); ox < a.out_w; ++ox)
+    DirectColumns<DT, 1, kVecs, true, kChannels>(a, n, oy, ox, m0, count);
 }
 
 // Every output channel of one output row, a register group at a time. A group
@@ -239,7 +244,7 @@ HWY_INLINE void DirectRowChannels(const NhwcConvArgs& a, int64_t n, int64_t oy, 
 // broadcast input value feeds four multiply-adds: ResNet's 7x7 stem to 64
 // channels had been two groups of 32); a vector never does, the panel width
 // being a multiple of DT's lanes.
-template <class DT>
+template <class DT, int kChannels>
 void DirectConvRowOf(const NhwcConvArgs& a, int64_t n, int64_t oy) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DT()));
   const int64_t group = kDirectVecs * lanes;
@@ -247,17 +252,17 @@ void DirectConvRowOf(const NhwcConvArgs& a, int64_t n, int64_t oy) {
     const int64_t count = std::min(group, a.out_channels - m0);
     switch ((count + lanes - 1) / lanes) {
       case 1:
-        DirectRowChannels<DT, 1>(a, n, oy, m0, count);
+        DirectRowChannels<DT, 1, kChannels>(a, n, oy, m0, count);
         break;
       case 2:
-        DirectRowChannels<DT, 2>(a, n, oy, m0, count);
+        DirectRowChannels<DT, 2, kChannels>(a, n, oy, m0, count);
         break;
 #if HWY_TARGET <= HWY_AVX3
       case 3:
-        DirectRowChannels<DT, 3>(a, n, oy, m0, count);
+        DirectRowChannels<DT, 3, kChannels>(a, n, oy, m0, count);
         break;
       case 4:
-        DirectRowChannels<DT, 4>(a, n, oy, m0, count);
+        DirectRowChannels<DT, 4, kChannels>(a, n, oy, m0, count);
         break;
 #endif
       default:
@@ -268,10 +273,15 @@ void DirectConvRowOf(const NhwcConvArgs& a, int64_t n, int64_t oy) {
 
 void DirectConvRow(const NhwcConvArgs& a, int64_t n, int64_t oy) {
   const int64_t full = static_cast<int64_t>(hn::Lanes(D()));
-  if (full > 8 && a.out_channels >= 2 * full && a.panel_width % full == 0) {
-    DirectConvRowOf<D>(a, n, oy);
+  const bool wide = full > 8 && a.out_channels >= 2 * full && a.panel_width % full == 0;
+  if (wide && a.channels == 3) {
+    DirectConvRowOf<D, 3>(a, n, oy);
+  } else if (wide) {
+    DirectConvRowOf<D, 0>(a, n, oy);
+  } else if (a.channels == 3) {
+    DirectConvRowOf<DD, 3>(a, n, oy);
   } else {
-    DirectConvRowOf<DD>(a, n, oy);
+    DirectConvRowOf<DD, 0>(a, n, oy);
   }
 }
 
