@@ -249,8 +249,8 @@ class DynamicQuantizeKernel : public CpuKernel {
  public:
   using CpuKernel::CpuKernel;
   const char* name() const override { return "transmuter::DynamicQuantizeLinear"; }
-  // No parameters: one quantization of an input serves every product that reads it (MLX's compile merges
-  // equivalent primitives over the same inputs -- an encoder layer's Q, K and V quantize one tensor).
+  // No parameters: two quantizations of one input are the same (MLX's compile may merge equivalent
+  // primitives over the same inputs).
   bool is_equivalent(const mx::Primitive& other) const override {
     return dynamic_cast<const DynamicQuantizeKernel*>(&other) != nullptr;
   }

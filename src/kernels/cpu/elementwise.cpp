@@ -193,14 +193,6 @@ bool shapes_broadcast(const std::vector<mx::array>& operands) {
   return true;
 }
 
-mx::Shape shapes_of_loop(const std::vector<mx::array>& in, std::vector<mx::Shape>& shapes) {
-  shapes.clear();
-  for (const mx::array& a : in) shapes.push_back(a.shape());
-  mx::Shape out;
-  for (const mx::Shape& sh : shapes) out = mx::broadcast_shapes(out, sh);
-  return out;
-}
-
 // A kernel over broadcast operands: the loop is made from the inputs' shapes when the task is.
 class BroadcastKernel : public CpuKernel {
  public:
@@ -211,7 +203,7 @@ class BroadcastKernel : public CpuKernel {
   int donor_of(size_t) const override { return donor_; }
   static std::shared_ptr<const BroadcastLoop> loop_of(const std::vector<mx::array>& in) {
     std::vector<mx::Shape> shapes;
-    shapes_of_loop(in, shapes);
+    for (const mx::array& a : in) shapes.push_back(a.shape());
     return std::make_shared<const BroadcastLoop>(broadcast_loop(shapes));
   }
   int donor_;
