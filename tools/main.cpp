@@ -301,8 +301,13 @@ Runner make_runner(const Model& model, const PreparedInputs& prepared, const Arg
   mx::Device device = parse_device(args);
   const std::optional<size_t> lookahead = parse_mib(args, "eval-lookahead");
   const std::optional<size_t> kernel_lookahead = parse_mib(args, "kernel-lookahead");
+  // --direct: compiled CPU segments run as recorded kernel lists, eager CPU outputs are evaluated on the
+  // calling thread (off: MLX's scheduler evaluates both).
+  const std::string direct = args.get("direct", "on");
+  if (direct != "on" && direct != "off") throw Error(str("--direct expects on or off, got '", direct, "'"));
   if (parse_mode(args) == "eager") {
     RunOptions options;
+    options.evaluate_cpu_outputs = direct == "on";
     options.device = device;
     options.cpu_eval_lookahead = lookahead;
     options.cpu_kernel_lookahead = kernel_lookahead;
@@ -316,8 +321,6 @@ Runner make_runner(const Model& model, const PreparedInputs& prepared, const Arg
   options.device = device;
   options.cpu_eval_lookahead = lookahead;
   options.cpu_kernel_lookahead = kernel_lookahead;
-  const std::string direct = args.get("direct", "on");
-  if (direct != "on" && direct != "off") throw Error(str("--direct expects on or off, got '", direct, "'"));
   options.direct_cpu_runs = direct == "on";
   const std::string fuse = args.get("fuse", "auto");
   if (fuse == "on" || fuse == "off") {

@@ -93,6 +93,15 @@ struct RunOptions {
    * replays nor records the values that runs of the same input signature
    * otherwise share. Eager runs only: compiled plans (compile()) never call it. */
   NodeHook node_hook = nullptr;
+  /** On a CPU device, the outputs are evaluated before run() returns, on the
+   * calling thread, when every primitive of their graph is a Transmuter CPU
+   * kernel or a view and no function transformation (mx::value_and_grad,
+   * mx::compile...) traces them; otherwise they come back lazy, as the graph
+   * the ops built. mx::eval's scheduling cost small models more than their
+   * kernels took (int8 MiniLM-L6 at 16 tokens: docs/roadmap.md, session
+   * "thirteenth"). false: always lazy, e.g. to evaluate the outputs with
+   * arrays of your own in one mx::eval. */
+  bool evaluate_cpu_outputs = true;
 };
 
 /** Runs the graph once, eagerly (safe to call from many threads at once on

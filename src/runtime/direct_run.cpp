@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <optional>
 #include <set>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -12,6 +11,7 @@
 #include <mlx/primitives.h>
 
 #include "kernels/cpu/cpu_kernel.h"
+#include "runtime/view_primitives.h"
 
 namespace transmuter {
 
@@ -36,17 +36,6 @@ struct DirectRun::Tape {
 };
 
 namespace {
-
-// MLX primitives whose CPU evaluation only points the output at the input's buffer (with other strides
-// or an offset), on the calling thread. A Reshape, and a View (the bytes as another type: "View float32"),
-// of a row-contiguous input are too (their input is made so first: needs_contiguous_input).
-bool needs_contiguous_input(std::string_view name) { return name == "Reshape" || name.starts_with("View "); }
-
-bool is_view(std::string_view name) {
-  static const std::set<std::string_view> views = {"Transpose", "Broadcast", "BroadcastAxes", "ExpandDims",
-                                                   "Squeeze",   "Slice",     "Copy",          "StopGradient"};
-  return views.count(name) > 0 || needs_contiguous_input(name);
-}
 
 // Builds the tape by a depth-first walk from the outputs, each array once.
 class Recorder {

@@ -142,44 +142,63 @@ void call_node_hook(const NodeHook& hook, const Node& node, size_t n, Environmen
   }
 }
 
-}  // namespace
+// Runs node n of `graph`, reading and writing `env`.
+void run_node(const BoundGraph& graph, size_t n, Environment& env, const Execution& exec,
+              const SubgraphRunner& subgraphs, uint64_t limit) {
+  const Node& node = graph.node(n);
+  const bool replayable = exec.replayable != nullptr && (*exec.replayable)[n];
+  if (replayable && exec.replay_reads != nullptr) {
+    if (const std::vector<Value>* kept = exec.replay_reads->outputs(n)) {
+      for (size_t i = 0; i < kept->size(); ++i) env.set(node.outputs[i], (*kept)[i]);
+      return;
+    }
+  }
+  const OpRow* row = graph.rows[n];
+  if (row == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
+  std::vector<const Value*> inputs = gather_inputs(node, *row, env);
+  NodeContext ctx(node, inputs, exec.device, &subgraphs, row);
+  ctx.set_memory_limit(limit);
+  if (exec.rememberable != nullptr) {
+    ctx.set_host_reads({exec.replay_reads, exec.record_reads, &(*exec.rememberable)[n], n});
+  }
+  OpOutputs outputs = call_op(*row, ctx);
+  if (!row->sets_element_types) carry_element_types(inputs, outputs);
+  if (outputs.size() > node.outputs.size()) outputs.resize(node.outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].is_tensor()) check_output_size(ctx, node.outputs[i], outputs[i].tensor(), limit);
+    if (!node.outputs[i].empty()) env.set(node.outputs[i], std::move(outputs[i]));
+  }
+  for (size_t i = outputs.size(); i < node.outputs.size(); ++i) {
+    // Optional outputs the op did not produce stay unbound unless named.
+    if (!node.outputs[i].empty()) env.set(node.outputs[i], Value());
+  }
+  if (replayable && exec.record_reads != nullptr) remember_outputs(node, n, env, *exec.record_reads);
+  if (exec.node_hook != nullptr) call_node_hook(*exec.node_hook, node, n, env);
+}
 
-void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec) {
+// Calls run_node(graph, n, ...) for each n that `for_each_node` yields.
+template <typename ForEachNode>
+void run_each(const BoundGraph& graph, Environment& env, const Execution& exec, ForEachNode&& for_each_node) {
   const SubgraphRunner subgraphs = [&graph, &env, &exec](const Graph& body, const std::vector<Value>& inputs) {
     return run_subgraph(graph.subgraph(body), inputs, env, exec);
   };
   const uint64_t limit = exec.memory_limit != 0 ? exec.memory_limit : physical_memory_bytes();
-  for (size_t n = begin; n < end; ++n) {
-    const Node& node = graph.node(n);
-    const bool replayable = exec.replayable != nullptr && (*exec.replayable)[n];
-    if (replayable && exec.replay_reads != nullptr) {
-      if (const std::vector<Value>* kept = exec.replay_reads->outputs(n)) {
-        for (size_t i = 0; i < kept->size(); ++i) env.set(node.outputs[i], (*kept)[i]);
-        continue;
-      }
-    }
-    const OpRow* row = graph.rows[n];
-    if (row == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
-    std::vector<const Value*> inputs = gather_inputs(node, *row, env);
-    NodeContext ctx(node, inputs, exec.device, &subgraphs, row);
-    ctx.set_memory_limit(limit);
-    if (exec.rememberable != nullptr) {
-      ctx.set_host_reads({exec.replay_reads, exec.record_reads, &(*exec.rememberable)[n], n});
-    }
-    OpOutputs outputs = call_op(*row, ctx);
-    if (!row->sets_element_types) carry_element_types(inputs, outputs);
-    if (outputs.size() > node.outputs.size()) outputs.resize(node.outputs.size());
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].is_tensor()) check_output_size(ctx, node.outputs[i], outputs[i].tensor(), limit);
-      if (!node.outputs[i].empty()) env.set(node.outputs[i], std::move(outputs[i]));
-    }
-    for (size_t i = outputs.size(); i < node.outputs.size(); ++i) {
-      // Optional outputs the op did not produce stay unbound unless named.
-      if (!node.outputs[i].empty()) env.set(node.outputs[i], Value());
-    }
-    if (replayable && exec.record_reads != nullptr) remember_outputs(node, n, env, *exec.record_reads);
-    if (exec.node_hook != nullptr) call_node_hook(*exec.node_hook, node, n, env);
-  }
+  for_each_node([&](size_t n) { run_node(graph, n, env, exec, subgraphs, limit); });
+}
+
+}  // namespace
+
+void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec) {
+  run_each(graph, env, exec, [begin, end](auto&& run) {
+    for (size_t n = begin; n < end; ++n) run(n);
+  });
+}
+
+void run_node_list(const BoundGraph& graph, const std::vector<size_t>& nodes, Environment& env,
+                   const Execution& exec) {
+  run_each(graph, env, exec, [&nodes](auto&& run) {
+    for (size_t n : nodes) run(n);
+  });
 }
 
 std::vector<Value> run_subgraph(const BoundGraph& bound, const std::vector<Value>& inputs,

@@ -81,6 +81,10 @@ inline constexpr size_t kMaxRememberedOutputBytes = size_t{256} << 10;
 /** Runs nodes [begin, end) of `graph`, reading and writing `env`. */
 void run_nodes(const BoundGraph& graph, size_t begin, size_t end, Environment& env, const Execution& exec);
 
+/** Runs the nodes of `graph` listed in `nodes` (ascending), reading and writing `env`. */
+void run_node_list(const BoundGraph& graph, const std::vector<size_t>& nodes, Environment& env,
+                   const Execution& exec);
+
 /** Runs a subgraph (If/Loop/Scan body) whose declared inputs take `inputs`;
  * names of `outer` stay visible. Returns the body's declared outputs. */
 std::vector<Value> run_subgraph(const BoundGraph& body, const std::vector<Value>& inputs,

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/kernel_lookahead.h"
 #include "runtime/compiler.h"
+#include "runtime/evaluate_here.h"
 #include "runtime/inputs.h"
 #include "runtime/interpreter.h"
 #include "runtime/model_state.h"
@@ -71,20 +72,20 @@ bool uses_model_params(const Params& params, const Model& model) {
   return true;
 }
 
-}  // namespace
-
-Outputs run(const Model& model, const Params& params, const Inputs& inputs, const RunOptions& options) {
+// Runs the nodes: the outputs as the ops built them (lazy).
+Outputs interpret(const Model& model, const Params& params, const Inputs& inputs, const RunOptions& options,
+                  const mx::Device& device) {
   const BoundGraph& bound = *model.internal_state().bound;
   const Graph& graph = *bound.graph;
   const Inputs typed_inputs = validate_inputs(graph, inputs);
-  Execution exec{options.device.value_or(default_device()), options.memory_limit};
+  Execution exec{device, options.memory_limit};
   raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
   bound_cpu_eval_lookahead(exec.device, options.cpu_eval_lookahead, options.cpu_kernel_lookahead);
   // Host reads that depend only on the input signature: replayed when a run
   // with this signature has read them, else read and kept for the next runs.
   SignatureMemoCache& host_reads = *model.internal_state().host_reads;
   std::string signature;
-  std::shared_ptr<const SignatureMemo> replay;
+  std::shared_ptr<const Replay> replay;
   std::shared_ptr<SignatureMemo> record;
   const bool own_params = uses_model_params(params, model);
   // A hook may replace values, and sees every node: nothing is replayed or recorded.
@@ -92,7 +93,7 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
     signature = signature_of(typed_inputs, {});
     replay = host_reads.find(signature);
     if (replay == nullptr) record = std::make_shared<SignatureMemo>();
-    exec.replay_reads = replay.get();
+    exec.replay_reads = replay != nullptr ? replay->memo.get() : nullptr;
     exec.record_reads = record.get();
     exec.rememberable = &host_reads.rememberable();
     exec.replayable = &host_reads.replayable();
@@ -103,9 +104,31 @@ Outputs run(const Model& model, const Params& params, const Inputs& inputs, cons
   for (const auto& [name, value] : typed_inputs) env.set(name, value);
   bind_omitted_optionals(graph, typed_inputs, env);
   if (options.node_hook) exec.node_hook = &options.node_hook;
-  run_nodes(bound, 0, bound.size(), env, exec);
+  if (replay != nullptr) {
+    for (const auto& [name, value] : replay->plan.bindings) env.set(name, value);
+    run_node_list(bound, replay->plan.nodes, env, exec);
+  } else {
+    run_nodes(bound, 0, bound.size(), env, exec);
+  }
   if (record != nullptr) host_reads.insert(signature, std::move(record));
   return collect_outputs(graph, env);
+}
+
+}  // namespace
+
+Outputs run(const Model& model, const Params& params, const Inputs& inputs, const RunOptions& options) {
+  const mx::Device device = options.device.value_or(default_device());
+  Outputs outputs = interpret(model, params, inputs, options, device);
+  // Evaluated once the run's environment is gone: what the outputs no longer need is freed as the kernels
+  // go, and an intermediate's last reader may take its buffer.
+  if (options.evaluate_cpu_outputs && device == mx::Device::cpu) {
+    std::vector<mx::array> tensors;
+    for (const Value& v : outputs.values) {
+      if (v.is_tensor()) tensors.push_back(v.tensor());
+    }
+    evaluate_here(tensors);
+  }
+  return outputs;
 }
 
 }  // namespace transmuter

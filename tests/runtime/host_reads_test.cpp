@@ -6,6 +6,7 @@
 
 #include "ops/node_context.h"
 #include "runtime/compiler.h"
+#include "runtime/host_reads.h"
 #include "runtime/model_state.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
@@ -110,6 +111,46 @@ TEST(HostReads, ShapeChainNodesAreReplayedNotRun) {
   Result second = run_counted(model, model.params(), {2, 3, 4}, {3, 8});
   EXPECT_EQ(second.y, (mx::Shape{2, 12}));
   EXPECT_EQ(second.z, (mx::Shape{3, 8}));
+}
+
+// The plan of a replaying run: the remembered values that a running node's subgraph (the If's branches read
+// "shape") and the graph's outputs ("d") read are bound; the rest of the chain is not visited.
+TEST(HostReads, ReplayPlanBindsWhatRunningNodesReadAndSkipsTheOtherRememberedNodes) {
+  auto branch = GraphBuilder().node("Reshape", {"x", "shape"}, {"r"}).output("r").graph();
+  Model model =
+      GraphBuilder()
+          .input("x", OnnxType::kFloat, {-1, -1, -1})
+          .input("cond", OnnxType::kBool, {})
+          .initializer("i", mx::array(int64_t{0}))
+          .initializer("axes", mx::array({int64_t{0}}))
+          .initializer("minus_one", mx::array({int64_t{-1}}))
+          .node("Shape", {"x"}, {"s"})
+          .node("Gather", {"s", "i"}, {"d"}, {int_attr("axis", 0)})
+          .node("Unsqueeze", {"d", "axes"}, {"d1"})
+          .node("Concat", {"d1", "minus_one"}, {"shape"}, {int_attr("axis", 0)})
+          .node("If", {"cond"}, {"y"},
+                {testing::graph_attr("then_branch", branch), testing::graph_attr("else_branch", branch)})
+          .output("y")
+          .output("d")
+          .build();
+  const BoundGraph& bound = *model.internal_state().bound;
+  const std::vector<bool> replayable = signature_determined_nodes(bound);
+  EXPECT_EQ(replayable, (std::vector<bool>{true, true, true, true, false}));
+  SignatureMemo memo;
+  for (size_t n = 0; n < 4; ++n) memo.remember_outputs(n, {Value(mx::array({int64_t(n)}))});
+  ReplayPlan plan = plan_replay(bound, memo, replayable);
+  EXPECT_EQ(plan.nodes, std::vector<size_t>{4});
+  std::vector<std::string> bound_names;
+  for (const auto& [name, value] : plan.bindings) bound_names.push_back(name);
+  EXPECT_EQ(bound_names, (std::vector<std::string>{"d", "shape"}));
+
+  // Run twice with one signature and other data: the second run replays, with the first run's values.
+  for (float value : {1.0f, 2.0f}) {
+    const Inputs in = {{"x", Value(mx::full({2, 3, 4}, value))}, {"cond", Value(mx::array(true))}};
+    Outputs out = run(model, model.params(), in, {mx::Device::cpu});
+    EXPECT_TRUE(mx::array_equal(out.tensor("y"), mx::full({2, 12}, value)).item<bool>()) << value;
+    EXPECT_EQ(out.tensor("d").item<int64_t>(), 2);
+  }
 }
 
 // Random ops (and what they feed) are never remembered: each run draws anew.

@@ -100,6 +100,17 @@ Granularity read_granularity(const NodeContext& ctx) {
   return g;
 }
 
+/** A one-element 8-bit zero point as float32. An evaluated one (an initializer, as exports have) is read
+ * here and becomes a constant, rather than a cast in every run's graph: MLX's cast is not a kernel, and one
+ * keeps an eager run's graph off the calling thread's evaluation (runtime/evaluate_here.h). */
+mx::array zero_point_as_float(const mx::array& z, mx::StreamOrDevice s) {
+  if (z.is_available() && !z.is_tracer()) {
+    if (z.dtype() == mx::uint8) return mx::array(static_cast<float>(z.data<uint8_t>()[0]));
+    if (z.dtype() == mx::int8) return mx::array(static_cast<float>(z.data<int8_t>()[0]));
+  }
+  return mx::astype(z, mx::float32, s);
+}
+
 /** `param` (a scale or zero point named `what`) reshaped or repeated to
  * broadcast against x's shape. */
 mx::array broadcast_param(const NodeContext& ctx, const mx::array& param, const mx::array& x, const Granularity& g,
@@ -206,7 +217,7 @@ OpOutputs quantize_linear(NodeContext& ctx) {
   if ((type == OnnxType::kUint8 || type == OnnxType::kInt8) && g.block_size == 0 &&
       x.dtype() == mx::float32 && scale.dtype() == mx::float32 && scale.size() == 1 && zp &&
       zp->size() == 1 && division_dtype(ctx, scale) == mx::float32) {
-    return {kernels::quantize_per_tensor(x, scale, mx::astype(*zp, mx::float32, ctx.stream()),
+    return {kernels::quantize_per_tensor(x, scale, zero_point_as_float(ctx.input(2), ctx.stream()),
                                          storage_of(ctx, type, "output type"), ctx.stream())};
   }
   return {typed(quantize(ctx, x, scale_b, zp, type, saturate), type)};
@@ -237,7 +248,7 @@ OpOutputs dequantize_linear(NodeContext& ctx) {
   if (plain_output && g.block_size == 0 && scale.size() == 1 &&
       (x_type == OnnxType::kUint8 || x_type == OnnxType::kInt8) &&
       (!ctx.has_input(2) || (ctx.input(2).size() == 1 && input_type(ctx, 2) == x_type))) {
-    const mx::array zero = ctx.has_input(2) ? mx::astype(ctx.input(2), mx::float32, s) : mx::array(0.0f);
+    const mx::array zero = ctx.has_input(2) ? zero_point_as_float(ctx.input(2), s) : mx::array(0.0f);
     return {kernels::dequantize_per_tensor(x, scale, zero, s)};
   }
   mx::array values = mx::astype(x, mx::float32, s);
