@@ -25,6 +25,26 @@ std::set<std::string> host_read_names(const BoundGraph& graph) {
   return names;
 }
 
+NameSlots index_names(const Graph& graph) {
+  NameSlots slots;
+  auto slot = [&slots](const std::string& name) -> int32_t {
+    if (name.empty()) return -1;
+    auto [it, added] = slots.slot_of.emplace(name, static_cast<uint32_t>(slots.names.size()));
+    if (added) slots.names.push_back(name);
+    return static_cast<int32_t>(it->second);
+  };
+  for (const ValueInfo& in : graph.inputs) slot(in.name);
+  for (const auto& [name, value] : graph.initializers) slot(name);
+  for (const Node& node : graph.nodes) {
+    std::vector<int32_t>& inputs = slots.node_inputs.emplace_back();
+    for (const std::string& name : node.inputs) inputs.push_back(slot(name));
+    std::vector<int32_t>& outputs = slots.node_outputs.emplace_back();
+    for (const std::string& name : node.outputs) outputs.push_back(slot(name));
+  }
+  for (const ValueInfo& out : graph.outputs) slot(out.name);
+  return slots;
+}
+
 namespace {
 
 using MissingKey = std::tuple<std::string, std::string, int64_t>;
@@ -33,6 +53,7 @@ std::unique_ptr<BoundGraph> bind_collecting(const Graph& graph, const OpRegistry
                                             std::set<MissingKey>& missing) {
   auto bound = std::make_unique<BoundGraph>();
   bound->graph = &graph;
+  bound->slots = index_names(graph);
   bound->rows.reserve(graph.nodes.size());
   for (const Node& node : graph.nodes) {
     const OpRow* row = registry.find(node.domain, node.op_type, node.opset);

@@ -9,15 +9,55 @@
 
 namespace transmuter {
 
+void Environment::use_slots(const NameSlots& slots) {
+  if (!values_.empty() || slots_ != nullptr)
+    throw Error("Environment::use_slots: the scope already holds values");
+  slots_ = &slots;
+  slot_values_.resize(slots.names.size());
+  slot_bound_.assign(slots.names.size(), false);
+}
+
+const Value* Environment::find_here(const std::string& name) const {
+  if (slots_ != nullptr) {
+    auto slot = slots_->slot_of.find(name);
+    if (slot != slots_->slot_of.end())
+      return slot_bound_[slot->second] ? &slot_values_[slot->second] : nullptr;
+  }
+  auto it = values_.find(name);
+  return it != values_.end() ? &it->second : nullptr;
+}
+
 const Value* Environment::find(const std::string& name) const {
   for (const Environment* scope = this; scope != nullptr; scope = scope->parent_) {
-    auto it = scope->values_.find(name);
-    if (it != scope->values_.end()) return &it->second;
+    if (const Value* v = scope->find_here(name)) return v;
   }
   return nullptr;
 }
 
-void Environment::set(const std::string& name, Value value) { values_[name] = std::move(value); }
+const Value* Environment::find(uint32_t slot) const {
+  for (const Environment* scope = this; scope != nullptr; scope = scope->parent_) {
+    if (scope->slots_ != slots_)
+      return scope->find(slots_->names[slot]);  // an enclosing scope of other names
+    if (scope->slot_bound_[slot]) return &scope->slot_values_[slot];
+  }
+  return nullptr;
+}
+
+void Environment::set(const std::string& name, Value value) {
+  if (slots_ != nullptr) {
+    auto slot = slots_->slot_of.find(name);
+    if (slot != slots_->slot_of.end()) {
+      set(slot->second, std::move(value));
+      return;
+    }
+  }
+  values_[name] = std::move(value);
+}
+
+void Environment::set(uint32_t slot, Value value) {
+  slot_values_[slot] = std::move(value);
+  slot_bound_[slot] = true;
+}
 
 void bind_initializers(const Graph& graph, const Params* overrides, Environment& env) {
   for (const auto& [name, value] : graph.initializers) {
@@ -44,15 +84,21 @@ void bind_omitted_optionals(const Graph& graph, const Inputs& given, Environment
 
 namespace {
 
-std::vector<const Value*> gather_inputs(const Node& node, const OpRow& row, const Environment& env) {
+// The values of node n's inputs, found by slot when `env` keeps `graph`'s names in slots.
+std::vector<const Value*> gather_inputs(const BoundGraph& graph, size_t n, const OpRow& row,
+                                        const Environment& env) {
+  const Node& node = graph.node(n);
+  const bool by_slot = env.slots() == &graph.slots;
   std::vector<const Value*> inputs;
   inputs.reserve(node.inputs.size());
-  for (const std::string& name : node.inputs) {
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    const std::string& name = node.inputs[i];
     if (name.empty()) {
       inputs.push_back(nullptr);  // omitted optional input
       continue;
     }
-    const Value* v = env.find(name);
+    const Value* v =
+        by_slot ? env.find(static_cast<uint32_t>(graph.slots.node_inputs[n][i])) : env.find(name);
     if (v == nullptr) {
       throw Error(str("[", node.op_type, " v", row.since, "] node '", node.name, "': input '", name, "' has no value"));
     }
@@ -147,15 +193,23 @@ void run_node(const BoundGraph& graph, size_t n, Environment& env, const Executi
               const SubgraphRunner& subgraphs, uint64_t limit) {
   const Node& node = graph.node(n);
   const bool replayable = exec.replayable != nullptr && (*exec.replayable)[n];
+  const bool by_slot = env.slots() == &graph.slots;
+  auto bind_output = [&](size_t i, Value value) {
+    if (by_slot) {
+      env.set(static_cast<uint32_t>(graph.slots.node_outputs[n][i]), std::move(value));
+    } else {
+      env.set(node.outputs[i], std::move(value));
+    }
+  };
   if (replayable && exec.replay_reads != nullptr) {
     if (const std::vector<Value>* kept = exec.replay_reads->outputs(n)) {
-      for (size_t i = 0; i < kept->size(); ++i) env.set(node.outputs[i], (*kept)[i]);
+      for (size_t i = 0; i < kept->size(); ++i) bind_output(i, (*kept)[i]);
       return;
     }
   }
   const OpRow* row = graph.rows[n];
   if (row == nullptr) throw UnsupportedError(str(node.label(), ": no implementation"));
-  std::vector<const Value*> inputs = gather_inputs(node, *row, env);
+  std::vector<const Value*> inputs = gather_inputs(graph, n, *row, env);
   NodeContext ctx(node, inputs, exec.device, &subgraphs, row);
   ctx.set_memory_limit(limit);
   if (exec.rememberable != nullptr) {
@@ -166,11 +220,11 @@ void run_node(const BoundGraph& graph, size_t n, Environment& env, const Executi
   if (outputs.size() > node.outputs.size()) outputs.resize(node.outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (outputs[i].is_tensor()) check_output_size(ctx, node.outputs[i], outputs[i].tensor(), limit);
-    if (!node.outputs[i].empty()) env.set(node.outputs[i], std::move(outputs[i]));
+    if (!node.outputs[i].empty()) bind_output(i, std::move(outputs[i]));
   }
   for (size_t i = outputs.size(); i < node.outputs.size(); ++i) {
     // Optional outputs the op did not produce stay unbound unless named.
-    if (!node.outputs[i].empty()) env.set(node.outputs[i], Value());
+    if (!node.outputs[i].empty()) bind_output(i, Value());
   }
   if (replayable && exec.record_reads != nullptr) remember_outputs(node, n, env, *exec.record_reads);
   if (exec.node_hook != nullptr) call_node_hook(*exec.node_hook, node, n, env);

@@ -20,17 +20,34 @@
 namespace transmuter {
 
 /** Name -> value bindings of one scope. Lookups fall back to the enclosing
- * scope, which is how subgraphs see the names of their parent graph. */
+ * scope, which is how subgraphs see the names of their parent graph. A scope
+ * may keep the values of one graph's names in slots (use_slots): the run of
+ * that graph finds and binds them by index. */
 class Environment {
  public:
   explicit Environment(const Environment* parent = nullptr) : parent_(parent) {}
 
+  /** Keeps the values of the names of `slots` in slots from now on; call it
+   * while nothing is bound. `slots` must outlive this scope. */
+  void use_slots(const NameSlots& slots);
+  /** The NameSlots this scope keeps in slots, or nullptr. */
+  const NameSlots* slots() const { return slots_; }
+
   /** The value bound to `name` here or in an enclosing scope, or nullptr. */
   const Value* find(const std::string& name) const;
+  /** find(slots()->names[slot]), without hashing while the enclosing scopes keep the same slots. */
+  const Value* find(uint32_t slot) const;
   void set(const std::string& name, Value value);
+  /** set(slots()->names[slot], value). */
+  void set(uint32_t slot, Value value);
 
  private:
-  std::unordered_map<std::string, Value> values_;
+  const Value* find_here(const std::string& name) const;
+
+  std::unordered_map<std::string, Value> values_;  // names without a slot
+  const NameSlots* slots_ = nullptr;
+  std::vector<Value> slot_values_;
+  std::vector<bool> slot_bound_;
   const Environment* parent_;
 };
 

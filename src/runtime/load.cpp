@@ -85,6 +85,7 @@ Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const 
   state->ir_version = ir_version;
   state->producer = std::move(producer);
   state->params = collect_params(*graph);
+  state->initializers.use_slots(state->bound->slots);
   bind_initializers(*graph, nullptr, state->initializers);
   state->graph = std::move(graph);
   state->source = source;

@@ -100,6 +100,7 @@ Outputs interpret(const Model& model, const Params& params, const Inputs& inputs
   }
   // The model's own params: its initializers, bound once at load, are the enclosing scope.
   Environment env(own_params ? &model.internal_state().initializers : nullptr);
+  env.use_slots(bound.slots);
   if (!own_params) bind_initializers(graph, &params, env);
   for (const auto& [name, value] : typed_inputs) env.set(name, value);
   bind_omitted_optionals(graph, typed_inputs, env);

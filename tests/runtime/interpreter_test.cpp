@@ -2,8 +2,9 @@
 
 #include <mlx/mlx.h>
 
-#include "ops/registry.h"
 #include "core/memory.h"
+#include "ops/registry.h"
+#include "runtime/bound_graph.h"
 #include "runtime/interpreter.h"
 #include "support/op_test_support.h"
 #include "transmuter/error.h"
@@ -30,6 +31,48 @@ TEST(Environment, InnerScopeShadowsAndFallsBackToOuter) {
   EXPECT_EQ(testing::to_doubles(inner.find("a")->tensor()), std::vector<double>{1});
   EXPECT_EQ(testing::to_doubles(inner.find("b")->tensor()), std::vector<double>{3});
   EXPECT_EQ(inner.find("c"), nullptr);
+}
+
+// Slots: every name of a graph gets one (inputs, initializers, node inputs and outputs, outputs), an
+// omitted input none.
+TEST(Environment, IndexNamesGivesEachNameOfTheGraphOneSlot) {
+  Graph graph;
+  graph.inputs.push_back(ValueInfo{"x", ValueInfo::Kind::kTensor, OnnxType::kFloat, false, {}});
+  graph.initializers.emplace("w", Value(mx::array(2.f)));
+  graph.nodes.push_back(add_node("x", "w", "y"));
+  Node clip = add_node("y", "", "z");
+  clip.op_type = "Clip";
+  graph.nodes.push_back(clip);
+  NameSlots slots = index_names(graph);
+  EXPECT_EQ(slots.names, (std::vector<std::string>{"x", "w", "y", "z"}));
+  EXPECT_EQ(slots.node_inputs, (std::vector<std::vector<int32_t>>{{0, 1}, {2, -1}}));
+  EXPECT_EQ(slots.node_outputs, (std::vector<std::vector<int32_t>>{{2}, {3}}));
+}
+
+// A scope with slots: a name of the graph is found by name and by slot, through an enclosing scope with the
+// same slots; other names are kept by name; an enclosing scope without slots is searched by name.
+TEST(Environment, SlotsAndNamesFindTheSameValues) {
+  Graph graph;
+  graph.nodes.push_back(add_node("a", "b", "c"));
+  const NameSlots slots = index_names(graph);
+  Environment plain;
+  plain.set("a", mx::array(1.f));
+  Environment outer(&plain);
+  outer.use_slots(slots);
+  outer.set("b", mx::array(2.f));
+  Environment inner(&outer);
+  inner.use_slots(slots);
+  inner.set(slots.slot_of.at("c"), mx::array(3.f));
+  inner.set("not_in_the_graph", mx::array(4.f));
+  for (const auto& [name, want] : std::vector<std::pair<std::string, double>>{{"a", 1}, {"b", 2}, {"c", 3}}) {
+    ASSERT_NE(inner.find(name), nullptr) << name;
+    EXPECT_EQ(testing::to_doubles(inner.find(name)->tensor()), std::vector<double>{want}) << name;
+    EXPECT_EQ(inner.find(slots.slot_of.at(name)), inner.find(name)) << name;
+  }
+  EXPECT_EQ(testing::to_doubles(inner.find("not_in_the_graph")->tensor()), std::vector<double>{4});
+  EXPECT_EQ(outer.find("c"), nullptr);
+  EXPECT_EQ(outer.find(slots.slot_of.at("c")), nullptr);
+  EXPECT_THROW(inner.use_slots(slots), Error);  // values are bound already
 }
 
 TEST(Interpreter, SubgraphSeesOuterNamesAndItsOwnInputs) {
