@@ -159,13 +159,16 @@ def run_fresh_rusage(cmd: list[str], env: dict[str, str]) -> dict:
 
 
 def repeat_fresh(cmd: list[str], env: dict[str, str], repeats: int) -> dict:
-    """Median wall, median peak RSS and, when the child prints `inner_s: X`, its median."""
+    """Median wall, median peak RSS and, when the child prints its own timing, its median (inner_s)."""
     samples = [run_fresh_rusage(cmd, env) for _ in range(repeats)]
     result = {"cmd": cmd,
               "wall_s": statistics.median(s["wall_s"] for s in samples),
               "peak_rss_mib": statistics.median(s["peak_rss_mib"] for s in samples),
               "wall_s_all": [s["wall_s"] for s in samples]}
+    # A child's own timing of its work: `inner_s: X` (ORT's child), or `load_ms: X` (`transmuter info`).
     inner = [float(m.group(1)) for s in samples for m in [re.search(r"inner_s: ([0-9.eE+-]+)", s["stdout"])] if m]
+    inner += [float(m.group(1)) / 1e3 for s in samples for m in [re.search(r"load_ms: ([0-9.eE+-]+)", s["stdout"])]
+              if m]
     if inner:
         result["inner_s"] = statistics.median(inner)
     return result
