@@ -179,6 +179,33 @@ std::optional<mx::array> planar(const NodeContext& ctx, const mx::array& x, cons
   return kernels::conv2d(x, w, bias, options, s);
 }
 
+// Group-1 1-D float32 Conv on a CPU stream (Whisper's front end, wav2vec2's feature encoder): the 2-D
+// kernel above over a height of one, x [N, C, L] and w [M, C, k] viewed as [N, C, 1, L] and [M, C, 1, k]
+// (reshapes of row-contiguous arrays: views); nullopt where the kernel does not fit. MLX's own 1-D
+// convolution is not a kernel, and kept whole compiled segments and eager graphs on MLX's scheduler.
+std::optional<mx::array> planar_1d(const NodeContext& ctx, const mx::array& x, const mx::array& w,
+                                   const ConvPoolAttributes& attrs, const WindowGeometry& g,
+                                   const ConvEpilogue& epilogue, mx::StreamOrDevice s) {
+  auto bias = ctx.optional_input(2);
+  kernels::Conv2dOptions options{.strides = {1, to_ints(ctx, attrs.strides, "stride")[0]},
+                                 .pads_begin = {0, to_ints(ctx, g.pad_begin, "pad")[0]},
+                                 .pads_end = {0, to_ints(ctx, g.pad_end, "pad")[0]},
+                                 .dilations = {1, to_ints(ctx, attrs.dilations, "dilation")[0]},
+                                 .activation = epilogue.activation,
+                                 .clip_min = epilogue.clip_min,
+                                 .clip_max = epilogue.clip_max};
+  const mx::array x2 = mx::reshape(x, {x.shape(0), x.shape(1), 1, x.shape(2)}, s);
+  const mx::array w2 = mx::reshape(w, {w.shape(0), w.shape(1), 1, w.shape(2)}, s);
+  if (!kernels::conv2d_fits(x2, w2, bias, options)) return std::nullopt;
+  const size_t unfold_bytes = kernels::conv2d_unfold_bytes(x2, w2, options);
+  if (unfold_bytes > ctx.memory_limit()) {
+    throw ctx.error("the unfolded input of this convolution would need ", unfold_bytes,
+                    " bytes, over the memory limit of ", ctx.memory_limit(), " bytes");
+  }
+  mx::array y = kernels::conv2d(x2, w2, bias, options, s);
+  return mx::reshape(y, {y.shape(0), y.shape(1), y.shape(3)}, s);
+}
+
 }  // namespace
 
 mx::array apply_conv_activation(const mx::array& v, const ConvEpilogue& e, mx::StreamOrDevice s) {
@@ -214,6 +241,9 @@ mx::array convolution(NodeContext& ctx, const ConvEpilogue& epilogue) {
   WindowGeometry g = resolve_window(ctx, attrs, spatial_dims(x));
   if (group == 1 && x.ndim() == 4 && kernels::is_cpu_stream(s)) {
     if (auto y = planar(ctx, x, w, attrs, g, epilogue, s)) return *y;
+  }
+  if (group == 1 && x.ndim() == 3 && kernels::is_cpu_stream(s)) {
+    if (auto y = planar_1d(ctx, x, w, attrs, g, epilogue, s)) return *y;
   }
   if (group == 1 && is_pointwise(attrs, g)) return apply_conv_activation(pointwise(ctx, x, w, s), epilogue, s);
   // Other group-1 convolutions (3-D, other dtypes, other devices) run MLX's unfold + GEMM below.

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <string>
+
+#include <mlx/primitives.h>
 
 #include "kernels/cpu/gemm.h"
 #include "support/expect_error.h"
@@ -81,6 +84,27 @@ TEST(Conv, MatchesDirectLoopsWithGroupsStridesDilationsAndAsymmetricPads) {
   auto expected = naive_conv2d(to_doubles(x), xs, to_doubles(w), ws, c, expected_shape);
   EXPECT_EQ(out[0].tensor().shape(), expected_shape);
   expect_near(to_doubles(out[0].tensor()), expected);
+}
+
+// A group-1 1-D convolution runs the 2-D kernel over a height of one (views on both sides): strides,
+// dilations, asymmetric pads and the bias as the direct loops have them.
+TEST(Conv, OneSpatialAxisRunsTheKernelAndMatchesDirectLoops) {
+  const Conv2dCase c{1, 2, 1, 2, 0, 3, 0, 1, 1};  // along the one axis: stride 2, dilation 2, pads 3 and 1
+  mx::Shape xs{2, 5, 1, 23}, ws{4, 5, 1, 3};
+  mx::array x = ramp(xs), w = mx::subtract(ramp(ws, 5), mx::array(2.f));
+  mx::array bias = mx::array({1.f, -2.f, 3.f, -4.f});
+  auto out = run_op("Conv", 11, {mx::reshape(x, {2, 5, 23}), mx::reshape(w, {4, 5, 3}), bias},
+                    {ints_attr("strides", {2}), ints_attr("dilations", {2}), ints_attr("pads", {3, 1})});
+  const mx::array& y = out[0].tensor();
+  ASSERT_TRUE(y.has_primitive());
+  EXPECT_EQ(std::string(const_cast<mx::array&>(y).primitive().name()), "Reshape");
+  EXPECT_EQ(std::string(const_cast<mx::array&>(y).inputs()[0].primitive().name()), "transmuter::Conv2d");
+  mx::Shape expected_shape;
+  auto expected = naive_conv2d(to_doubles(x), xs, to_doubles(w), ws, c, expected_shape);
+  const int64_t per_channel = expected_shape[3];
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] += to_doubles(bias)[(i / per_channel) % 4];
+  EXPECT_EQ(y.shape(), (mx::Shape{expected_shape[0], expected_shape[1], expected_shape[3]}));
+  expect_near(to_doubles(y), expected);
 }
 
 // group == channels runs the depthwise kernel on CPU; a channel multiplier of 2 here.
