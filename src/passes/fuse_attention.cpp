@@ -8,7 +8,8 @@
 //        \                     /
 //         Div or Mul  ---------            (optional)
 //            |
-//             Add (either side) --- mask   (optional)
+//             Add (either side) --- mask   (optional; T5: two, the position
+//              |                            bias, then the mask)
 //              |
 //           Softmax(axis = -1, opset >= 13)
 //              |
@@ -19,7 +20,10 @@
 //              Y                                       |
 //                                                      Y
 //
-//   scale = 1 / c (Div), c (Mul), or 1 without either.
+//   scale = 1 / c (Div), c (Mul), or 1 without either. Two Adds (T5's
+//   Add(Add(scores, position_bias), mask)) become one mask, a new
+//   Add(position_bias, mask) ahead of the fused node: the sum rounds in
+//   another order, within the pass's 1e-5.
 //   K = Transpose(K', perm with its last two entries swapped) when Kt is a
 //   Transpose whose output nothing else reads (the perm is rewritten in
 //   place: for BERT, [0, 2, 3, 1] -> [0, 2, 1, 3]; its output renamed
@@ -196,8 +200,9 @@ std::optional<std::pair<std::string, std::string>> concatenated_runs(const Graph
 struct AttentionMatch {
   size_t scores = 0, softmax = 0, output = 0;
   std::optional<size_t> scale_node, mask_add, key_transpose;
+  std::optional<size_t> bias_add;  // the first of two Adds (T5's position bias); mask_add the second
   std::vector<size_t> casts;  // identity Casts to float between the Softmax and the output MatMul
-  std::string query, key_t, value, mask;
+  std::string query, key_t, value, mask, bias;
   std::optional<std::string> grouped_key, grouped_value;  // Kkv, Vkv of a repeat_kv (see the header)
   // The Concat inputs that make Kkv and Vkv (or K and V): past key, past value, new key, new value.
   std::optional<std::array<std::string, 4>> cache_runs;
@@ -227,18 +232,37 @@ std::optional<AttentionMatch> match_at(const Graph& graph, const GraphIndex& ind
   m.softmax = *softmax;
 
   std::string below = sm.inputs[0];  // the value the next node up produces
-  if (auto add = index.sole_producer(graph, below, "Add")) {
-    const Node& a = graph.nodes[*add];
-    // Either operand may be the scaled scores: the one a Div/Mul/MatMul makes.
+  // An Add of the (scaled) scores, on either side -- the one a Div/Mul/MatMul makes -- and another
+  // operand: that operand and the scores' side, or nothing.
+  auto scores_add = [&](size_t add) -> std::optional<std::pair<std::string, int>> {
+    const Node& a = graph.nodes[add];
     for (int side = 0; side < 2; ++side) {
       auto p = index.producer.find(a.inputs[side]);
       if (p == index.producer.end()) continue;
       const Node& n = graph.nodes[p->second];
-      if (is_onnx(n, "Div") || is_onnx(n, "Mul") || is_onnx(n, "MatMul")) {
+      if (is_onnx(n, "Div") || is_onnx(n, "Mul") || is_onnx(n, "MatMul"))
+        return std::pair{a.inputs[1 - side], side};
+    }
+    return std::nullopt;
+  };
+  if (auto add = index.sole_producer(graph, below, "Add")) {
+    const Node& a = graph.nodes[*add];
+    if (auto found = scores_add(*add)) {
+      m.mask_add = *add;
+      m.mask = found->first;
+      below = a.inputs[found->second];
+    } else {
+      // T5: Add(Add(scores, position_bias), mask), the inner Add on either side of the outer one.
+      for (int side = 0; side < 2 && !m.mask_add; ++side) {
+        auto inner = index.sole_producer(graph, a.inputs[side], "Add");
+        if (!inner) continue;
+        auto found_inner = scores_add(*inner);
+        if (!found_inner) continue;
+        m.bias_add = *inner;
+        m.bias = found_inner->first;
         m.mask_add = *add;
         m.mask = a.inputs[1 - side];
-        below = a.inputs[side];
-        break;
+        below = graph.nodes[*inner].inputs[found_inner->second];
       }
     }
     if (!m.mask_add) return std::nullopt;
@@ -328,6 +352,19 @@ std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<boo
     before.push_back(std::move(t));
   }
 
+  std::string mask = m.mask;
+  if (m.bias_add) {  // one mask: the position bias plus the mask
+    const Node& outer = graph.nodes[*m.mask_add];
+    Node sum;
+    sum.op_type = "Add";
+    sum.name = outer.name + "/fuse_attention_mask";
+    sum.opset = outer.opset;
+    mask = outer.outputs[0] + "/fuse_attention_mask";
+    sum.inputs = {m.bias, m.mask};
+    sum.outputs = {mask};
+    before.push_back(std::move(sum));
+  }
+
   Node fused;
   fused.op_type = kFusedOp;
   fused.domain = kDomain;
@@ -335,7 +372,7 @@ std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<boo
   fused.name = graph.nodes[m.softmax].name.empty() ? graph.nodes[m.output].outputs[0] + "/attention"
                                                    : graph.nodes[m.softmax].name + "/fused_attention";
   fused.inputs = {m.query, key, m.value};
-  if (m.mask_add || m.grouped_key || m.cache_runs) fused.inputs.push_back(m.mask_add ? m.mask : "");
+  if (m.mask_add || m.grouped_key || m.cache_runs) fused.inputs.push_back(m.mask_add ? mask : "");
   if (m.cache_runs) {
     fused.inputs.insert(fused.inputs.end(), m.cache_runs->begin(), m.cache_runs->end());
   } else if (m.grouped_key) {
@@ -353,6 +390,7 @@ std::vector<Node> rewrite(Graph& graph, const AttentionMatch& m, std::vector<boo
   removed[m.scores] = removed[m.softmax] = true;
   if (m.scale_node) removed[*m.scale_node] = true;
   if (m.mask_add) removed[*m.mask_add] = true;
+  if (m.bias_add) removed[*m.bias_add] = true;
   for (size_t cast : m.casts) removed[cast] = true;
   return before;
 }
@@ -377,8 +415,8 @@ size_t fuse_attention(Graph& graph) {
     if (claimed[i]) continue;
     std::optional<AttentionMatch> m = match_at(graph, index, i);
     if (!m) continue;
-    std::vector<std::optional<size_t>> parts = {m->scores, m->softmax, m->scale_node, m->mask_add,
-                                                m->key_transpose};
+    std::vector<std::optional<size_t>> parts = {m->scores,   m->softmax,  m->scale_node,
+                                                m->mask_add, m->bias_add, m->key_transpose};
     parts.insert(parts.end(), m->casts.begin(), m->casts.end());
     if (std::any_of(parts.begin(), parts.end(), [&](auto n) { return n && claimed[*n]; })) continue;
     for (std::optional<size_t> n : parts) {

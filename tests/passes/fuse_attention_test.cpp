@@ -25,6 +25,7 @@ mx::array normal(mx::Shape shape, uint64_t seed) {
 }
 
 struct Variant {
+  bool position_bias = false;  // T5: Add(Add(scaled, bias [1, H, S, S]), mask)
   int softmax_axis = -1;
   bool scale_is_input = false;  // a Div by a graph input, not a constant
   bool scores_are_output = false;
@@ -56,10 +57,18 @@ GraphBuilder attention_graph(const Variant& v) {
   } else {
     b.node("Div", {"scores", "c"}, {"scaled"});
   }
-  b.node(
-       "Add",
-       v.mask_first ? std::vector<std::string>{"mask", "scaled"} : std::vector<std::string>{"scaled", "mask"},
-       {"masked"})
+  std::string scaled = "scaled";
+  if (v.position_bias) {
+    b.initializer("bias", normal({1, kHeads, kSeq, kSeq}, 4));
+    b.node("Add",
+           v.mask_first ? std::vector<std::string>{"bias", "scaled"}
+                        : std::vector<std::string>{"scaled", "bias"},
+           {"biased"});
+    scaled = "biased";
+  }
+  b.node("Add",
+         v.mask_first ? std::vector<std::string>{"mask", scaled} : std::vector<std::string>{scaled, "mask"},
+         {"masked"})
       .node("Softmax", {"masked"}, {"probs"}, {testing::int_attr("axis", v.softmax_axis)});
   std::string probs = "probs";
   for (int i = 0; i < v.casts_after_softmax; ++i) {
@@ -108,6 +117,23 @@ TEST(FuseAttention, FusesTheBertPatternAndKeepsResults) {
     mx::array got = run_y(fused, false);
     EXPECT_LT(mx::max(mx::abs(mx::subtract(got, expected))).item<float>(), 1e-5f);
     EXPECT_GT(mx::max(mx::abs(expected)).item<float>(), 0.5f);  // the comparison is not vacuous
+  }
+}
+
+// T5 adds a position bias, then the mask: the fused node reads their sum, one new Add.
+TEST(FuseAttention, FusesAPositionBiasAndAMaskAsOneMask) {
+  for (const Variant& v : {Variant{.position_bias = true, .mul_scale = true},
+                           Variant{.position_bias = true, .mask_first = true}}) {
+    Model fused = attention_graph(v).build();
+    Model plain = attention_graph(v).build({.run_passes = false});
+    EXPECT_EQ(fused.op_histogram().at(kFused), 1u);
+    EXPECT_EQ(fused.op_histogram().at("Add"), 1u);  // bias + mask
+    for (const char* gone : {"MatMul", "Softmax", "Div", "Mul"})
+      EXPECT_EQ(fused.op_histogram().count(gone), 0u) << gone;
+    mx::array expected = run_y(plain, false);
+    mx::array got = run_y(fused, false);
+    EXPECT_LT(mx::max(mx::abs(mx::subtract(got, expected))).item<float>(), 1e-5f);
+    EXPECT_GT(mx::max(mx::abs(expected)).item<float>(), 0.5f);
   }
 }
 
