@@ -10,8 +10,8 @@ ReplayPlan plan_replay(const BoundGraph& bound, const SignatureMemo& memo,
                        const std::vector<bool>& replayable) {
   const Graph& graph = *bound.graph;
   ReplayPlan plan;
-  std::unordered_set<std::string>
-      read;  // by the nodes that run (their subgraphs included) and the graph's outputs
+  // What the nodes that run (their subgraphs included) and the graph's outputs read.
+  std::unordered_set<std::string> read;
   for (const ValueInfo& out : graph.outputs) read.insert(out.name);
   for (size_t n = 0; n < bound.size(); ++n) {
     if (replayable[n] && memo.outputs(n) != nullptr) continue;
