@@ -19,19 +19,25 @@ using testing::GraphBuilder;
 using testing::int_attr;
 using testing::ints_attr;
 
-// y = Reshape(x, [Shape(x)[i], -1]), the PyTorch export pattern; z =
-// Reshape(x, t) with t an input (data).
-Model shape_chain_model() {
-  return GraphBuilder()
-      .input("x", OnnxType::kFloat, {-1, -1, -1})
-      .input("t", OnnxType::kInt64, {2})
+// x [-1, -1, -1] and shape = [Shape(x)[0], -1], the PyTorch export pattern: Shape, Gather (d), Unsqueeze,
+// Concat, the graph's first four nodes.
+GraphBuilder with_shape_chain() {
+  GraphBuilder b;
+  b.input("x", OnnxType::kFloat, {-1, -1, -1})
       .initializer("i", mx::array(int64_t{0}))
       .initializer("axes", mx::array({int64_t{0}}))
       .initializer("minus_one", mx::array({int64_t{-1}}))
       .node("Shape", {"x"}, {"s"})
       .node("Gather", {"s", "i"}, {"d"}, {int_attr("axis", 0)})
       .node("Unsqueeze", {"d", "axes"}, {"d1"})
-      .node("Concat", {"d1", "minus_one"}, {"shape"}, {int_attr("axis", 0)})
+      .node("Concat", {"d1", "minus_one"}, {"shape"}, {int_attr("axis", 0)});
+  return b;
+}
+
+// y = Reshape(x, shape); z = Reshape(x, t) with t an input (data).
+Model shape_chain_model() {
+  return with_shape_chain()
+      .input("t", OnnxType::kInt64, {2})
       .node("Reshape", {"x", "shape"}, {"y"})
       .node("Reshape", {"x", "t"}, {"z"})
       .output("y")
@@ -118,16 +124,8 @@ TEST(HostReads, ShapeChainNodesAreReplayedNotRun) {
 TEST(HostReads, ReplayPlanBindsWhatRunningNodesReadAndSkipsTheOtherRememberedNodes) {
   auto branch = GraphBuilder().node("Reshape", {"x", "shape"}, {"r"}).output("r").graph();
   Model model =
-      GraphBuilder()
-          .input("x", OnnxType::kFloat, {-1, -1, -1})
+      with_shape_chain()
           .input("cond", OnnxType::kBool, {})
-          .initializer("i", mx::array(int64_t{0}))
-          .initializer("axes", mx::array({int64_t{0}}))
-          .initializer("minus_one", mx::array({int64_t{-1}}))
-          .node("Shape", {"x"}, {"s"})
-          .node("Gather", {"s", "i"}, {"d"}, {int_attr("axis", 0)})
-          .node("Unsqueeze", {"d", "axes"}, {"d1"})
-          .node("Concat", {"d1", "minus_one"}, {"shape"}, {int_attr("axis", 0)})
           .node("If", {"cond"}, {"y"},
                 {testing::graph_attr("then_branch", branch), testing::graph_attr("else_branch", branch)})
           .output("y")
