@@ -223,6 +223,23 @@ const float* NextPackedSlice(const GemmArgs& g, int64_t p, int64_t k0, int64_t p
   return nullptr;
 }
 
+// Rows of a packed slice a Tile prefetches (none: next null or rows 0).
+struct PrefetchShare {
+  const float* next = nullptr;
+  int64_t rows = 0;
+};
+
+// Row tile `tile`'s share (tiles 1 .. spread_tiles of a block, in equal parts) of panel p's slice at the
+// depth after k0, which the next depth's first row tile reads; none after the last depth.
+PrefetchShare ShareOfNextDepth(const GemmArgs& g, int64_t p, int64_t k0, int64_t tile, int64_t spread_tiles) {
+  const int64_t depth0 = k0 + kDepthBlock;
+  if (depth0 >= g.k || spread_tiles <= 0) return {};
+  const int64_t depth = std::min(kDepthBlock, g.k - depth0);
+  const int64_t share = (depth + spread_tiles - 1) / spread_tiles;
+  const int64_t first_row = std::min((tile - 1) * share, depth);
+  return {g.packed + (p * g.k + depth0 + first_row) * PanelWidth(), std::min(share, depth - first_row)};
+}
+
 // Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels) (a
 // panel: two vectors of columns): the work of one task. K in slices of
 // kDepthBlock; each row tile's slice of A (6 x 256 floats) stays in L1 while
@@ -252,27 +269,19 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
         const RowSegment segment(std::min(width, g.n - col0));
         const TileStart start{g.col_bias != nullptr ? g.col_bias + col0 : nullptr, row_bias,
                               g.residual != nullptr ? g.residual + r * g.ldy + col0 : nullptr, k0 > 0};
-        const float* next = nullptr;
-        int64_t prefetch_rows = 0;
+        PrefetchShare prefetch;
         if (g.packed != nullptr && r == row0) {
-          next = NextPackedSlice(g, p, k0, panel0, panels);
-          prefetch_rows = depth;
-        } else if (g.packed != nullptr && k0 + kDepthBlock < g.k && spread_tiles > 0) {
-          // The other row tiles share out panel p's next depth slice, so that the first row tile of the
-          // next depth finds it in L2 instead of waiting for memory.
-          const int64_t next_depth = std::min(kDepthBlock, g.k - k0 - kDepthBlock);
-          const int64_t share = (next_depth + spread_tiles - 1) / spread_tiles;
-          const int64_t first = (r - row0) / kTileRows - 1;
-          const int64_t row_first = std::min(first * share, next_depth);
-          prefetch_rows = std::min(share, next_depth - row_first);
-          if (prefetch_rows > 0) next = g.packed + (p * g.k + k0 + kDepthBlock + row_first) * width;
+          prefetch = {NextPackedSlice(g, p, k0, panel0, panels), depth};
+        } else if (g.packed != nullptr) {
+          prefetch = ShareOfNextDepth(g, p, k0, (r - row0) / kTileRows, spread_tiles);
         }
+        const float* next = prefetch.rows > 0 ? prefetch.next : nullptr;
         if (g.packed != nullptr && segment.high == 0) {  // zero-padded panels: full loads
           TileRows<false, true>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth,
                                 y + col0, g.ldy, segment, start, last);
         } else if (next != nullptr) {
           TileRows<false, false, true>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth,
-                                       y + col0, g.ldy, segment, start, last, next, prefetch_rows);
+                                       y + col0, g.ldy, segment, start, last, next, prefetch.rows);
         } else if (g.packed != nullptr) {
           TileRows<false>(tile_rows, a, g.lda, g.packed + (p * g.k + k0) * width, width, depth, y + col0,
                           g.ldy, segment, start, last);
