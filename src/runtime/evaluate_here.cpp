@@ -15,11 +15,17 @@ namespace transmuter {
 
 namespace {
 
-// The unevaluated primitives of a graph in an order that computes inputs first (one array per primitive:
-// its siblings are its other outputs), the arrays that others are computing and that must be waited for,
-// and what keeps the graph from running here.
+// One unevaluated primitive (its array; its siblings are its other outputs) and, when it is one, the
+// Transmuter kernel that computes it (else a view).
+struct Step {
+  mx::array array;
+  kernels::CpuKernel* kernel = nullptr;
+};
+
+// The unevaluated primitives of a graph in an order that computes inputs first, the arrays that others
+// are computing and that must be waited for, and what keeps the graph from running here.
 struct Plan {
-  std::vector<mx::array> order;
+  std::vector<Step> order;
   std::vector<mx::array> in_flight;
   std::set<std::string> blockers;
   bool traced = false;
@@ -27,18 +33,21 @@ struct Plan {
 
 bool unevaluated(const mx::array& a) { return a.status() == mx::array::Status::unscheduled; }
 
-void check_runs_here(const mx::array& a, Plan& plan) {
+// `a`'s primitive as a Transmuter kernel, or null; what keeps it from running here goes to the plan.
+kernels::CpuKernel* check_runs_here(const mx::array& a, Plan& plan) {
   if (a.is_tracer()) plan.traced = true;
   if (!a.has_primitive()) {  // not valid MLX: mx::eval says why
     plan.blockers.insert("(an unevaluated array without a primitive)");
-    return;
+    return nullptr;
   }
   mx::Primitive& primitive = *a.primitive_ptr();  // name() is not const
+  auto* kernel = dynamic_cast<kernels::CpuKernel*>(&primitive);
   if (primitive.stream().device != mx::Device::cpu) {
     plan.blockers.insert("(a primitive on a GPU stream)");
-  } else if (dynamic_cast<const kernels::CpuKernel*>(&primitive) == nullptr && !is_view(primitive.name())) {
+  } else if (kernel == nullptr && !is_view(primitive.name())) {
     plan.blockers.insert(primitive.name());
   }
+  return kernel;
 }
 
 // A depth-first walk from the roots, each primitive once, appended after its inputs.
@@ -68,21 +77,22 @@ Plan plan_of(const std::vector<mx::array>& roots) {
         }
         continue;
       }
-      check_runs_here(a, plan);
-      plan.order.push_back(std::move(a));
+      kernels::CpuKernel* kernel = check_runs_here(a, plan);
+      plan.order.push_back({std::move(a), kernel});
       stack.pop_back();
     }
   }
   return plan;
 }
 
-// Computes the outputs of `a`'s primitive now, as MLX's CPU evaluation would, and detaches it from the
-// graph (its inputs released, as mx::eval does).
-void run_primitive(mx::array a) {
+// Computes the outputs of the step's primitive now, as MLX's CPU evaluation would, and detaches it from
+// the graph (its inputs released, as mx::eval does).
+void run_step(Step step) {
+  mx::array& a = step.array;
   std::vector<mx::array> outputs = a.outputs();
   mx::Primitive& primitive = a.primitive();
-  if (auto* kernel = dynamic_cast<kernels::CpuKernel*>(&primitive)) {
-    kernel->run_here(a.inputs(), outputs);
+  if (step.kernel != nullptr) {
+    step.kernel->run_here(a.inputs(), outputs);
   } else if (needs_contiguous_input(primitive.name()) && !a.inputs()[0].flags().row_contiguous) {
     // A Reshape of a view would copy it on the stream: make it dense here.
     std::vector<mx::array> inputs = a.inputs();
@@ -106,7 +116,7 @@ bool evaluate_here(const std::vector<mx::array>& arrays, std::vector<std::string
   }
   for (mx::array& a : plan.in_flight) a.wait();
   // Each array leaves the plan as it runs: what the graph no longer needs is freed, or donated.
-  for (mx::array& a : plan.order) run_primitive(std::move(a));
+  for (Step& step : plan.order) run_step(std::move(step));
   return true;
 }
 

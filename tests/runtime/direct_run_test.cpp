@@ -16,6 +16,7 @@
 
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
+#include "support/random_arrays.h"
 #include "transmuter/transmuter.h"
 
 namespace transmuter {
@@ -27,9 +28,7 @@ using testing::ints_attr;
 
 // Computed at once: weights read from two threads must not be lazy arrays of the main thread's stream.
 mx::array uniform(mx::Shape shape, uint64_t seed) {
-  mx::array a = mx::random::uniform(-1.0f, 1.0f, shape, mx::float32, mx::random::key(seed));
-  mx::eval(a);
-  return a;
+  return testing::evaluated(testing::random_uniform(shape, seed));
 }
 
 // x [1, 3, 16, 16] -> Conv 3x3 (8) + Relu -> depthwise Conv 3x3 -> GlobalAveragePool -> Flatten -> Gemm (4):

@@ -16,6 +16,7 @@
 #include "kernels/cpu/dynamic_quantize.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
+#include "support/random_arrays.h"
 #include "transmuter/transmuter.h"
 
 namespace transmuter {
@@ -26,9 +27,7 @@ using testing::int_attr;
 using testing::ints_attr;
 
 mx::array uniform(mx::Shape shape, uint64_t seed) {
-  mx::array a = mx::random::uniform(-1.0f, 1.0f, shape, mx::float32, mx::random::key(seed));
-  mx::eval(a);
-  return a;
+  return testing::evaluated(testing::random_uniform(shape, seed));
 }
 
 // x [1, 16, 32] -> heads split (Reshape, Transpose) and merged back -> LayerNormalization -> MatMul by a

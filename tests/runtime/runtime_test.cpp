@@ -8,6 +8,7 @@
 #include "kernels/cpu/kernel_lookahead.h"
 #include "support/graph_builder.h"
 #include "support/op_test_support.h"
+#include "support/random_arrays.h"
 #include "transmuter/transmuter.h"
 
 namespace transmuter {
@@ -196,17 +197,12 @@ TEST(Run, BoundsHowFarMlxEvaluatesAheadOnTheCpu) {
 Model layer_norms_summed(int branches) {
   GraphBuilder g;
   g.input("x", OnnxType::kFloat, {-1, 1024});
-  // Evaluated, as a loaded model's are: a lazy initializer is an MLX computation in every run's graph.
-  auto evaluated = [](mx::array a) {
-    mx::eval(a);
-    return a;
-  };
-  g.initializer("bias", evaluated(mx::zeros({1024})));
+  g.initializer("bias", testing::evaluated(mx::zeros({1024})));
   std::string sum;
   for (int i = 0; i < branches; ++i) {
     const std::string scale = "g" + std::to_string(i), n = "n" + std::to_string(i),
                       s = "s" + std::to_string(i);
-    g.initializer(scale, evaluated(mx::full({1024}, 1.0f + static_cast<float>(i))));
+    g.initializer(scale, testing::evaluated(mx::full({1024}, 1.0f + static_cast<float>(i))));
     g.node("LayerNormalization", {"x", scale, "bias"}, {n}, {testing::int_attr("axis", -1)});
     if (sum.empty()) {
       sum = n;

@@ -27,6 +27,13 @@ inline mx::array random_uniform(const mx::Shape& shape, uint64_t seed, float sca
   return mx::random::uniform(-scale, scale, shape, mx::float32, mx::random::key(seed));
 }
 
+/** `a`, evaluated now: an initializer or input as a loaded model holds it, rather than an MLX computation
+ * that every run's graph would contain (and that keeps a graph off the calling thread's evaluation). */
+inline mx::array evaluated(mx::array a) {
+  mx::eval(a);
+  return a;
+}
+
 /** Uniform uint8 values (packed quantized weights, zero points), the same for the same seed. */
 inline mx::array random_bytes(const mx::Shape& shape, uint64_t seed) {
   return mx::astype(mx::random::randint(0, 256, shape, mx::int32, mx::random::key(seed)), mx::uint8);
