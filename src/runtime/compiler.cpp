@@ -242,7 +242,7 @@ struct CompiledModel::State {
       }
     }
     Execution exec{options.device.value_or(default_device()), options.memory_limit};
-    raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
+    set_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
     const bool fuse = options.fuse_elementwise.value_or(exec.device != mx::Device::cpu);
     plans.emplace_front(key, std::make_unique<Plan>(bound(), layout, exec, model.params(), fuse,
                                                     options.direct_cpu_runs ? &direct : nullptr));

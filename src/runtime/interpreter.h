@@ -51,10 +51,10 @@ class Environment {
   const Environment* parent_;
 };
 
-/** RunOptions::cpu_buffer_cache: on a CPU device, raises MLX's buffer-cache
- * limit to the requested floor (default: 1 GiB, at most 1/8 of the physical
- * memory); never lowers it; 0 does nothing. */
-void raise_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requested);
+/** RunOptions::cpu_buffer_cache: on a CPU device, sets MLX's buffer-cache
+ * limit to `requested`, or when unset to 0 where MLX has no GPU (and leaves it
+ * alone where it has one). Calls MLX only when the limit changes. */
+void set_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requested);
 
 /** RunOptions::cpu_eval_lookahead: on a CPU device, sets MLX's memory limit
  * to the active memory now plus `requested` bytes (default 128 MiB); 0 does

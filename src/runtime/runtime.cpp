@@ -1,7 +1,5 @@
-#include <unistd.h>
-
-#include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include <mlx/mlx.h>
 
@@ -29,21 +27,20 @@ mx::Device default_device() {
   return mx::is_available(mx::Device::gpu) ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu);
 }
 
-void raise_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requested) {
+void set_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> requested) {
   if (device != mx::Device::cpu) return;
-  static const size_t default_floor = [] {
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-    const size_t physical = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
-    return physical == 0 ? size_t{1} << 30 : std::min(size_t{1} << 30, physical / 8);
-  }();
-  const size_t floor = requested.value_or(default_floor);
-  if (floor == 0) return;
-  // MLX has no getter: set, then put a larger previous limit back. Runs of
-  // other threads may interleave; both write at least the floor.
+  // Where MLX has a GPU its cache also holds GPU buffers: left alone unless asked.
+  const std::optional<size_t> limit =
+      requested ? requested : (mx::is_available(mx::Device::gpu) ? std::nullopt : std::optional<size_t>{0});
+  if (!limit) return;
+  // mx::set_cache_limit waits for every CPU stream to drain (two round trips
+  // to its thread per call): set it only when it changes.
   static std::mutex mutex;
+  static std::optional<size_t> last_set;
   std::lock_guard lock(mutex);
-  const size_t previous = mx::set_cache_limit(floor);
-  if (previous > floor) mx::set_cache_limit(previous);
+  if (last_set == limit) return;
+  mx::set_cache_limit(*limit);
+  last_set = limit;
 }
 
 void bound_cpu_eval_lookahead(const mx::Device& device, std::optional<size_t> requested,
@@ -79,7 +76,7 @@ Outputs interpret(const Model& model, const Params& params, const Inputs& inputs
   const Graph& graph = *bound.graph;
   const Inputs typed_inputs = validate_inputs(graph, inputs);
   Execution exec{device, options.memory_limit};
-  raise_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
+  set_cpu_buffer_cache(exec.device, options.cpu_buffer_cache);
   bound_cpu_eval_lookahead(exec.device, options.cpu_eval_lookahead, options.cpu_kernel_lookahead);
   // Host reads that depend only on the input signature: replayed when a run
   // with this signature has read them, else read and kept for the next runs.

@@ -103,22 +103,28 @@ TEST(Run, NodeHookMustLeaveOneValuePerOutput) {
   }
 }
 
-TEST(Run, RaisesMlxBufferCacheOnTheCpuAndNeverLowersIt) {
+TEST(Run, SetsMlxBufferCacheOnTheCpuWhenItChanges) {
   Model model = dense_relu();
   const Inputs in = {{"x", mx::ones({1, 2})}};
-  const size_t before = mx::set_cache_limit(0);
-  run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_buffer_cache = 0});
-  EXPECT_EQ(mx::set_cache_limit(0), 0u) << "0 leaves MLX's limit alone";
+  const size_t before = mx::set_cache_limit(size_t{5} << 20);
   run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_buffer_cache = size_t{64} << 20});
-  EXPECT_EQ(mx::set_cache_limit(size_t{256} << 20), size_t{64} << 20) << "raised to the floor";
+  EXPECT_EQ(mx::set_cache_limit(size_t{256} << 20), size_t{64} << 20) << "set to the requested limit";
   run(model, model.params(), in, {.device = mx::Device::cpu, .cpu_buffer_cache = size_t{64} << 20});
-  EXPECT_EQ(mx::set_cache_limit(0), size_t{256} << 20) << "a larger limit stays";
+  EXPECT_EQ(mx::set_cache_limit(size_t{7} << 20), size_t{256} << 20)
+      << "unchanged since the last run: the caller's limit stays";
   CompileOptions options;
   options.device = mx::Device::cpu;
   options.cpu_buffer_cache = size_t{48} << 20;
   CompiledModel compiled = compile(model, {}, options);
   compiled(in);
-  EXPECT_EQ(mx::set_cache_limit(before), size_t{48} << 20) << "compiled plans raise it too";
+  EXPECT_EQ(mx::set_cache_limit(size_t{9} << 20), size_t{48} << 20) << "compiled plans set it too";
+  run(model, model.params(), in, {.device = mx::Device::cpu});
+  const size_t unset = mx::set_cache_limit(before);
+  if (mx::is_available(mx::Device::gpu)) {
+    EXPECT_EQ(unset, size_t{9} << 20) << "unset leaves a GPU build's cache alone";
+  } else {
+    EXPECT_EQ(unset, 0u) << "unset turns a CPU-only build's cache off";
+  }
 }
 
 // x times 40 different scalars, summed in a chain: every product is a fresh
