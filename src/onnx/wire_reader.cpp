@@ -67,25 +67,30 @@ WireReader::WireReader(std::span<const uint8_t> bytes, const MessagePath& path)
 
 void WireReader::fail(std::string_view what) const { path_.fail(what); }
 
-uint64_t WireReader::read_varint_raw(const char* what) {
+uint64_t WireReader::read_varint_raw(const char* what, bool of_field) {
+  // The description is built only on failure: this runs for every tag and length of the file.
+  auto fail_with = [&](const char* before, const char* after) {
+    const std::string subject = of_field ? str(what, " ", field_) : std::string(what);
+    fail(str(before, subject, after));
+  };
   uint64_t value = 0;
   for (int i = 0; i < kMaxVarintBytes; ++i) {
-    if (pos_ == end_) fail(str("truncated ", what));
+    if (pos_ == end_) fail_with("truncated ", "");
     const uint8_t byte = *pos_++;
     if (i == kMaxVarintBytes - 1) {
       // The 10th byte must end the varint and holds bit 63 only.
-      if ((byte & 0x80) != 0) fail(str(what, " longer than 10 bytes"));
-      if (byte > 1) fail(str(what, " overflows 64 bits"));
+      if ((byte & 0x80) != 0) fail_with("", " longer than 10 bytes");
+      if (byte > 1) fail_with("", " overflows 64 bits");
     }
     value |= static_cast<uint64_t>(byte & 0x7F) << (7 * i);
     if ((byte & 0x80) == 0) return value;
   }
-  fail(str(what, " longer than 10 bytes"));  // unreachable: the 10th byte ends or fails
+  fail_with("", " longer than 10 bytes");  // unreachable: the 10th byte ends or fails
 }
 
 bool WireReader::next() {
   if (pos_ == end_) return false;
-  const uint64_t tag = read_varint_raw("field tag");
+  const uint64_t tag = read_varint_raw("field tag", /*of_field=*/false);
   const uint64_t field = tag >> 3;
   const auto type = static_cast<uint32_t>(tag & 7);
   if (field == 0 || field > 0x1FFFFFFF) fail(str("invalid field number ", field));
@@ -107,8 +112,7 @@ void WireReader::expect(WireType type) {
 
 uint64_t WireReader::varint() {
   expect(WireType::kVarint);
-  const std::string what = str("varint field ", field_);
-  return read_varint_raw(what.c_str());
+  return read_varint_raw("varint field");
 }
 
 uint32_t WireReader::fixed32() {
@@ -131,8 +135,7 @@ uint64_t WireReader::fixed64() {
 
 std::span<const uint8_t> WireReader::bytes() {
   expect(WireType::kLengthDelimited);
-  const std::string what = str("length of field ", field_);
-  const uint64_t length = read_varint_raw(what.c_str());
+  const uint64_t length = read_varint_raw("length of field");
   if (length > static_cast<uint64_t>(end_ - pos_)) {
     fail(str("truncated length-delimited field ", field_, " (", length, " bytes declared, ",
              end_ - pos_, " left)"));
@@ -198,8 +201,7 @@ void WireReader::append_varints(std::vector<T>& out) {
   const uint8_t* const after = pos_;
   pos_ = payload.data();
   end_ = payload.data() + payload.size();
-  const std::string what = str("packed varint field ", field_);
-  while (pos_ != end_) out.push_back(static_cast<T>(read_varint_raw(what.c_str())));
+  while (pos_ != end_) out.push_back(static_cast<T>(read_varint_raw("packed varint field")));
   pos_ = after;
   end_ = saved_end;
 }

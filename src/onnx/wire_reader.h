@@ -106,7 +106,8 @@ class WireReader {
 
  private:
   void expect(WireType type);
-  uint64_t read_varint_raw(const char* what);
+  // `what` names the varint in an error, followed by the field's number when of_field.
+  uint64_t read_varint_raw(const char* what, bool of_field = true);
   template <typename T, WireType kFixed>
   void append_fixed(std::vector<T>& out);
   template <typename T>
