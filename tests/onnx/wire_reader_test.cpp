@@ -53,7 +53,7 @@ TEST(WireReader, RejectsVarintLongerThanTenBytes) {
   MessagePath path("m.onnx");
   WireReader r(span_of(w.data()), path);
   ASSERT_TRUE(r.next());
-  EXPECT_NE(error_of([&] { r.varint(); }).find("longer than 10 bytes"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.varint(); }).find("varint field 1 longer than 10 bytes"), std::string::npos);
 }
 
 TEST(WireReader, RejectsVarintOverflowingSixtyFourBits) {
@@ -62,7 +62,16 @@ TEST(WireReader, RejectsVarintOverflowingSixtyFourBits) {
   MessagePath path("m.onnx");
   WireReader r(span_of(w.data()), path);
   ASSERT_TRUE(r.next());
-  EXPECT_NE(error_of([&] { r.varint(); }).find("overflows 64 bits"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.varint(); }).find("varint field 1 overflows 64 bits"), std::string::npos);
+}
+
+TEST(WireReader, NamesTheFieldOfATruncatedLength) {
+  ProtoWriter w;
+  w.tag(2, 2).raw("\x80");  // a length whose varint never ends
+  MessagePath path("m.onnx");
+  WireReader r(span_of(w.data()), path);
+  ASSERT_TRUE(r.next());
+  EXPECT_NE(error_of([&] { r.bytes(); }).find("m.onnx: truncated length of field 2"), std::string::npos);
 }
 
 TEST(WireReader, ReadsFixedAndFloatFields) {
