@@ -29,14 +29,17 @@ struct AllocationFailure {
   size_t nbytes;
 };
 
-/** How long a buffer's contents live: a model's (weights, constants) or one
- * run's (a decoded input). */
-enum class BufferLifetime { kModel, kRun };
+/** How long a buffer's contents live: a model's (weights, constants), a
+ * model's and made once (a load-time pass's packed weights, which nothing
+ * replaces), or one run's (a decoded input). */
+enum class BufferLifetime { kModel, kPacked, kRun };
 
 /** An uninitialized buffer to decode or pack into, then hand to an array.
  * From MLX's allocator, except a model's buffers from 2 MiB up: each is a
  * mapping of its own in transparent huge pages (faster to fill; outside MLX's
- * active-memory count and its buffer cache, never donated). */
+ * active-memory count and its buffer cache, never donated); and packed
+ * buffers from 16 KiB up, which share slabs of huge pages the same way (a
+ * slab is unmapped when its last buffer dies; space in it is not reused). */
 class MlxBuffer {
  public:
   /** Throws AllocationFailure when the allocation fails. */
@@ -53,6 +56,10 @@ class MlxBuffer {
  private:
   mx::allocator::Data data_;
 };
+
+/** Gives back the pages past the last packed buffer of the slab now being
+ * filled (those of a huge page it only began); load() calls it when done. */
+void release_packed_slab_tail();
 
 /** An array over `bytes` without a copy. `bytes` lie in `region`, which
  * `owner` keeps alive; the array holds `owner` until MLX releases it.

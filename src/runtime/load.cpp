@@ -80,6 +80,7 @@ Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const 
     state->passes_applied.insert(state->passes_applied.end(), applied.begin(), applied.end());
   }
   materialize_deferred(*graph);
+  release_packed_slab_tail();
   state->bound = bind_graph(*graph, builtin_registry(), source);
   state->host_reads = std::make_unique<SignatureMemoCache>(*state->bound);
   state->ir_version = ir_version;

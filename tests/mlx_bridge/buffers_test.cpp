@@ -2,6 +2,10 @@
 // initializers); a failure here after an MLX upgrade means re-checking them.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -73,6 +77,61 @@ TEST(MlxBridgeBuffers, LargeModelBuffersStartOnAHugePageAndComposeWithoutCopies)
   EXPECT_EQ(host_bytes(a, /*as_float32=*/true, keep).data(), reinterpret_cast<const uint8_t*>(data));
   EXPECT_EQ(mx::sum(mx::slice(a, {kSide - 1, 0}, {kSide, 2})).item<float>(),
             static_cast<float>(kSide * kSide - kSide) * 2 + 1);
+}
+
+// Whether each page of [data, data + bytes) is resident (mincore).
+std::vector<bool> resident_pages(const void* data, size_t bytes) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> flags((end - begin) / page);
+  if (::mincore(reinterpret_cast<void*>(begin), end - begin, flags.data()) != 0) ADD_FAILURE() << "mincore";
+  std::vector<bool> resident(flags.size());
+  for (size_t i = 0; i < flags.size(); ++i) resident[i] = (flags[i] & 1) != 0;
+  return resident;
+}
+
+size_t count_resident(const std::vector<bool>& pages) { return std::count(pages.begin(), pages.end(), true); }
+
+TEST(MlxBridgeBuffers, PackedBuffersShareASlabAndGiveBackTheirPagesWhenTheyDie) {
+  constexpr size_t kBytes = size_t{256} << 10;
+  MlxBuffer first(kBytes, BufferLifetime::kPacked), second(kBytes, BufferLifetime::kPacked);
+  auto* a = first.as<uint8_t>();
+  auto* b = second.as<uint8_t>();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  EXPECT_EQ(b, a + kBytes + 64) << "carved one after the other, each after its 64-byte header slot";
+  std::memset(a, 1, kBytes);
+  std::memset(b, 2, kBytes);
+  mx::array first_array = first.into_array({static_cast<int>(kBytes)}, mx::uint8);
+  mx::array second_array = second.into_array({static_cast<int>(kBytes)}, mx::uint8);
+  EXPECT_EQ(first_array.buffer_size(), kBytes) << "the size header MLX reads";
+  EXPECT_FALSE(first_array.is_donatable()) << "the slab's memory, not MLX's to reuse";
+  EXPECT_EQ(mx::sum(mx::astype(second_array, mx::int32)).item<int32_t>(), static_cast<int32_t>(2 * kBytes));
+  EXPECT_EQ(count_resident(resident_pages(a, kBytes)), resident_pages(a, kBytes).size());
+  first_array = mx::array(0);  // the first buffer dies while the second keeps the slab mapped
+  const std::vector<bool> after = resident_pages(a, kBytes);
+  EXPECT_LE(count_resident(after), 2u) << "at most the pages it shares with its neighbours stay";
+  EXPECT_EQ(second_array.data<uint8_t>()[kBytes - 1], 2) << "the neighbour keeps its bytes";
+}
+
+TEST(MlxBridgeBuffers, TheSlabTailPastTheLastPackedBufferIsGivenBack) {
+  constexpr size_t kBytes = size_t{64} << 10;
+  MlxBuffer buffer(kBytes, BufferLifetime::kPacked);
+  auto* data = buffer.as<uint8_t>();
+  std::memset(data, 3, kBytes);
+  mx::array array = buffer.into_array({static_cast<int>(kBytes)}, mx::uint8);
+  // The pages after it up to the next 2 MiB boundary may have come in with a huge page.
+  const auto end = reinterpret_cast<uintptr_t>(data) + kBytes;
+  const uintptr_t boundary = (end + (uintptr_t{2} << 20) - 1) / (uintptr_t{2} << 20) * (uintptr_t{2} << 20);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t tail = (end + page - 1) / page * page;
+  release_packed_slab_tail();
+  if (boundary > tail) {
+    EXPECT_EQ(count_resident(resident_pages(reinterpret_cast<void*>(tail), boundary - tail)), 0u);
+  }
+  EXPECT_EQ(count_resident(resident_pages(data, kBytes)), resident_pages(data, kBytes).size())
+      << "the buffer itself stays";
+  EXPECT_EQ(array.data<uint8_t>()[kBytes - 1], 3);
 }
 
 TEST(MlxBridgeBuffers, RunBuffersComeFromMlxsAllocator) {

@@ -705,7 +705,7 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
   const int64_t m = w.shape(0), channels = w.shape(1), taps = int64_t{w.shape(2)} * w.shape(3);
   const int64_t k = taps * channels, width = gemm_panel_width(), panels = (m + width - 1) / width;
   // MLX's own buffer: an array built over foreign memory would be copied.
-  MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float));
+  MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float), BufferLifetime::kPacked);
   float* packed = buffer.as<float>();
   // packed[p, tap * C + c, j] = w[p * width + j, c, tap]: each panel row (one
   // cache line with AVX2) is written whole, from the panel's `width` filters

@@ -561,7 +561,7 @@ mx::array pack_gemm_rhs(const mx::array& b, bool transposed) {
   const int64_t width = gemm_panel_width();
   const int64_t panels = ceil_div(n, width);
   // MLX's own buffer: an array built over foreign memory would be copied.
-  MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float));
+  MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float), BufferLifetime::kPacked);
   pack_panels(bytes.data(), transposed, k, n, width, buffer.as<float>());
   return buffer.into_array({static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)},
                            mx::float32);

@@ -541,7 +541,7 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
   const uint8_t* v = host_bytes(b, /*as_float32=*/false, keep).data();
   const uint8_t flip = shift != 0 ? 0x80 : 0;
   const int64_t panel_bytes = quads * kIntQuadBytes;
-  MlxBuffer packed_buffer(static_cast<size_t>(panels * panel_bytes));
+  MlxBuffer packed_buffer(static_cast<size_t>(panels * panel_bytes), BufferLifetime::kPacked);
   auto* packed = packed_buffer.as<int8_t>();
   HWY_DYNAMIC_DISPATCH(PackIntegerQuads)(v, k, n, flip, packed);
   std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0), zeros(static_cast<size_t>(padded_n), 0);

@@ -283,7 +283,8 @@ mx::array winograd_weight_from_packed(const mx::array& packed, int64_t channels)
   source.eval();
   const float* g = source.data<float>();
   const int64_t panels = packed.shape(0), C = channels;
-  MlxBuffer buffer(static_cast<size_t>(kPositions * panels * C * width) * sizeof(float));
+  MlxBuffer buffer(static_cast<size_t>(kPositions * panels * C * width) * sizeof(float),
+                   BufferLifetime::kPacked);
   float* u = buffer.as<float>();
   // U = G g G^T per filter (one panel column j), computed for a whole panel row at once: the loops
   // over j vectorize.
