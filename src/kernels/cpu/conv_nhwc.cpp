@@ -717,6 +717,11 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
       float* panel = packed + p * k * width;
       const int64_t cols = std::min(width, m - p * width);
       for (int64_t j = 0; j < cols; ++j) filters[j] = weight + (p * width + j) * k * kItem;  // [C, taps]
+      if (taps == 1) {  // each filter is the panel's column as it is
+        if (cols < width) std::fill(panel, panel + k * width, 0.0f);
+        transpose_rows_into_panel(filters.data(), cols, k, width, panel);
+        continue;
+      }
       for (int64_t c = 0; c < channels; ++c) {
         for (int64_t t = 0; t < taps; ++t) {
           float* row = panel + (t * channels + c) * width;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/conv_activation-inl.h"
 #include "kernels/cpu/gemm.h"
@@ -302,6 +303,42 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
   }
 }
 
+// panel[kk * width + j] = rows[j][kk] for j < cols, kk < k, each row k floats
+// at any byte alignment: 4 x 4 blocks transposed in registers, the edges
+// element by element.
+void TransposeRowsIntoPanel(const uint8_t* const* rows, int64_t cols, int64_t k, int64_t width,
+                            float* panel) {
+  constexpr int64_t kItem = sizeof(float);
+#if HWY_TARGET == HWY_SCALAR
+  const int64_t cols4 = 0, k4 = 0;  // no 4-lane vectors: all element by element
+#else
+  const hn::FixedTag<float, 4> d;
+  const hn::Repartition<uint8_t, decltype(d)> bytes;
+  const int64_t cols4 = cols / 4 * 4, k4 = k / 4 * 4;
+  for (int64_t j = 0; j < cols4; j += 4) {
+    for (int64_t kk = 0; kk < k4; kk += 4) {
+      const auto r0 = hn::BitCast(d, hn::LoadU(bytes, rows[j] + kk * kItem));
+      const auto r1 = hn::BitCast(d, hn::LoadU(bytes, rows[j + 1] + kk * kItem));
+      const auto r2 = hn::BitCast(d, hn::LoadU(bytes, rows[j + 2] + kk * kItem));
+      const auto r3 = hn::BitCast(d, hn::LoadU(bytes, rows[j + 3] + kk * kItem));
+      const auto t0 = hn::InterleaveLower(d, r0, r1), t1 = hn::InterleaveLower(d, r2, r3);  // depths 0, 1
+      const auto t2 = hn::InterleaveUpper(d, r0, r1), t3 = hn::InterleaveUpper(d, r2, r3);  // depths 2, 3
+      float* out = panel + kk * width + j;
+      hn::StoreU(hn::ConcatLowerLower(d, t1, t0), d, out);
+      hn::StoreU(hn::ConcatUpperUpper(d, t1, t0), d, out + width);
+      hn::StoreU(hn::ConcatLowerLower(d, t3, t2), d, out + 2 * width);
+      hn::StoreU(hn::ConcatUpperUpper(d, t3, t2), d, out + 3 * width);
+    }
+    for (int64_t jj = j; jj < j + 4; ++jj) {
+      for (int64_t kk = k4; kk < k; ++kk) std::memcpy(&panel[kk * width + jj], rows[jj] + kk * kItem, kItem);
+    }
+  }
+#endif
+  for (int64_t j = cols4; j < cols; ++j) {
+    for (int64_t kk = 0; kk < k; ++kk) std::memcpy(&panel[kk * width + j], rows[j] + kk * kItem, kItem);
+  }
+}
+
 }  // namespace transmuter::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -323,6 +360,7 @@ namespace transmuter::kernels {
 
 HWY_EXPORT(PanelWidth);
 HWY_EXPORT(Block);
+HWY_EXPORT(TransposeRowsIntoPanel);
 
 namespace {
 
@@ -438,10 +476,9 @@ void pack_panels(const void* b, bool transposed, int64_t k, int64_t n, int64_t w
       float* panel = packed + p * k * width;
       if (transposed) {
         if (cols < width) std::memset(panel, 0, static_cast<size_t>(k * width) * sizeof(float));
-        for (int64_t j = 0; j < cols; ++j) {
-          const uint8_t* row = bytes + (p * width + j) * k * kItem;
-          for (int64_t kk = 0; kk < k; ++kk) std::memcpy(&panel[kk * width + j], row + kk * kItem, kItem);
-        }
+        std::vector<const uint8_t*> rows(static_cast<size_t>(cols));
+        for (int64_t j = 0; j < cols; ++j) rows[j] = bytes + (p * width + j) * k * kItem;
+        transpose_rows_into_panel(rows.data(), cols, k, width, panel);
       } else {
         for (int64_t kk = 0; kk < k; ++kk)
           copy_panel_row(panel + kk * width, bytes + (kk * n + p * width) * kItem, cols, width);
@@ -549,6 +586,11 @@ class BatchedMatmulKernel : public CpuKernel {
 
 // Not cached: the tests switch the SIMD target (support/simd_targets.h), and a dispatch is one indirect call.
 int64_t gemm_panel_width() { return HWY_DYNAMIC_DISPATCH(PanelWidth)(); }
+
+void transpose_rows_into_panel(const uint8_t* const* rows, int64_t cols, int64_t k, int64_t width,
+                               float* panel) {
+  HWY_DYNAMIC_DISPATCH(TransposeRowsIntoPanel)(rows, cols, k, width, panel);
+}
 
 mx::array pack_gemm_rhs(const mx::array& b, bool transposed) {
   if (b.ndim() != 2 || b.size() == 0 || !mx::issubdtype(b.dtype(), mx::floating)) {

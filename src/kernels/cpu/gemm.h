@@ -45,6 +45,12 @@ inline constexpr int64_t kGemmTileRows = 6;
  * Highway picks at run time (16 with AVX2). */
 int64_t gemm_panel_width();
 
+/** panel[kk * width + j] = rows[j][kk] for j < cols and kk < k, each of the cols
+ * rows k float32 values at any byte alignment (a weight where it lies in its
+ * file); the panel's other columns are left as they are. */
+void transpose_rows_into_panel(const uint8_t* const* rows, int64_t cols, int64_t k, int64_t width,
+                               float* panel);
+
 /** B packed as above: float32 [ceil(N / P), K, P] with P = gemm_panel_width().
  * `b` is float (any float dtype, converted to float32) [K, N], or [N, K] when
  * `transposed` (Gemm's transB, nn.Linear's layout). Evaluates `b`. Throws

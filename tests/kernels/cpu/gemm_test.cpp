@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -64,6 +65,33 @@ TEST(PackedGemm, PackingIsExactAndUnpackingInvertsIt) {
   // [N, K] storage (Gemm transB) packs to the same panels.
   mx::array from_transposed = pack_gemm_rhs(mx::contiguous(mx::transpose(b)), true);
   EXPECT_EQ(max_abs_diff(from_transposed, packed), 0.0f);
+}
+
+// The transposing packer's 4 x 4 register blocks and its edges, from rows at odd byte offsets (a
+// weight read where it lies in its file).
+TEST(PackedGemm, RowsAtAnyAlignmentTransposeIntoAPanel) {
+  constexpr int64_t kWidth = 16, kRows = 11, kDepth = 23;  // 2 blocks + 3 rows, 5 blocks + 3 depths
+  std::vector<uint8_t> storage(1 + kRows * kDepth * sizeof(float));
+  std::vector<const uint8_t*> rows(kRows);
+  for (int64_t j = 0; j < kRows; ++j) {
+    rows[j] = storage.data() + 1 + j * kDepth * sizeof(float);
+    for (int64_t kk = 0; kk < kDepth; ++kk) {
+      const float value = static_cast<float>(100 * j + kk);
+      std::memcpy(const_cast<uint8_t*>(rows[j]) + kk * sizeof(float), &value, sizeof(float));
+    }
+  }
+  const int targets = testing::for_each_simd_target([&](const std::string& target) {
+    std::vector<float> panel(kDepth * kWidth, -1.0f);
+    transpose_rows_into_panel(rows.data(), kRows, kDepth, kWidth, panel.data());
+    for (int64_t kk = 0; kk < kDepth; ++kk) {
+      for (int64_t j = 0; j < kWidth; ++j) {
+        const float want =
+            j < kRows ? static_cast<float>(100 * j + kk) : -1.0f;  // columns past cols untouched
+        ASSERT_EQ(panel[kk * kWidth + j], want) << target << ": depth " << kk << ", column " << j;
+      }
+    }
+  });
+  EXPECT_GE(targets, 1);
 }
 
 // On every SIMD target of the CPU (the panel width and the partial-vector tails differ).
