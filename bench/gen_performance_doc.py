@@ -220,7 +220,8 @@ def first_call_section(data: dict) -> list[str]:
              "The first call of a fresh process (load excluded: `first_call_ms` of `transmuter bench`). With an "
              "**empty** MLX kernel cache (`$TRANSMUTER_KERNEL_CACHE` pointed at a new empty folder), compiled mode "
              "compiles every fused kernel with the system compiler; the issue's target is ≤ 2× the eager first "
-             "call. *Warm cache*: the median first call of the latency rounds, whose kernels were already on disk.",
+             "call. Each empty-cache figure is the median of three fresh processes per mode, alternating (runs "
+             "before 2026-12-07 17:00 UTC took one). *Warm cache*: the median first call of the latency rounds, whose kernels were already on disk.",
              "", "| case | compiled, empty cache (ms) | eager, empty cache (ms) | ratio | met | kernels compiled "
              "| compiled, warm cache (ms) | eager, warm (ms) | load, other CPU |",
              "|---|---:|---:|---:|---|---:|---:|---:|---|"]
