@@ -159,8 +159,10 @@ Prepared prepare(Graph& graph, ValueNames& names, const std::string& base, const
   if (depthwise) {
     p.weight = constant("/w_hwc", kernels::qlinear_depthwise_weight(c.w, c.w_zero));
   } else {
+    // From the weight's own layout (a filter per output channel): packing transposes it as it goes.
     kernels::PackedIntegerRhs packed =
-        kernels::pack_integer_gemm_rhs(c.rows ? *c.rows : kernels::qlinear_conv_weight_rows(c.w), c.w_zero);
+        c.rows ? kernels::pack_integer_gemm_rhs(*c.rows, c.w_zero)
+               : kernels::pack_integer_gemm_rhs_columns(kernels::qlinear_conv_weight_columns(c.w), c.w_zero);
     p.weight = constant("/w_packed", packed.packed);
     p.column_sums = constant("/w_column_sums", packed.column_sums);
     p.column_zeros = constant("/w_column_zeros", packed.column_zeros);

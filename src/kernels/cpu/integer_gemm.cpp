@@ -516,6 +516,61 @@ mx::array exact_integer_matmul(mx::array a, mx::array b, mx::StreamOrDevice s) {
 
 bool integer_gemm_available() { return HWY_DYNAMIC_DISPATCH(HasIntegerGemm)(); }
 
+namespace {
+
+// column_zeros of a packing: b_zero - shift per column, padded with zeros to whole panels. The zero point
+// (nullopt: 0; a scalar or [n], of B's type) is read on the host: an evaluation at load is a round trip
+// to the stream.
+std::vector<int32_t> column_zeros_of(const std::optional<mx::array>& b_zero_point, mx::Dtype type, int64_t n,
+                                     int64_t padded_n, int32_t shift) {
+  std::vector<int32_t> zeros(static_cast<size_t>(padded_n), 0);
+  for (int64_t j = 0; j < n; ++j) zeros[static_cast<size_t>(j)] = -shift;
+  if (!b_zero_point) return zeros;
+  const mx::array& z = *b_zero_point;
+  if (z.dtype() != type || (z.size() != 1 && !(z.ndim() == 1 && z.shape(0) == n)))
+    throw std::invalid_argument("pack_integer_gemm_rhs: the zero point must be B's type, a scalar or [N]");
+  mx::array keep_zero = z;
+  const uint8_t* zb = host_bytes(z, /*as_float32=*/false, keep_zero).data();
+  for (int64_t j = 0; j < n; ++j)
+    zeros[static_cast<size_t>(j)] = byte_value(zb[z.size() == 1 ? 0 : j], type == mx::int8) - shift;
+  return zeros;
+}
+
+PackedIntegerRhs packed_rhs(MlxBuffer&& packed, int64_t panels, int64_t quads,
+                            const std::vector<int32_t>& sums, const std::vector<int32_t>& zeros) {
+  const auto padded_n = static_cast<int>(sums.size());
+  return {std::move(packed).into_array(
+              {static_cast<int>(panels), static_cast<int>(quads), static_cast<int>(kIntQuadBytes)}, mx::int8),
+          mx::array(sums.data(), {padded_n}, mx::int32), mx::array(zeros.data(), {padded_n}, mx::int32)};
+}
+
+// PackIntegerQuads' layout from B^T [n, k] (row j: column j's k values): each quad of a column is 4
+// consecutive bytes of its row, moved whole and XORed with `flip` in every byte.
+void pack_quads_from_columns(const uint8_t* bt, int64_t k, int64_t n, uint8_t flip, int8_t* packed) {
+  const int64_t quads = ceil_div(k, 4), panels = ceil_div(n, kIntPanelColumns);
+  const uint32_t flip4 = 0x01010101u * flip;
+  for (int64_t p = 0; p < panels; ++p) {
+    auto* panel = reinterpret_cast<uint8_t*>(packed + p * quads * kIntQuadBytes);
+    const int64_t col0 = p * kIntPanelColumns, cols = std::min(kIntPanelColumns, n - col0);
+    if (cols < kIntPanelColumns) std::memset(panel, 0, static_cast<size_t>(quads * kIntQuadBytes));
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint8_t* column = bt + (col0 + j) * k;
+      for (int64_t q = 0; q < k / 4; ++q) {
+        uint32_t word;
+        std::memcpy(&word, column + 4 * q, 4);
+        word ^= flip4;
+        std::memcpy(panel + q * kIntQuadBytes + 4 * j, &word, 4);
+      }
+      if (k % 4 != 0) {  // the last quad's bytes past K are zero
+        uint8_t* quad = panel + (k / 4) * kIntQuadBytes + 4 * j;
+        for (int64_t r = 0; r < 4; ++r) quad[r] = 4 * (k / 4) + r < k ? column[4 * (k / 4) + r] ^ flip : 0;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<mx::array>& b_zero_point) {
   if (b.ndim() != 2 || (b.dtype() != mx::int8 && b.dtype() != mx::uint8))
     throw std::invalid_argument("pack_integer_gemm_rhs: B must be int8 or uint8 [K, N]");
@@ -523,39 +578,43 @@ PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<m
   const int32_t shift = b.dtype() == mx::uint8 ? 128 : 0;
   const int64_t panels = ceil_div(n, kIntPanelColumns), quads = ceil_div(k, 4);
   const int64_t padded_n = panels * kIntPanelColumns;
-  std::vector<int32_t> zero(static_cast<size_t>(n), 0);
-  if (b_zero_point) {
-    const mx::array& z = *b_zero_point;
-    if (z.dtype() != b.dtype() || (z.size() != 1 && !(z.ndim() == 1 && z.shape(0) == n)))
-      throw std::invalid_argument("pack_integer_gemm_rhs: the zero point must be B's type, a scalar or [N]");
-    mx::array keep_zero = z;  // read on the host: an evaluation at load is a round trip to the stream
-    const uint8_t* zb = host_bytes(z, /*as_float32=*/false, keep_zero).data();
-    for (int64_t j = 0; j < n; ++j) {
-      const uint8_t byte = zb[z.size() == 1 ? 0 : j];
-      zero[j] = byte_value(byte, b.dtype() == mx::int8);
-    }
-  }
+  const std::vector<int32_t> zeros = column_zeros_of(b_zero_point, b.dtype(), n, padded_n, shift);
   // B's bytes where they lie (often the model file): int8 values, or uint8 ones that XOR 0x80 turns
   // into value - 128.
   mx::array keep = b;
   const uint8_t* v = host_bytes(b, /*as_float32=*/false, keep).data();
   const uint8_t flip = shift != 0 ? 0x80 : 0;
-  const int64_t panel_bytes = quads * kIntQuadBytes;
-  MlxBuffer packed_buffer(static_cast<size_t>(panels * panel_bytes), BufferLifetime::kPacked);
-  auto* packed = packed_buffer.as<int8_t>();
-  HWY_DYNAMIC_DISPATCH(PackIntegerQuads)(v, k, n, flip, packed);
-  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0), zeros(static_cast<size_t>(padded_n), 0);
+  MlxBuffer packed_buffer(static_cast<size_t>(panels * quads * kIntQuadBytes), BufferLifetime::kPacked);
+  HWY_DYNAMIC_DISPATCH(PackIntegerQuads)(v, k, n, flip, packed_buffer.as<int8_t>());
+  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0);
   for (int64_t kk = 0; kk < k; ++kk) {
     const uint8_t* row = v + kk * n;
     for (int64_t j = 0; j < n; ++j) sums[static_cast<size_t>(j)] += static_cast<int8_t>(row[j] ^ flip);
   }
-  for (int64_t j = 0; j < n; ++j) zeros[static_cast<size_t>(j)] = zero[static_cast<size_t>(j)] - shift;
-  return {
-      std::move(packed_buffer)
-          .into_array({static_cast<int>(panels), static_cast<int>(quads), static_cast<int>(kIntQuadBytes)},
-                      mx::int8),
-      mx::array(sums.data(), {static_cast<int>(padded_n)}, mx::int32),
-      mx::array(zeros.data(), {static_cast<int>(padded_n)}, mx::int32)};
+  return packed_rhs(std::move(packed_buffer), panels, quads, sums, zeros);
+}
+
+PackedIntegerRhs pack_integer_gemm_rhs_columns(const mx::array& bt,
+                                               const std::optional<mx::array>& b_zero_point) {
+  if (bt.ndim() != 2 || (bt.dtype() != mx::int8 && bt.dtype() != mx::uint8))
+    throw std::invalid_argument("pack_integer_gemm_rhs_columns: B^T must be int8 or uint8 [N, K]");
+  const int64_t n = bt.shape(0), k = bt.shape(1);
+  const int32_t shift = bt.dtype() == mx::uint8 ? 128 : 0;
+  const int64_t panels = ceil_div(n, kIntPanelColumns), quads = ceil_div(k, 4);
+  const int64_t padded_n = panels * kIntPanelColumns;
+  const std::vector<int32_t> zeros = column_zeros_of(b_zero_point, bt.dtype(), n, padded_n, shift);
+  mx::array keep = bt;
+  const uint8_t* v = host_bytes(bt, /*as_float32=*/false, keep).data();
+  const uint8_t flip = shift != 0 ? 0x80 : 0;
+  MlxBuffer packed_buffer(static_cast<size_t>(panels * quads * kIntQuadBytes), BufferLifetime::kPacked);
+  pack_quads_from_columns(v, k, n, flip, packed_buffer.as<int8_t>());
+  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0);
+  for (int64_t j = 0; j < n; ++j) {
+    int32_t sum = 0;
+    for (int64_t kk = 0; kk < k; ++kk) sum += static_cast<int8_t>(v[j * k + kk] ^ flip);
+    sums[static_cast<size_t>(j)] = sum;
+  }
+  return packed_rhs(std::move(packed_buffer), panels, quads, sums, zeros);
 }
 
 mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t k, int64_t n,

@@ -55,6 +55,11 @@ struct PackedIntegerRhs {
  * type), evaluated on the host. Throws std::invalid_argument for other dtypes or shapes. */
 PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<mx::array>& b_zero_point);
 
+/** pack_integer_gemm_rhs of B from B^T [N, K] (each column's K values in a row, as a convolution's or
+ * Gemm transB's weight holds them), without transposing it first. */
+PackedIntegerRhs pack_integer_gemm_rhs_columns(const mx::array& bt,
+                                               const std::optional<mx::array>& b_zero_point);
+
 /** True when this CPU runs integer_matmul's kernel (AVX512-VNNI): otherwise the reference runs. */
 bool integer_gemm_available();
 

@@ -784,6 +784,27 @@ mx::array qlinear_conv_weight_rows(const mx::array& w) {
   return std::move(buffer).into_array({static_cast<int>(c * taps), static_cast<int>(m)}, w.dtype());
 }
 
+mx::array qlinear_conv_weight_columns(const mx::array& w) {
+  if (w.ndim() != 4 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
+    throw std::invalid_argument("QLinearConv weight must be 8-bit [M, C, kH, kW]");
+  const int64_t m = w.shape(0), c = w.shape(1), taps = int64_t{w.shape(2)} * w.shape(3);
+  const mx::Shape shape{static_cast<int>(m), static_cast<int>(c * taps)};
+  if (taps == 1) return mx::reshape(w, shape, mx::Device::cpu);
+  mx::array keep = w;
+  const uint8_t* v = host_bytes(w, /*as_float32=*/false, keep).data();        // [M, C, taps]
+  MlxBuffer buffer(static_cast<size_t>(m * c * taps), BufferLifetime::kRun);  // packed next, then dropped
+  auto* columns = buffer.as<uint8_t>();
+  // columns[mi, t * C + ci] = w[mi, ci, t]: one filter's C x taps bytes transposed at a time.
+  for (int64_t mi = 0; mi < m; ++mi) {
+    const uint8_t* filter = v + mi * c * taps;
+    uint8_t* column = columns + mi * c * taps;
+    for (int64_t ci = 0; ci < c; ++ci) {
+      for (int64_t t = 0; t < taps; ++t) column[t * c + ci] = filter[ci * taps + t];
+    }
+  }
+  return std::move(buffer).into_array(shape, w.dtype());
+}
+
 mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::array>& w_zero_point) {
   if (w.ndim() != 4 || w.shape(1) != 1 || (w.dtype() != mx::int8 && w.dtype() != mx::uint8))
     throw std::invalid_argument("depthwise QLinearConv weight must be 8-bit [C, 1, kH, kW]");

@@ -55,6 +55,11 @@ struct QLinearAddAfter {
  * row (ky * kW + kx) * C + c, column m (what pack_integer_gemm_rhs packs for qlinear_conv_nhwc). */
 mx::array qlinear_conv_weight_rows(const mx::array& w);
 
+/** The transpose of qlinear_conv_weight_rows: [M, kH * kW * C], output channel m's row holding its weights
+ * in the GEMM's row order ((ky * kW + kx) * C + c), what pack_integer_gemm_rhs_columns packs. A 1x1 weight
+ * is already that: returned as a reshape of w, without a copy. */
+mx::array qlinear_conv_weight_columns(const mx::array& w);
+
 /** A depthwise QLinearConv weight [C, 1, kH, kW] minus its zero point (none, one value or [C], of w's
  * type) as int16 [kH, kW, C]. */
 mx::array qlinear_depthwise_weight(const mx::array& w, const std::optional<mx::array>& w_zero_point);

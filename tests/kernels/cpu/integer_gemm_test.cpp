@@ -34,6 +34,35 @@ struct Shape3 {
   int m, k, n;
 };
 
+bool same_values(const mx::array& a, const mx::array& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && mx::array_equal(a, b).item<bool>();
+}
+
+// Packing from B^T (a convolution's filters) gives B's packing byte for byte: K past and short of a quad,
+// N past and short of a panel, both types, each kind of zero point.
+TEST(IntegerGemm, PackingFromColumnsEqualsPackingFromRows) {
+  uint64_t seed = 500;
+  for (auto [k, n] : {std::pair{5, 3}, {64, 33}, {37, 70}, {4, 32}}) {
+    for (mx::Dtype type : {mx::int8, mx::uint8}) {
+      for (int zero_kind = 0; zero_kind < 3; ++zero_kind) {
+        const mx::array bt = random_bytes({n, k}, type, seed++);
+        std::optional<mx::array> zero;
+        if (zero_kind == 1) zero = random_bytes({1}, type, seed++);
+        if (zero_kind == 2) zero = random_bytes({n}, type, seed++);
+        const PackedIntegerRhs want = pack_integer_gemm_rhs(mx::contiguous(mx::transpose(bt)), zero);
+        const PackedIntegerRhs got = pack_integer_gemm_rhs_columns(bt, zero);
+        const std::string where = std::to_string(k) + "x" + std::to_string(n) + " zero kind " +
+                                  std::to_string(zero_kind) + (type == mx::int8 ? " int8" : " uint8");
+        EXPECT_TRUE(same_values(got.packed, want.packed)) << where;
+        EXPECT_TRUE(same_values(got.column_sums, want.column_sums)) << where;
+        EXPECT_TRUE(same_values(got.column_zeros, want.column_zeros)) << where;
+      }
+    }
+  }
+  EXPECT_THROW(pack_integer_gemm_rhs_columns(mx::zeros({4, 4}, mx::float32), std::nullopt),
+               std::invalid_argument);
+}
+
 TEST(IntegerGemm, EqualsTheIntegerSums) {
   const std::vector<Shape3> shapes = {{1, 4, 1}, {6, 64, 32}, {7, 20, 33}, {13, 388, 100}, {128, 384, 64},
                                       {2, 8, 17}, {97, 12, 65}};

@@ -165,6 +165,18 @@ NhwcConvOptions conv(int k, int stride, std::array<int, 2> pads_begin, std::arra
   return o;
 }
 
+// The filters' own layout in the GEMM's row order: the transpose of qlinear_conv_weight_rows, a 1x1
+// weight without a copy.
+TEST(QLinearConvWeights, ColumnsAreTheTransposedRows) {
+  for (const mx::Shape& shape : {mx::Shape{5, 3, 3, 3}, mx::Shape{16, 8, 1, 1}, mx::Shape{4, 2, 1, 3}}) {
+    const mx::array w = random_bytes(shape, mx::int8, 40);
+    const mx::array columns = qlinear_conv_weight_columns(w);
+    const mx::array want = mx::transpose(qlinear_conv_weight_rows(w));
+    ASSERT_EQ(columns.shape(), want.shape());
+    EXPECT_TRUE(mx::array_equal(columns, want).item<bool>()) << shape[2] << "x" << shape[3];
+  }
+}
+
 TEST(QLinearConvNhwc, GroupOneEqualsTheIntegerSums) {
   NhwcConvOptions stem = conv(3, 2, {1, 1}, {1, 1});
   stem.channels_first_input = true;
