@@ -22,7 +22,9 @@ namespace transmuter::kernels {
 // registers for the two panel vectors and the broadcast row value (16 on AVX2).
 inline constexpr int64_t kTileRows = kGemmTileRows;
 // Depth of one pass over K: a row tile's slice of A (6 x 256 floats, 6 KiB)
-// stays in L1 while it passes over the block's panels (4 x 16 KiB, in L2).
+// stays in L1 while it passes over the block's panels (4 x 16 KiB with AVX2,
+// 32 KiB with AVX-512, in L2). Blocks of many rows pass over twice the depth
+// (DepthBlock).
 inline constexpr int64_t kDepthBlock = 256;
 }  // namespace transmuter::kernels
 #endif
@@ -215,12 +217,21 @@ void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t
   }
 }
 
+// The depth of a block's K slices: twice kDepthBlock for blocks of at least 8 row tiles, whose tiles
+// each load and store their accumulators once per slice (the outputs' read-modify-write halves; A's
+// 6 x 512 slice still fits L1) and which are compute-bound. 512 for every block measured ViT-base
+// 0.974, BERT-base s128 0.986, MiniLM-L6 s128 0.985 but MiniLM-L6 s16 (one block of 16 rows reading
+// its weights from memory) 1.031; this choice BERT 0.961 / 0.995, ViT 1.014 / 0.995, MiniLM-L6 s128
+// 0.939, b32 0.979, s16 0.993 (alternating A/B, load 1.3-1.9).
+int64_t DepthBlock(int64_t rows) { return rows >= 8 * kTileRows ? 2 * kDepthBlock : kDepthBlock; }
+
 // The packed slice that the first row tile of a K slice multiplies after panel p's: the next panel's at
 // this depth, else the block's first panel's at the next depth, else none.
-const float* NextPackedSlice(const GemmArgs& g, int64_t p, int64_t k0, int64_t panel0, int64_t panels) {
+const float* NextPackedSlice(const GemmArgs& g, int64_t p, int64_t k0, int64_t depth_block, int64_t panel0,
+                             int64_t panels) {
   const int64_t width = PanelWidth();
   if (p + 1 < panel0 + panels) return g.packed + ((p + 1) * g.k + k0) * width;
-  if (k0 + kDepthBlock < g.k) return g.packed + (panel0 * g.k + k0 + kDepthBlock) * width;
+  if (k0 + depth_block < g.k) return g.packed + (panel0 * g.k + k0 + depth_block) * width;
   return nullptr;
 }
 
@@ -232,10 +243,11 @@ struct PrefetchShare {
 
 // Row tile `tile`'s share (tiles 1 .. spread_tiles of a block, in equal parts) of panel p's slice at the
 // depth after k0, which the next depth's first row tile reads; none after the last depth.
-PrefetchShare ShareOfNextDepth(const GemmArgs& g, int64_t p, int64_t k0, int64_t tile, int64_t spread_tiles) {
-  const int64_t depth0 = k0 + kDepthBlock;
+PrefetchShare ShareOfNextDepth(const GemmArgs& g, int64_t p, int64_t k0, int64_t depth_block, int64_t tile,
+                               int64_t spread_tiles) {
+  const int64_t depth0 = k0 + depth_block;
   if (depth0 >= g.k || spread_tiles <= 0) return {};
-  const int64_t depth = std::min(kDepthBlock, g.k - depth0);
+  const int64_t depth = std::min(depth_block, g.k - depth0);
   const int64_t share = (depth + spread_tiles - 1) / spread_tiles;
   const int64_t first_row = std::min((tile - 1) * share, depth);
   return {g.packed + (p * g.k + depth0 + first_row) * PanelWidth(), std::min(share, depth - first_row)};
@@ -243,7 +255,7 @@ PrefetchShare ShareOfNextDepth(const GemmArgs& g, int64_t p, int64_t k0, int64_t
 
 // Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels) (a
 // panel: two vectors of columns): the work of one task. K in slices of
-// kDepthBlock; each row tile's slice of A (6 x 256 floats) stays in L1 while
+// DepthBlock(rows); each row tile's slice of A (6 x 256 or 512 floats) stays in L1 while
 // it passes over the block's panels. The first row tile of a slice reads the
 // packed weights from memory (a model's weights do not stay in the caches
 // between its products): it prefetches the slice it will read next, which the
@@ -257,8 +269,9 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
   const int64_t width = PanelWidth();
   const Clamp clamp{g.conv_activation, g.clip_min, g.clip_max};
   const int64_t spread_tiles = (rows + kTileRows - 1) / kTileRows - 1;  // row tiles after the first
-  for (int64_t k0 = 0; k0 < g.k; k0 += kDepthBlock) {
-    const int64_t depth = std::min(kDepthBlock, g.k - k0);
+  const int64_t depth_block = DepthBlock(rows);
+  for (int64_t k0 = 0; k0 < g.k; k0 += depth_block) {
+    const int64_t depth = std::min(depth_block, g.k - k0);
     const Clamp* last = k0 + depth == g.k && clamp.kind != ConvActivation::kNone ? &clamp : nullptr;
     for (int64_t r = row0; r < row0 + rows; r += kTileRows) {
       const int64_t tile_rows = std::min(kTileRows, row0 + rows - r);
@@ -272,9 +285,9 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
                               g.residual != nullptr ? g.residual + r * g.ldy + col0 : nullptr, k0 > 0};
         PrefetchShare prefetch;
         if (g.packed != nullptr && r == row0) {
-          prefetch = {NextPackedSlice(g, p, k0, panel0, panels), depth};
+          prefetch = {NextPackedSlice(g, p, k0, depth_block, panel0, panels), depth};
         } else if (g.packed != nullptr) {
-          prefetch = ShareOfNextDepth(g, p, k0, (r - row0) / kTileRows, spread_tiles);
+          prefetch = ShareOfNextDepth(g, p, k0, depth_block, (r - row0) / kTileRows, spread_tiles);
         }
         const float* next = prefetch.rows > 0 ? prefetch.next : nullptr;
         if (g.packed != nullptr && segment.high == 0) {  // zero-padded panels: full loads

@@ -97,14 +97,17 @@ TEST(PackedGemm, RowsAtAnyAlignmentTransposeIntoAPanel) {
 // On every SIMD target of the CPU (the panel width and the partial-vector tails differ).
 TEST(PackedGemm, MatchesMatmulOnEveryTilingEdge) {
   const int targets = testing::for_each_simd_target([](const std::string& target) {
-    for (int m : {1, 5, 6, 7, 13, 100}) {
-      for (auto [k, n] : {std::pair{1, 1}, {3, 15}, {255, 16}, {256, 17}, {257, 33}, {600, 100}}) {
+    for (int m : {1, 5, 6, 7, 13, 100}) {  // 100: blocks of over 8 row tiles, K in slices of 512
+      for (auto [k, n] :
+           {std::pair{1, 1}, {3, 15}, {255, 16}, {256, 17}, {257, 33}, {600, 100}, {1100, 40}}) {
         mx::array a = random_array({m, k}, static_cast<uint64_t>(m * 1000 + k));
         mx::array b = random_array({k, n}, static_cast<uint64_t>(n));
         mx::array got = packed_matmul(a, pack_gemm_rhs(b, false), std::nullopt, n, Activation::kIdentity,
                                       mx::Device::cpu);
         ASSERT_EQ(got.shape(), (mx::Shape{m, n}));
-        EXPECT_LT(max_abs_diff(got, mx::matmul(a, b)), kTolerance)
+        // Sums of 1100 products (of N(0, 1) values, ~33 in size) round more in float32: ~sqrt(K) growth.
+        const float tolerance = k > 600 ? 3e-4f : kTolerance;
+        EXPECT_LT(max_abs_diff(got, mx::matmul(a, b)), tolerance)
             << target << " " << m << "x" << k << "x" << n;
       }
     }
