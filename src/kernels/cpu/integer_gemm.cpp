@@ -536,14 +536,6 @@ std::vector<int32_t> column_zeros_of(const std::optional<mx::array>& b_zero_poin
   return zeros;
 }
 
-PackedIntegerRhs packed_rhs(MlxBuffer&& packed, int64_t panels, int64_t quads,
-                            const std::vector<int32_t>& sums, const std::vector<int32_t>& zeros) {
-  const auto padded_n = static_cast<int>(sums.size());
-  return {std::move(packed).into_array(
-              {static_cast<int>(panels), static_cast<int>(quads), static_cast<int>(kIntQuadBytes)}, mx::int8),
-          mx::array(sums.data(), {padded_n}, mx::int32), mx::array(zeros.data(), {padded_n}, mx::int32)};
-}
-
 // PackIntegerQuads' layout from B^T [n, k] (row j: column j's k values): each quad of a column is 4
 // consecutive bytes of its row, moved whole and XORed with `flip` in every byte.
 void pack_quads_from_columns(const uint8_t* bt, int64_t k, int64_t n, uint8_t flip, int8_t* packed) {
@@ -571,50 +563,62 @@ void pack_quads_from_columns(const uint8_t* bt, int64_t k, int64_t n, uint8_t fl
 
 }  // namespace
 
-PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<mx::array>& b_zero_point) {
-  if (b.ndim() != 2 || (b.dtype() != mx::int8 && b.dtype() != mx::uint8))
-    throw std::invalid_argument("pack_integer_gemm_rhs: B must be int8 or uint8 [K, N]");
-  const int64_t k = b.shape(0), n = b.shape(1);
-  const int32_t shift = b.dtype() == mx::uint8 ? 128 : 0;
+namespace {
+
+// B stored as its rows [K, N] or, when `columns`, as B^T [N, K] (a convolution's filters), read where it
+// lies (often the model file): int8 values, or uint8 ones that XOR 0x80 turns into value - 128.
+PackedIntegerRhs pack_rhs(const mx::array& stored, bool columns,
+                          const std::optional<mx::array>& b_zero_point) {
+  const int64_t k = stored.shape(columns ? 1 : 0), n = stored.shape(columns ? 0 : 1);
+  const int32_t shift = stored.dtype() == mx::uint8 ? 128 : 0;
   const int64_t panels = ceil_div(n, kIntPanelColumns), quads = ceil_div(k, 4);
   const int64_t padded_n = panels * kIntPanelColumns;
-  const std::vector<int32_t> zeros = column_zeros_of(b_zero_point, b.dtype(), n, padded_n, shift);
-  // B's bytes where they lie (often the model file): int8 values, or uint8 ones that XOR 0x80 turns
-  // into value - 128.
-  mx::array keep = b;
-  const uint8_t* v = host_bytes(b, /*as_float32=*/false, keep).data();
+  const std::vector<int32_t> zeros = column_zeros_of(b_zero_point, stored.dtype(), n, padded_n, shift);
+  mx::array keep = stored;
+  const uint8_t* v = host_bytes(stored, /*as_float32=*/false, keep).data();
   const uint8_t flip = shift != 0 ? 0x80 : 0;
-  MlxBuffer packed_buffer(static_cast<size_t>(panels * quads * kIntQuadBytes), BufferLifetime::kPacked);
-  HWY_DYNAMIC_DISPATCH(PackIntegerQuads)(v, k, n, flip, packed_buffer.as<int8_t>());
-  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0);
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const uint8_t* row = v + kk * n;
-    for (int64_t j = 0; j < n; ++j) sums[static_cast<size_t>(j)] += static_cast<int8_t>(row[j] ^ flip);
+  MlxBuffer packed(static_cast<size_t>(panels * quads * kIntQuadBytes), BufferLifetime::kPacked);
+  if (columns) {
+    pack_quads_from_columns(v, k, n, flip, packed.as<int8_t>());
+  } else {
+    HWY_DYNAMIC_DISPATCH(PackIntegerQuads)(v, k, n, flip, packed.as<int8_t>());
   }
-  return packed_rhs(std::move(packed_buffer), panels, quads, sums, zeros);
+  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0);  // over B's bytes in memory order
+  if (columns) {
+    for (int64_t j = 0; j < n; ++j) {
+      int32_t sum = 0;  // a local: stores to sums could alias the bytes read
+      for (int64_t kk = 0; kk < k; ++kk) sum += static_cast<int8_t>(v[j * k + kk] ^ flip);
+      sums[static_cast<size_t>(j)] = sum;
+    }
+  } else {
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const uint8_t* row = v + kk * n;
+      for (int64_t j = 0; j < n; ++j) sums[static_cast<size_t>(j)] += static_cast<int8_t>(row[j] ^ flip);
+    }
+  }
+  return {std::move(packed).into_array(
+              {static_cast<int>(panels), static_cast<int>(quads), static_cast<int>(kIntQuadBytes)}, mx::int8),
+          mx::array(sums.data(), {static_cast<int>(padded_n)}, mx::int32),
+          mx::array(zeros.data(), {static_cast<int>(padded_n)}, mx::int32)};
+}
+
+bool is_byte_matrix(const mx::array& a) {
+  return a.ndim() == 2 && (a.dtype() == mx::int8 || a.dtype() == mx::uint8);
+}
+
+}  // namespace
+
+PackedIntegerRhs pack_integer_gemm_rhs(const mx::array& b, const std::optional<mx::array>& b_zero_point) {
+  if (!is_byte_matrix(b))
+    throw std::invalid_argument("pack_integer_gemm_rhs: B must be int8 or uint8 [K, N]");
+  return pack_rhs(b, /*columns=*/false, b_zero_point);
 }
 
 PackedIntegerRhs pack_integer_gemm_rhs_columns(const mx::array& bt,
                                                const std::optional<mx::array>& b_zero_point) {
-  if (bt.ndim() != 2 || (bt.dtype() != mx::int8 && bt.dtype() != mx::uint8))
+  if (!is_byte_matrix(bt))
     throw std::invalid_argument("pack_integer_gemm_rhs_columns: B^T must be int8 or uint8 [N, K]");
-  const int64_t n = bt.shape(0), k = bt.shape(1);
-  const int32_t shift = bt.dtype() == mx::uint8 ? 128 : 0;
-  const int64_t panels = ceil_div(n, kIntPanelColumns), quads = ceil_div(k, 4);
-  const int64_t padded_n = panels * kIntPanelColumns;
-  const std::vector<int32_t> zeros = column_zeros_of(b_zero_point, bt.dtype(), n, padded_n, shift);
-  mx::array keep = bt;
-  const uint8_t* v = host_bytes(bt, /*as_float32=*/false, keep).data();
-  const uint8_t flip = shift != 0 ? 0x80 : 0;
-  MlxBuffer packed_buffer(static_cast<size_t>(panels * quads * kIntQuadBytes), BufferLifetime::kPacked);
-  pack_quads_from_columns(v, k, n, flip, packed_buffer.as<int8_t>());
-  std::vector<int32_t> sums(static_cast<size_t>(padded_n), 0);
-  for (int64_t j = 0; j < n; ++j) {
-    int32_t sum = 0;
-    for (int64_t kk = 0; kk < k; ++kk) sum += static_cast<int8_t>(v[j * k + kk] ^ flip);
-    sums[static_cast<size_t>(j)] = sum;
-  }
-  return packed_rhs(std::move(packed_buffer), panels, quads, sums, zeros);
+  return pack_rhs(bt, /*columns=*/true, b_zero_point);
 }
 
 mx::array integer_matmul(const mx::array& a, const PackedIntegerRhs& b, int64_t k, int64_t n,
