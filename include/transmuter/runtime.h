@@ -64,12 +64,14 @@ struct RunOptions {
    * intermediates go back to malloc, which reuses their memory for requests of
    * any size; MLX's cache hands a buffer out again only for a request of
    * nearly its size, so with a large limit a run kept one buffer of each
-   * size it had freed (peak RSS of ResNet-50 b8 291 -> 237 MB, all-MiniLM-L6
-   * b32 160 -> 135 MB, speed unchanged). glibc still unmaps freed buffers over
-   * its mmap threshold (at most 32 MiB): a larger limit keeps those for the
-   * next run. Where MLX has a GPU, unset leaves its limit alone (that cache
-   * also holds GPU buffers). Transmuter calls MLX only when the value changes,
-   * so a limit set by the caller in between stays until then. */
+   * size it had freed (the transmuter CLI, on tcmalloc: peak RSS of
+   * ResNet-50 b8 291 -> 237 MB, all-MiniLM-L6 b32 160 -> 135 MB, speed
+   * unchanged). malloc may give large freed buffers back to the system, to be
+   * faulted in again on the next run (glibc unmaps those over its mmap
+   * threshold, at most 32 MiB): a larger limit keeps them. Where MLX has a
+   * GPU, unset leaves its limit alone (that cache also holds GPU buffers).
+   * Transmuter calls MLX only when the value changes, so a limit set by the
+   * caller in between stays until then. */
   std::optional<size_t> cpu_buffer_cache = std::nullopt;
   /** On a CPU device, how many bytes MLX's evaluation may allocate ahead of
    * the computation. MLX encodes up to ~100 ops before the first one has run,

@@ -33,8 +33,9 @@ void set_cpu_buffer_cache(const mx::Device& device, std::optional<size_t> reques
   const std::optional<size_t> limit =
       requested ? requested : (mx::is_available(mx::Device::gpu) ? std::nullopt : std::optional<size_t>{0});
   if (!limit) return;
-  // mx::set_cache_limit waits for every CPU stream to drain (two round trips
-  // to its thread per call): set it only when it changes.
+  // mx::set_cache_limit waits for every CPU stream to drain (a round trip to
+  // the stream's thread; runs made two such calls each): set it only when it
+  // changes.
   static std::mutex mutex;
   static std::optional<size_t> last_set;
   std::lock_guard lock(mutex);
