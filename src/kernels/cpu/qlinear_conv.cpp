@@ -766,7 +766,7 @@ mx::array qlinear_conv_weight_rows(const mx::array& w) {
   const int64_t m = w.shape(0), c = w.shape(1), taps = int64_t{w.shape(2)} * w.shape(3);
   mx::array keep = w;
   const uint8_t* v = host_bytes(w, /*as_float32=*/false, keep).data();  // [M, C, kH, kW]
-  MlxBuffer buffer(static_cast<size_t>(m * c * taps), BufferLifetime::kRun);  // packed next, then dropped
+  MlxBuffer buffer(static_cast<size_t>(m * c * taps), BufferLifetime::kRun);  // a reference's, not a model's
   auto* rows = buffer.as<uint8_t>();
   // rows[(t * C + c) * M + m] = w[m, c, t] (row (ky * kW + kx) * C + c): 64 output channels at a time, so
   // that each row's writes are a run of 64 bytes.

@@ -52,7 +52,9 @@ struct QLinearAddAfter {
 };
 
 /** An ONNX QLinearConv weight [M, C, kH, kW] (int8 or uint8) as the GEMM's rows [kH * kW * C, M]:
- * row (ky * kW + kx) * C + c, column m (what pack_integer_gemm_rhs packs for qlinear_conv_nhwc). */
+ * row (ky * kW + kx) * C + c, column m (what pack_integer_gemm_rhs packs for qlinear_conv_nhwc). The
+ * load-time pass packs from qlinear_conv_weight_columns instead; tests and bench/qlinear_conv_bench build
+ * their packed weights from these rows. */
 mx::array qlinear_conv_weight_rows(const mx::array& w);
 
 /** The transpose of qlinear_conv_weight_rows: [M, kH * kW * C], output channel m's row holding its weights
