@@ -17,6 +17,9 @@ one run and on the same inputs:
   * first call: every `transmuter bench` prints its first call's time; for the cases marked
     `first_compile` a compiled and an eager process also run with an EMPTY MLX kernel cache
     ($TRANSMUTER_KERNEL_CACHE pointed at a fresh folder), the issue's first-compile latency.
+    The `export` cases are torch exports of Hugging Face architectures (DeBERTa-v2, CLIP,
+    ConvNeXt, ...: the coverage corpus's fp32 files, tiny random configs) measured for agreement
+    and that first call only; made on first use when the coverage corpus's venv is there.
 Every case records the CPU, load average before/after, the share of the cores other
 processes used meanwhile, the date and the commit.
 
@@ -62,6 +65,7 @@ class Case:
     quick: bool = False  # part of --quick
     first_compile: bool = False  # also measure the first call with an empty kernel cache
     optional: bool = False  # only when named in --cases (too long for the default full run)
+    first_compile_only: bool = False  # agreement and the empty-cache first call; no latency, load or RSS
     notes: list[str] = field(default_factory=list)
 
 
@@ -74,6 +78,20 @@ def encoder_cases(model: str, shapes, quick_shapes=(), first_compile=False, voca
 def image_cases(model: str, group: str, batches, quick_batches=(), first_compile=False) -> list[Case]:
     return [Case(f"{model}_b{b}", model, group, {"batch": b}, quick=b in quick_batches,
                  first_compile=first_compile and i == 0) for i, b in enumerate(batches)]
+
+
+# The coverage corpus (bench/coverage/make_corpus.py, fp32 flavour: torch.onnx.export of a seeded tiny
+# config). The issue's first compiles that took minutes were a tiny DeBERTa-v2 (251 s), CLIP and ConvNeXt:
+# these exports keep every shape op and small elementwise chain a real export has, which is what MLX's
+# compiler fused and built one kernel at a time.
+CORPUS = REPO_ROOT / ".cache/coverage"
+EXPORT_ARCHS = ["deberta_v2", "deberta", "bert", "clip", "convnext", "convnextv2"]
+EXPORT_DIMS = {"batch": 1, "sequence_length": 16, "height": 32, "width": 32}
+
+
+def export_cases() -> list[Case]:
+    return [Case(f"{arch}_export_b1", f"export:{arch}", "export", EXPORT_DIMS, vocab=512, first_compile=True,
+                 first_compile_only=True) for arch in EXPORT_ARCHS]
 
 
 ENCODER_SHAPES = [(1, 16), (1, 128), (32, 128)]
@@ -92,6 +110,7 @@ CASES = [
     *image_cases("pplcnet_cls", "cnn", [8], quick_batches=[8]),
     *image_cases("pplcnet_rec", "cnn", [1]),
     *image_cases("convnext_atto", "cnn", [1], first_compile=True),
+    *export_cases(),
     *image_cases("vit_base", "vit", [1, 8]),  # b8 last: the longest, the first cut by --max-minutes
 ]
 SMOKE_ONLY = {"tiny_encoder_b1_s16"}
@@ -138,7 +157,29 @@ def log(message: str) -> None:
 
 # --- models and inputs ---------------------------------------------------------------
 
+def corpus_python() -> Path | None:
+    """An interpreter with the coverage corpus's pins: $COVERAGE_PYTHON or the venv bench/coverage/run
+    installs (several GB of torch, so the suite never installs it itself)."""
+    path = Path(os.environ.get("COVERAGE_PYTHON", REPO_ROOT / ".cache/coverage-venv/bin/python"))
+    return path if os.access(path, os.X_OK) else None
+
+
+def export_path(arch: str) -> Path:
+    """The corpus's fp32 export of `arch`, made first (a few seconds) when missing and an interpreter can."""
+    path = CORPUS / arch / "fp32/model.onnx"
+    command = ["bench/coverage/make_corpus.py", "--only", arch, "--flavours", "fp32"]
+    if not path.exists() and (python := corpus_python()) is not None:
+        log(f"making {path.relative_to(REPO_ROOT)} ({' '.join(command)})")
+        subprocess.run([str(python), *command], cwd=REPO_ROOT, check=True, stdout=subprocess.DEVNULL)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing and no interpreter has the corpus's pins (.cache/coverage-venv "
+                                f"from bench/coverage/run, or $COVERAGE_PYTHON); then run {' '.join(command)}")
+    return path
+
+
 def model_path(case: Case) -> Path:
+    if case.model.startswith("export:"):
+        return export_path(case.model.removeprefix("export:"))
     if case.model != "minilm_l3":
         return make_bench_models.ensure_model(case.model)
     if not REAL_MINILM.exists():
@@ -300,6 +341,15 @@ def run_case(args, case: Case, plan: dict, load_cache: dict) -> dict:
         inputs = make_inputs(case, sessions["default"])
         input_args = mb.save_inputs(inputs, tmp)
         result["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
+        if case.first_compile_only:
+            names = [o.name for o in sessions["disabled"].get_outputs()]
+            reference = dict(zip(names, sessions["disabled"].run(None, inputs)))
+            result["agreement"], result["first_run"] = agreement(args, model, input_args, reference, tmp, extra)
+            if not args.no_first_compile:
+                log(f"{case.name}: first call with an empty kernel cache")
+                result["first_compile"] = first_compile(args, model, input_args, extra)
+            result["machine_after"] = {"loadavg": os.getloadavg(), "other_cpu_share": other.share()}
+            return result
         result["activations_mib"] = activations.peak_live_bytes(model, inputs) / 2**20
         names = [o.name for o in sessions["disabled"].get_outputs()]
         reference = dict(zip(names, sessions["disabled"].run(None, inputs)))

@@ -196,6 +196,13 @@ class CompiledModel {
   std::shared_ptr<State> state_;
 };
 
+/** Starts, on a thread of its own, the check MLX makes once per process before it first compiles:
+ * whether the system compiler runs, asked of the shell (2.8 ms of a fork and two execs on the
+ * benchmark machine), whether or not any kernel will be generated. compile() starts it and the
+ * first plan waits for it; a caller that knows it will compile can start it before load(), which
+ * then hides it. Idempotent and cheap after the first call. */
+void prepare_to_compile();
+
 /** Compiles `model`; builds (and caches) the plan for `example_inputs`. */
 CompiledModel compile(const Model& model, const Inputs& example_inputs,
                       const CompileOptions& options = {});

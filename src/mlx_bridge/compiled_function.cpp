@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <future>
 #include <mutex>
+#include <system_error>
 
 namespace transmuter {
 
@@ -49,12 +51,41 @@ class ScopedNoFuse {
   }
 };
 
+// MLX's answer to "can this process compile?", settled by wrapping a function that is never called
+// (mx::detail::compile asks before it wraps; nothing enters a compile cache).
+void ask_mlx_whether_it_compiles() {
+  (void)mx::detail::compile([](const std::vector<mx::array>& args) { return args; }, next_compile_id());
+}
+
+// The one probe of the process. A std::async future's last copy waits for the thread at exit.
+const std::shared_future<void>& compiler_probe() {
+  static const std::shared_future<void> probe = [] {
+    try {
+      return std::async(std::launch::async, ask_mlx_whether_it_compiles).share();
+    } catch (const std::system_error&) {  // no thread to spare: ask here
+      ask_mlx_whether_it_compiles();
+      std::promise<void> done;
+      done.set_value();
+      return done.get_future().share();
+    }
+  }();
+  return probe;
+}
+
+// MLX builds every compiled function after the probe: its answer lives in an unguarded static.
+CompiledFunction::Fn compile_after_probe(CompiledFunction::Fn fn, std::uintptr_t id) {
+  compiler_probe().wait();
+  return mx::detail::compile(std::move(fn), id);
+}
+
 }  // namespace
+
+void start_compiler_probe() { (void)compiler_probe(); }
 
 CompiledFunction::CompiledFunction(Fn fn, bool fuse)
     : id_(next_compile_id()),
       cache_(mx::detail::compile_cache()),
-      compiled_(mx::detail::compile(std::move(fn), id_)),
+      compiled_(compile_after_probe(std::move(fn), id_)),
       fuse_(fuse) {}
 
 std::vector<mx::array> CompiledFunction::operator()(const std::vector<mx::array>& args) {

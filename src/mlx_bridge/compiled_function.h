@@ -55,6 +55,14 @@ class CompiledFunction {
   std::vector<std::vector<std::pair<mx::Shape, mx::Dtype>>> traced_signatures_;
 };
 
+/** Starts MLX's one check per process of whether it can compile, on a thread of its own (idempotent).
+ * Before it first compiles anything, MLX asks the shell whether the system compiler runs
+ * (JitCompiler::available: std::system("g++ --version"), a fork and two execs: 2.8 ms here), even
+ * for a function whose kernels it will not generate (fusion off), and keeps the answer in a static
+ * it does not guard. Every CompiledFunction is built after this probe has finished, so started
+ * early it costs the first compiled call nothing; started by that call, the call waits for it. */
+void start_compiler_probe();
+
 /** True when the calling thread's MLX compile cache is `cache`. */
 bool is_current_compile_cache(const mx::detail::CompileCacheWeakPtr& cache);
 

@@ -313,8 +313,11 @@ CompileStats CompiledModel::stats() const {
   return stats;
 }
 
+void prepare_to_compile() { start_compiler_probe(); }
+
 CompiledModel compile(const Model& model, const Inputs& example_inputs, const CompileOptions& options) {
-  secure_kernel_cache();  // before MLX compiles its first kernel
+  start_compiler_probe();  // overlaps whatever the caller does before the first call
+  secure_kernel_cache();   // before MLX compiles its first kernel
   auto state = std::make_shared<CompiledModel::State>(model, options);
   for (const std::string& name : options.static_inputs) {
     bool known = false;

@@ -65,6 +65,31 @@ std::map<int, mx::array> reference_outputs(const Model& model) {
   return reference;
 }
 
+// prepare_to_compile() asks MLX on a thread of its own whether it can compile, and MLX keeps the answer
+// in a static it does not guard: plans built meanwhile on other threads wait for that probe (TSan
+// checks the ordering in scripts/sanitize; this test comes first in its file, so that in the sanitizer
+// binary the probe is likelier still running).
+TEST(Threads, PlansBuiltOnEightThreadsWhileMlxProbesTheCompiler) {
+  Model model = testing::GraphBuilder()
+                    .input("x", OnnxType::kFloat, {-1})
+                    .node("Neg", {"x"}, {"y"})
+                    .output("y")
+                    .build();
+  prepare_to_compile();
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      prepare_to_compile();
+      CompiledModel compiled = compile(model, {}, {.static_inputs = {}, .device = mx::Device::cpu});
+      mx::array y = compiled({{"x", mx::array({1.f, float(t)})}}).tensor("y");
+      if (mx::sum(y).item<float>() != -1.f - float(t)) ++mismatches;
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
 TEST(Threads, EagerRunsOfOneModelFromEightThreads) {
   const Model model = load(bert_path());
   const std::map<int, mx::array> reference = reference_outputs(model);
