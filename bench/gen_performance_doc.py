@@ -442,10 +442,12 @@ def method_section() -> list[str]:
             "corpus (`bench/coverage/make_corpus.py --flavours fp32`: DeBERTa-v2, DeBERTa, BERT, CLIP, ConvNeXt, "
             "ConvNeXt-V2 with hidden sizes 16-64 and a 512-token vocabulary), made on first use when the corpus's venv "
             "exists.",
-            "- **Inputs**: token ids uniform in [0, 30522) and an all-ones mask; images N(0, 1); seeded.",
+            "- **Inputs**: token ids uniform in [0, vocabulary), token types 0 and an all-ones mask; images N(0, 1); "
+            "seeded.",
             "- **Runs per process**: chosen per case from ORT's latency so each engine gets about the same timed "
-            "work per round (the *rounds × runs* column): 5 rounds under 30 ms, 3 up to 300 ms, and above that "
-            "2 rounds of 1 warm-up + 2 runs per process (ViT-base b8 takes seconds per run). "
+            "work per round (the *rounds × runs* column): 5 rounds under 30 ms, 3 up to 1 s (300 ms before "
+            "2026-12-07 19:40 UTC), and above that 2 rounds of 1 warm-up + 2 runs per process (ViT-base b8 takes "
+            "seconds per run). "
             "`bert_base_b8_s128` runs only when named (`--cases`).",
             "- **Noise**: other sessions share the machine. Each row carries its load; compare rows only when "
             "their other-CPU share is low.", ""]
