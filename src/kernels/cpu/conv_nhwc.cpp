@@ -707,26 +707,26 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
   // MLX's own buffer: an array built over foreign memory would be copied.
   MlxBuffer buffer(static_cast<size_t>(panels * k * width) * sizeof(float), BufferLifetime::kPacked);
   float* packed = buffer.as<float>();
-  // packed[p, tap * C + c, j] = w[p * width + j, c, tap]: each panel row (one
-  // cache line with AVX2) is written whole, from the panel's `width` filters
-  // read in their own order.
+  // packed[p, tap * C + c, j] = w[p * width + j, c, tap]: the panel's `width` filters transposed by
+  // register transposes, each filter a row of its [C, taps] values, into rows in (c, tap) order; a
+  // kernel over several taps then reorders those rows to (tap, c) through a scratch panel (ResNet-50's
+  // 3x3 weights had gone one float at a time).
   constexpr int64_t kItem = sizeof(float);
   parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
     std::vector<const uint8_t*> filters(static_cast<size_t>(width));
+    std::vector<float> scratch(taps == 1 ? 0 : static_cast<size_t>(k * width));
     for (int64_t p = begin; p < end; ++p) {
       float* panel = packed + p * k * width;
       const int64_t cols = std::min(width, m - p * width);
       for (int64_t j = 0; j < cols; ++j) filters[j] = weight + (p * width + j) * k * kItem;  // [C, taps]
-      if (taps == 1) {  // each filter is the panel's column as it is
-        if (cols < width) std::fill(panel, panel + k * width, 0.0f);
-        transpose_rows_into_panel(filters.data(), cols, k, width, panel);
-        continue;
-      }
-      for (int64_t c = 0; c < channels; ++c) {
-        for (int64_t t = 0; t < taps; ++t) {
-          float* row = panel + (t * channels + c) * width;
-          for (int64_t j = 0; j < cols; ++j) std::memcpy(&row[j], filters[j] + (c * taps + t) * kItem, kItem);
-          std::fill(row + cols, row + width, 0.0f);
+      float* by_channel = taps == 1 ? panel : scratch.data();                                // rows (c, tap)
+      if (cols < width) std::fill(by_channel, by_channel + k * width, 0.0f);
+      transpose_rows_into_panel(filters.data(), cols, k, width, by_channel);
+      if (taps == 1) continue;  // (c, tap) is (tap, c)
+      for (int64_t t = 0; t < taps; ++t) {
+        for (int64_t c = 0; c < channels; ++c) {
+          std::memcpy(panel + (t * channels + c) * width, by_channel + (c * taps + t) * width,
+                      static_cast<size_t>(width) * kItem);
         }
       }
     }
