@@ -1,6 +1,10 @@
 #include "passes/pass_manager.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -69,10 +73,26 @@ std::vector<Pass> select_passes(const std::vector<std::string>& names) {
   return selected;
 }
 
+bool load_profile_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("TRANSMUTER_LOAD_PROFILE");
+    return value != nullptr && std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
+
 std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passes) {
   std::vector<std::string> applied;
   for (const Pass& pass : passes) {
-    if (pass.run(graph) > 0) applied.emplace_back(pass.name);
+    const auto start = std::chrono::steady_clock::now();
+    const size_t rewrites = pass.run(graph);
+    if (load_profile_enabled()) {
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "load profile: pass %-28.*s %8.3f ms, %zu rewrite(s)\n",
+                   static_cast<int>(pass.name.size()), pass.name.data(), ms, rewrites);
+    }
+    if (rewrites > 0) applied.emplace_back(pass.name);
   }
   if (!applied.empty()) drop_unread_initializers(graph);
   return applied;

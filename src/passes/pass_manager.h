@@ -30,8 +30,14 @@ const std::vector<Pass>& default_passes();
 std::vector<Pass> select_passes(const std::vector<std::string>& names);
 
 /** Runs `passes` in order over `graph`, then drops initializers nothing reads
- * any more. Returns the names of the passes that rewrote something. */
+ * any more. Returns the names of the passes that rewrote something. With
+ * $TRANSMUTER_LOAD_PROFILE set (to anything but "0"), prints each pass's time
+ * and rewrites to stderr (load_profile_enabled). */
 std::vector<std::string> run_passes(Graph& graph, const std::vector<Pass>& passes);
+
+/** True when $TRANSMUTER_LOAD_PROFILE asks load() to print where its time goes (read once): a
+ * development aid beside $TRANSMUTER_KERNEL_PROFILE; unset, it costs a branch per phase. */
+bool load_profile_enabled();
 
 // The passes (one file each). load() runs one of the two precision passes,
 // as LoadOptions::compute_type resolves: compute_in_float32 (float32) or

@@ -1,5 +1,7 @@
 // load(): read the file -> load-time passes -> bind to the registry. Reading
 // (src/onnx) also inlines model-local functions and sorts the nodes.
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 
 #include <mlx/device.h>
@@ -68,10 +70,26 @@ std::vector<Pass> passes_for(const LoadOptions& options) {
   return passes;
 }
 
+// Prints the time since the previous mark under `phase` when $TRANSMUTER_LOAD_PROFILE is set.
+class LoadPhases {
+ public:
+  void mark(const char* phase) {
+    if (!load_profile_enabled()) return;
+    const auto now = std::chrono::steady_clock::now();
+    std::fprintf(stderr, "load profile: %-33s %8.3f ms\n", phase,
+                 std::chrono::duration<double, std::milli>(now - last_).count());
+    last_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
 }  // namespace
 
 Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const LoadOptions& options,
                  int64_t ir_version, std::string producer) {
+  LoadPhases phases;
   auto state = std::make_shared<Model::State>();
   last_position_outputs(*graph, options.last_position_outputs);  // asked for: not one of run_passes'
   if (new_rows_outputs(*graph, options.new_rows_outputs) > 0) state->passes_applied.push_back("new_rows_outputs");
@@ -79,8 +97,10 @@ Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const 
     std::vector<std::string> applied = run_passes(*graph, passes_for(options));
     state->passes_applied.insert(state->passes_applied.end(), applied.begin(), applied.end());
   }
+  phases.mark("passes (in all)");
   materialize_deferred(*graph);
   release_packed_slab_tail();
+  phases.mark("deferred copies, slab tail");
   state->bound = bind_graph(*graph, builtin_registry(), source);
   state->host_reads = std::make_unique<SignatureMemoCache>(*state->bound);
   state->ir_version = ir_version;
@@ -90,6 +110,7 @@ Model make_model(std::shared_ptr<Graph> graph, const std::string& source, const 
   bind_initializers(*graph, nullptr, state->initializers);
   state->graph = std::move(graph);
   state->source = source;
+  phases.mark("binding");
   return Model(state);
 }
 
@@ -116,8 +137,10 @@ LocalModel local_model(const std::string& source, const LoadOptions& options) {
 }  // namespace
 
 Model load(const std::string& source, const LoadOptions& options) {
+  LoadPhases phases;
   const LocalModel local = local_model(source, options);
   ModelFile file = read_model_file(local.file, local.link_target_dir);
+  phases.mark("reading the file");
   std::string producer = file.producer_name + (file.producer_version.empty() ? "" : " " + file.producer_version);
   return make_model(file.graph, source, options, file.ir_version, producer);
 }

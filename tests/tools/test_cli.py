@@ -37,6 +37,21 @@ def test_info_with_one_pass_shows_its_rewrite():
     assert "Conv 5," in result.stdout and "com.microsoft.FusedConv 7" in result.stdout
 
 
+def test_load_profile_prints_each_pass_and_phase():
+    env = {**os.environ, "TRANSMUTER_LOAD_PROFILE": "1"}
+    result = subprocess.run([BIN, "info", str(RESNET), "--passes", "fuse_conv_activation,channels_last_convs"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("load profile: ")]
+    # The two selected passes with their rewrites (7 Conv + Relu pairs; 12 Convs), then the phases.
+    assert any("fuse_conv_activation" in line and "7 rewrite(s)" in line for line in lines), lines
+    assert any("channels_last_convs" in line and "12 rewrite(s)" in line for line in lines), lines
+    for phase in ("reading the file", "passes (in all)", "binding"):
+        assert any(phase in line for line in lines), (phase, lines)
+    quiet = cli("info", str(RESNET))
+    assert "load profile" not in quiet.stderr
+
+
 def test_info_with_passes_off_shows_the_file_as_stored():
     result = cli("info", str(RESNET), "--passes", "none")
     assert result.returncode == 0, result.stderr
