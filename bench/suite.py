@@ -132,7 +132,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-first-compile", action="store_true", help="skip the empty-kernel-cache measurements")
     p.add_argument("--max-minutes", type=float, help="start no case after this many minutes; the cases left are "
                    "recorded as skipped")
-    p.add_argument("--load-repeats", type=int, help="fresh processes per load measurement (default 3, quick 1)")
+    p.add_argument("--load-repeats", type=int, help="fresh processes per engine and load measurement, alternating "
+                   "(default 5, quick 1)")
     p.add_argument("--out", type=Path, help="raw JSON (default bench/results/suite/<UTC time>[-quick].json)")
     p.add_argument("--doc", type=Path, help="generated markdown (default: docs/performance.md for a full run "
                    "of every case, else next to the JSON)")
@@ -248,13 +249,36 @@ def agreement(args, model: Path, input_args: list[str], reference: dict[str, np.
     return diffs, first_runs
 
 
+def merge_fresh(samples: list[dict]) -> dict:
+    """One-process repeat_fresh results as one: medians, every wall time."""
+    merged = {"cmd": samples[0]["cmd"], "wall_s": statistics.median(s["wall_s"] for s in samples),
+              "peak_rss_mib": statistics.median(s["peak_rss_mib"] for s in samples),
+              "wall_s_all": [s["wall_s"] for s in samples]}
+    inner = [s["inner_s"] for s in samples if "inner_s" in s]
+    if inner:
+        merged["inner_s"] = statistics.median(inner)
+        merged["inner_s_all"] = inner
+    return merged
+
+
 def load_measurements(args, model: Path, repeats: int) -> dict:
+    """`transmuter info` and an ORT session in fresh processes, alternating (the order reversed every other
+    repeat), with the median of the per-repeat ratios of their own load timings: on a VM whose fresh pages
+    the host backs on first touch, one process's load can take several times another's."""
     env = mb.child_env(args.threads)
-    return {
-        "transmuter_info": mb.repeat_fresh([args.transmuter, "info", str(model)], env, repeats),
-        "ort_session_default": mb.repeat_fresh(mb.ort_child_cmd(str(model), "default", args.threads, "load"), env,
-                                               repeats),
-    }
+    commands = {"transmuter_info": [args.transmuter, "info", str(model)],
+                "ort_session_default": mb.ort_child_cmd(str(model), "default", args.threads, "load")}
+    samples = {name: [] for name in commands}
+    for repeat in range(repeats):
+        for name in (list(commands) if repeat % 2 == 0 else list(reversed(commands))):
+            samples[name].append(mb.repeat_fresh(commands[name], env, 1))
+    result = {name: merge_fresh(runs) for name, runs in samples.items()}
+    ratios = [ours["inner_s"] / ort["inner_s"] for ours, ort in
+              zip(samples["transmuter_info"], samples["ort_session_default"]) if "inner_s" in ours and ort.get("inner_s")]
+    if ratios:
+        result["inner_ratio_per_repeat"] = ratios
+        result["inner_ratio_median"] = statistics.median(ratios)
+    return result
 
 
 def ort_first_run(args, model: Path, feeds: list[str]) -> dict:
@@ -417,7 +441,7 @@ def main() -> int:
     plan = ({"target_ms": args.target_ms or 300, "min_runs": 2, "max_runs": 10, "warmup": 1,
              "load_repeats": args.load_repeats or 1} if args.quick else
             {"target_ms": args.target_ms or 1500, "min_runs": 3, "max_runs": 200, "warmup": 5,
-             "load_repeats": args.load_repeats or 3})
+             "load_repeats": args.load_repeats or 5})
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = args.out or REPO_ROOT / f"bench/results/suite/{stamp}{'-quick' if args.quick else ''}.json"
     full_default = not args.quick and not args.cases
