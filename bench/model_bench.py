@@ -158,20 +158,31 @@ def run_fresh_rusage(cmd: list[str], env: dict[str, str]) -> dict:
     return {"wall_s": wall, "peak_rss_mib": peak_kib / 1024.0, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
-def repeat_fresh(cmd: list[str], env: dict[str, str], repeats: int) -> dict:
+def inner_seconds(sample: dict) -> float | None:
+    """A child's own timing of its work: `inner_s: X` (ORT's child) or `load_ms: X` (`transmuter info`)."""
+    if m := re.search(r"inner_s: ([0-9.eE+-]+)", sample["stdout"]):
+        return float(m.group(1))
+    if m := re.search(r"load_ms: ([0-9.eE+-]+)", sample["stdout"]):
+        return float(m.group(1)) / 1e3
+    return None
+
+
+def summarize_fresh(cmd: list[str], samples: list[dict]) -> dict:
     """Median wall, median peak RSS and, when the child prints its own timing, its median (inner_s)."""
-    samples = [run_fresh_rusage(cmd, env) for _ in range(repeats)]
     result = {"cmd": cmd,
               "wall_s": statistics.median(s["wall_s"] for s in samples),
               "peak_rss_mib": statistics.median(s["peak_rss_mib"] for s in samples),
               "wall_s_all": [s["wall_s"] for s in samples]}
-    # A child's own timing of its work: `inner_s: X` (ORT's child), or `load_ms: X` (`transmuter info`).
-    inner = [float(m.group(1)) for s in samples for m in [re.search(r"inner_s: ([0-9.eE+-]+)", s["stdout"])] if m]
-    inner += [float(m.group(1)) / 1e3 for s in samples for m in [re.search(r"load_ms: ([0-9.eE+-]+)", s["stdout"])]
-              if m]
+    inner = [t for t in map(inner_seconds, samples) if t is not None]
     if inner:
         result["inner_s"] = statistics.median(inner)
+        result["inner_s_all"] = inner
     return result
+
+
+def repeat_fresh(cmd: list[str], env: dict[str, str], repeats: int) -> dict:
+    """summarize_fresh of `repeats` fresh processes running `cmd`."""
+    return summarize_fresh(cmd, [run_fresh_rusage(cmd, env) for _ in range(repeats)])
 
 
 ORT_CHILD = """

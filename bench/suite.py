@@ -249,18 +249,6 @@ def agreement(args, model: Path, input_args: list[str], reference: dict[str, np.
     return diffs, first_runs
 
 
-def merge_fresh(samples: list[dict]) -> dict:
-    """One-process repeat_fresh results as one: medians, every wall time."""
-    merged = {"cmd": samples[0]["cmd"], "wall_s": statistics.median(s["wall_s"] for s in samples),
-              "peak_rss_mib": statistics.median(s["peak_rss_mib"] for s in samples),
-              "wall_s_all": [s["wall_s"] for s in samples]}
-    inner = [s["inner_s"] for s in samples if "inner_s" in s]
-    if inner:
-        merged["inner_s"] = statistics.median(inner)
-        merged["inner_s_all"] = inner
-    return merged
-
-
 def load_measurements(args, model: Path, repeats: int) -> dict:
     """`transmuter info` and an ORT session in fresh processes, alternating (the order reversed every other
     repeat), with the median of the per-repeat ratios of their own load timings: on a VM whose fresh pages
@@ -271,10 +259,10 @@ def load_measurements(args, model: Path, repeats: int) -> dict:
     samples = {name: [] for name in commands}
     for repeat in range(repeats):
         for name in (list(commands) if repeat % 2 == 0 else list(reversed(commands))):
-            samples[name].append(mb.repeat_fresh(commands[name], env, 1))
-    result = {name: merge_fresh(runs) for name, runs in samples.items()}
-    ratios = [ours["inner_s"] / ort["inner_s"] for ours, ort in
-              zip(samples["transmuter_info"], samples["ort_session_default"]) if "inner_s" in ours and ort.get("inner_s")]
+            samples[name].append(mb.run_fresh_rusage(commands[name], env))
+    result = {name: mb.summarize_fresh(commands[name], runs) for name, runs in samples.items()}
+    pairs = zip(map(mb.inner_seconds, samples["transmuter_info"]), map(mb.inner_seconds, samples["ort_session_default"]))
+    ratios = [ours / ort for ours, ort in pairs if ours is not None and ort]
     if ratios:
         result["inner_ratio_per_repeat"] = ratios
         result["inner_ratio_median"] = statistics.median(ratios)
