@@ -265,7 +265,7 @@ def load_section(data: dict) -> list[str]:
              "constructor), which leaves out the process start, the dynamic linking and Python's import of "
              "onnxruntime; the target, Transmuter ≤ 0.2× ORT's session creation, is judged on it: the columns give each "
              "engine's median over the repeats, the ratio is the median of the repeats' ratios, the two engines "
-             "alternating (runs from 2026-12-07 20:10 UTC, 5 repeats; before, 3 repeats of one engine and then the "
+             "alternating (runs from 2026-12-07 20:00 UTC, 5 repeats; before, 3 repeats of one engine and then the "
              "other, ratio of the medians). *Wall*: the "
              "whole processes, and *net* that less the same program doing no model work (`transmuter operators`: "
              f"{te * 1e3:.0f} ms; `python -c 'import onnxruntime'`: {oe * 1e3:.0f} ms, measured once at the start "
@@ -284,7 +284,7 @@ def load_section(data: dict) -> list[str]:
         net_t, net_o = max(info - te, 0.0), sess - oe
         net_ratio = net_t / net_o if net_o > 0.1 * sess else None
         t_in, o_in = t_load.get("inner_s"), o_load.get("inner_s")
-        # The median of alternating repeats' ratios where the run has them (from 2026-12-07 20:10 UTC), else
+        # The median of alternating repeats' ratios where the run has them (from 2026-12-07 20:00 UTC), else
         # the ratio of the medians.
         in_ratio = c["load"].get("inner_ratio_median", t_in / o_in if t_in is not None and o_in else None)
         lines.append(f"| {c['model']} | {c['weights_mib']:.1f} | {fmt(t_in * 1e3 if t_in else None, '.1f')} "
