@@ -2,13 +2,17 @@
 // (OpenBLAS sgemm, which packs the weights on every call) on the products of
 // the benchmarked encoders, alternating the two call by call.
 //
-// usage: gemm_bench [--runs N] [--packed-only] [--direct] [--cold] [MxKxN ...]
+// usage: gemm_bench [--runs N] [--packed-only] [--direct] [--cold] [--weights W] [MxKxN ...]
 // --direct calls the kernel (run_gemm) on raw buffers, without MLX's graph
 // and evaluation around it: the kernel's own speed on small products.
 // --cold writes 64 MiB of other memory before each timed call, so that the
 // operands start outside the caches, as a layer's do inside a whole model.
+// --weights W multiplies by W distinct packed weights in turn (default 1): with W large enough that
+// they do not fit the last-level cache, each call reads its weights from memory while its
+// left-hand side stays cached, as a model's layers do (a layer's activations were just written).
 // Prints per shape: median milliseconds of each, their ratio (packed / mlx),
-// GFLOPS of the packed kernel (at the median and at the fastest call), and the max abs difference of the results.
+// GFLOPS of the packed kernel (at the median and at the fastest call), and the max abs difference of the
+// results.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,6 +52,7 @@ int main(int argc, char** argv) {
   bool packed_only = false;  // no OpenBLAS call in between (its threads spin after each call)
   bool direct = false;
   bool cold = false;
+  int weights = 1;
   std::vector<Shape> shapes;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -59,11 +64,14 @@ int main(int argc, char** argv) {
       direct = packed_only = true;
     } else if (arg == "--cold") {
       cold = true;
+    } else if (arg == "--weights" && i + 1 < argc) {
+      weights = std::max(1, std::atoi(argv[++i]));
     } else {
       Shape s{};
       if (std::sscanf(arg.c_str(), "%dx%dx%d", &s.m, &s.k, &s.n) != 3) {
-        std::fprintf(stderr,
-                     "usage: gemm_bench [--runs N] [--packed-only] [--direct] [--cold] [MxKxN ...]\n");
+        std::fprintf(
+            stderr,
+            "usage: gemm_bench [--runs N] [--packed-only] [--direct] [--cold] [--weights W] [MxKxN ...]\n");
         return 2;
       }
       shapes.push_back(s);
@@ -87,7 +95,11 @@ int main(int argc, char** argv) {
     mx::array a = mx::random::normal({s.m, s.k});
     mx::array b = mx::random::normal({s.k, s.n});
     mx::eval({a, b});
-    const mx::array packed = tk::pack_gemm_rhs(b, false);
+    std::vector<mx::array> packs = {tk::pack_gemm_rhs(b, false)};
+    for (int w = 1; w < weights; ++w)
+      packs.push_back(tk::pack_gemm_rhs(mx::random::normal({s.k, s.n}), false));
+    mx::eval(packs);
+    const mx::array& packed = packs.front();
     std::vector<double> mlx_times, packed_times;
     // The agreement check calls MLX's matmul too; after any OpenBLAS call its
     // worker thread spins for a while, so --packed-only skips it.
@@ -107,9 +119,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < runs + 3; ++r) {
       const double t_mlx = packed_only ? 0.0 : seconds_of([&] { mx::eval(mx::matmul(a, b)); });
       evict();
+      const mx::array& weight = packs[static_cast<size_t>(r % weights)];
+      g.packed = weight.data<float>();
       const double t_packed =
           direct ? seconds_of([&] { tk::run_gemm(g); })
-                 : seconds_of([&] { mx::eval(tk::packed_matmul(a, packed, std::nullopt, s.n)); });
+                 : seconds_of([&] { mx::eval(tk::packed_matmul(a, weight, std::nullopt, s.n)); });
       if (r >= 3) {
         mlx_times.push_back(t_mlx);
         packed_times.push_back(t_packed);
