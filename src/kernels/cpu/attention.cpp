@@ -21,10 +21,17 @@
 #define TRANSMUTER_KERNELS_CPU_ATTENTION_ARGS
 namespace transmuter::kernels {
 // One call's pointers and sizes (outside the per-target namespaces).
+// Where the rows of a [B, H, S, D] input lie: element (b, h, s, d) at b * batch + h * head + s * row + d
+// (a row-contiguous array, or a [B, S, H, D] projection seen through a transpose).
+struct HeadStrides {
+  int64_t batch, head, row;
+};
+
 struct AttentionArgs {
   const float* q;
   const float* k;
   const float* v;
+  HeadStrides q_at, k_at, v_at;
   // Keys and values appended after k's and v's rows (null: none): the attention runs over
   // keys - more_keys rows of k, then more_keys rows of k_more (likewise v).
   const float* k_more;
@@ -32,7 +39,7 @@ struct AttentionArgs {
   int64_t more_keys;
   const float* mask;  // null: no mask
   MaskRows mask_rows;
-  float* out;
+  float* out;  // [B, Hq, Sq, Dv] laid out as [B, Sq, Hq, Dv] (AttentionKernel::output_strides)
   int64_t batch, q_heads, kv_heads, queries, keys, head_dim, value_dim;
   int64_t query_block;  // queries per work item
   float scale;
@@ -54,24 +61,24 @@ HWY_BEFORE_NAMESPACE();
 namespace transmuter::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// kt[d * ld + j] = k[j * dim + d] for the first `first` keys, then k_more's rows up to `keys`, padded with
-// zeros up to ld: the GEMM packer's 4 x 4 register transposes (a scalar gather before; ViT-base's attention
-// kernel took 0.95 of its time after the change).
-void TransposeKeys(const float* k, int64_t first, const float* k_more, int64_t keys, int64_t dim, int64_t ld,
-                   float* kt, std::vector<const uint8_t*>& rows) {
+// kt[d * ld + j] = k[j * ldk + d] for the first `first` keys, then k_more's rows (dim apart) up to `keys`,
+// padded with zeros up to ld: the GEMM packer's 4 x 4 register transposes (a scalar gather before; ViT-base's
+// attention kernel took 0.95 of its time after the change).
+void TransposeKeys(const float* k, int64_t ldk, int64_t first, const float* k_more, int64_t keys, int64_t dim,
+                   int64_t ld, float* kt, std::vector<const uint8_t*>& rows) {
   rows.resize(static_cast<size_t>(keys));
   for (int64_t j = 0; j < keys; ++j) {
-    const float* row = j < first ? k + j * dim : k_more + (j - first) * dim;
+    const float* row = j < first ? k + j * ldk : k_more + (j - first) * dim;
     rows[static_cast<size_t>(j)] = reinterpret_cast<const uint8_t*>(row);
   }
   transpose_rows_into_panel(rows.data(), keys, dim, ld, kt);
   for (int64_t d = 0; d < dim; ++d) std::fill(kt + d * ld + keys, kt + (d + 1) * ld, 0.0f);
 }
 
-// scores[r, j] = sum_d q[r, d] * kt[d, j] for R query rows and the columns
+// scores[r, j] = sum_d q[r * ldq + d] * kt[d, j] for R query rows and the columns
 // [j0, j0 + V * lanes): R x V accumulators, one broadcast of q per row and d.
 template <int R, int V>
-HWY_INLINE void ScoreTile(const float* q, int64_t dim, const float* kt, int64_t ld, int64_t j0,
+HWY_INLINE void ScoreTile(const float* q, int64_t ldq, int64_t dim, const float* kt, int64_t ld, int64_t j0,
                           float* scores) {
   const hn::ScalableTag<float> df;
   const size_t lanes = hn::Lanes(df);
@@ -84,7 +91,7 @@ HWY_INLINE void ScoreTile(const float* q, int64_t dim, const float* kt, int64_t 
     Vec key[V];
     for (int c = 0; c < V; ++c) key[c] = hn::Load(df, kt + d * ld + j0 + c * lanes);
     for (int r = 0; r < R; ++r) {
-      const Vec qv = hn::Set(df, q[r * dim + d]);
+      const Vec qv = hn::Set(df, q[r * ldq + d]);
       for (int c = 0; c < V; ++c) acc[r][c] = hn::MulAdd(qv, key[c], acc[r][c]);
     }
   }
@@ -103,15 +110,16 @@ constexpr int kWideVecs = 2;
 #endif
 
 template <int R>
-HWY_INLINE void ScoreRows(const float* q, int64_t dim, const float* kt, int64_t ld, float* scores) {
+HWY_INLINE void ScoreRows(const float* q, int64_t ldq, int64_t dim, const float* kt, int64_t ld,
+                          float* scores) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   int64_t j = 0;
   if constexpr (kWideVecs > 2) {
     for (; j + kWideVecs * lanes <= ld; j += kWideVecs * lanes)
-      ScoreTile<R, kWideVecs>(q, dim, kt, ld, j, scores);
+      ScoreTile<R, kWideVecs>(q, ldq, dim, kt, ld, j, scores);
   }
-  for (; j + 2 * lanes <= ld; j += 2 * lanes) ScoreTile<R, 2>(q, dim, kt, ld, j, scores);
-  for (; j < ld; j += lanes) ScoreTile<R, 1>(q, dim, kt, ld, j, scores);
+  for (; j + 2 * lanes <= ld; j += 2 * lanes) ScoreTile<R, 2>(q, ldq, dim, kt, ld, j, scores);
+  for (; j < ld; j += lanes) ScoreTile<R, 1>(q, ldq, dim, kt, ld, j, scores);
 }
 
 // An additive mask value at or below this rules its key out: exp(v - max) is exactly 0 beside any key
@@ -140,12 +148,14 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
   const int64_t kv_head = h / (a.q_heads / a.kv_heads);
   const int64_t head = b * a.kv_heads + kv_head;
   const int64_t own_keys = a.keys - a.more_keys;  // rows of k and v; then a.more_keys of k_more, v_more
-  const float* q = a.q + ((b * a.q_heads + h) * a.queries + first) * a.head_dim;
-  const float* k = a.k + head * own_keys * a.head_dim;
-  const float* v = a.v + head * own_keys * a.value_dim;
+  const int64_t ldq = a.q_at.row, ldk = a.k_at.row, ldv = a.v_at.row;
+  const float* q = a.q + b * a.q_at.batch + h * a.q_at.head + first * ldq;
+  const float* k = a.k + b * a.k_at.batch + kv_head * a.k_at.head;
+  const float* v = a.v + b * a.v_at.batch + kv_head * a.v_at.head;
   const float* k_more = a.more_keys > 0 ? a.k_more + head * a.more_keys * a.head_dim : nullptr;
   const float* v_more = a.more_keys > 0 ? a.v_more + head * a.more_keys * a.value_dim : nullptr;
-  float* out = a.out + ((b * a.q_heads + h) * a.queries + first) * a.value_dim;
+  const int64_t ldo = a.q_heads * a.value_dim;  // output rows: a query's heads side by side
+  float* out = a.out + (b * a.queries + first) * ldo + h * a.value_dim;
 
   if (rows >= 4) scratch.key_t.resize(static_cast<size_t>(a.head_dim * ld) + lanes);
   scratch.scores.resize(static_cast<size_t>(rows * ld) + lanes);
@@ -168,15 +178,15 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
       float* row = scores + r * ld;
       const int64_t in_use = OwnKeysInUse(mask_row(r), own_keys, a.more_keys);
       own_scored = std::max(own_scored, in_use);
-      ScoreRowInPlace(q + r * a.head_dim, k, in_use, a.head_dim, row);
+      ScoreRowInPlace(q + r * ldq, k, ldk, in_use, a.head_dim, row);
       std::fill(row + in_use, row + own_keys, -std::numeric_limits<float>::infinity());
-      if (k_more) ScoreRowInPlace(q + r * a.head_dim, k_more, a.more_keys, a.head_dim, row + own_keys);
+      if (k_more) ScoreRowInPlace(q + r * ldq, k_more, a.head_dim, a.more_keys, a.head_dim, row + own_keys);
     }
   } else {
     float* kt = align(scratch.key_t);
-    TransposeKeys(k, own_keys, k_more, a.keys, a.head_dim, ld, kt, scratch.key_rows);
-    for (; r + 4 <= rows; r += 4) ScoreRows<4>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
-    for (; r < rows; ++r) ScoreRows<1>(q + r * a.head_dim, a.head_dim, kt, ld, scores + r * ld);
+    TransposeKeys(k, ldk, own_keys, k_more, a.keys, a.head_dim, ld, kt, scratch.key_rows);
+    for (; r + 4 <= rows; r += 4) ScoreRows<4>(q + r * ldq, ldq, a.head_dim, kt, ld, scores + r * ld);
+    for (; r < rows; ++r) ScoreRows<1>(q + r * ldq, ldq, a.head_dim, kt, ld, scores + r * ld);
   }
 
   const EmptyRow empty = a.zero_empty_rows ? EmptyRow::kZeros : EmptyRow::kNaN;
@@ -193,15 +203,16 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
   // The values of k's rows, then (added to them) those of k_more's.
   const int64_t own_used = std::min(used_keys, own_scored);
   const int64_t more_used = std::max<int64_t>(used_keys - own_keys, 0);
+  const int64_t dv = a.value_dim;
   for (r = 0; r + 4 <= rows; r += 4) {
-    ValueRows<4, false, kWideVecs>(scores + r * ld, ld, own_used, v, a.value_dim, out + r * a.value_dim);
+    ValueRows<4, false, kWideVecs>(scores + r * ld, ld, own_used, v, ldv, dv, out + r * ldo, ldo);
     if (more_used > 0)
-      ValueRows<4, true>(scores + r * ld + own_keys, ld, more_used, v_more, a.value_dim, out + r * a.value_dim);
+      ValueRows<4, true>(scores + r * ld + own_keys, ld, more_used, v_more, dv, dv, out + r * ldo, ldo);
   }
   for (; r < rows; ++r) {
-    ValueRows<1>(scores + r * ld, ld, own_used, v, a.value_dim, out + r * a.value_dim);
+    ValueRows<1>(scores + r * ld, ld, own_used, v, ldv, dv, out + r * ldo, ldo);
     if (more_used > 0)
-      ValueRows<1, true>(scores + r * ld + own_keys, ld, more_used, v_more, a.value_dim, out + r * a.value_dim);
+      ValueRows<1, true>(scores + r * ld + own_keys, ld, more_used, v_more, dv, dv, out + r * ldo, ldo);
   }
 }
 
@@ -240,6 +251,15 @@ int64_t query_block_size(int64_t heads, int64_t queries) {
   return std::max<int64_t>(16, (queries + blocks_per_head - 1) / blocks_per_head);
 }
 
+HeadStrides head_strides(const mx::array& x) {
+  return {static_cast<int64_t>(x.strides(0)), static_cast<int64_t>(x.strides(1)),
+          static_cast<int64_t>(x.strides(2))};
+}
+
+// q, k and v may be views whose rows are whole vectors (last axis contiguous) anywhere: the heads of a
+// [B, S, H, D] projection seen as [B, H, S, D] are read where they lie instead of being copied first.
+bool rows_readable_in_place(const mx::array& x) { return x.ndim() == 4 && x.strides(3) == 1; }
+
 class AttentionKernel : public CpuKernel {
  public:
   AttentionKernel(mx::Stream stream, Reference reference, SoftmaxOptions options, bool has_mask, bool has_more)
@@ -247,12 +267,26 @@ class AttentionKernel : public CpuKernel {
   const char* name() const override { return "transmuter::ScaledDotProductAttention"; }
 
  protected:
+  bool reads_view(size_t index, const mx::array& input) const override {
+    return index < 3 && rows_readable_in_place(input);
+  }
+  // [B, H, S, Dv] written as [B, S, H, Dv]: every exported attention is followed by the transpose back and
+  // the reshape to [B, S, H * Dv] that the next product reads, which then copy nothing (ViT-base: the
+  // output projection's input had been copied from the heads, element by element, in every layer).
+  std::optional<mx::Strides> output_strides(size_t, const mx::Shape& shape) const override {
+    const int64_t heads = shape[1], queries = shape[2], dv = shape[3];
+    return mx::Strides{queries * heads * dv, dv, heads * dv, 1};
+  }
+
   KernelTask make_task(const std::vector<mx::array>& in, std::vector<mx::array>& out) const override {
     const mx::array &q = in[0], &k = in[1], &v = in[2];
     AttentionArgs a{};
     a.q = q.data<float>();
     a.k = k.data<float>();
     a.v = v.data<float>();
+    a.q_at = head_strides(q);
+    a.k_at = head_strides(k);
+    a.v_at = head_strides(v);
     a.out = out[0].data<float>();
     a.batch = q.shape(0);
     a.q_heads = q.shape(1);

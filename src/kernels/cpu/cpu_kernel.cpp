@@ -112,6 +112,25 @@ DenseCopy dense_copy_of(const mx::array& in, mx::array& copy) {
           std::vector<int64_t>(in.strides().begin(), in.strides().end())};
 }
 
+// The flags of a dense array laid out with `strides` (a permutation of the row-contiguous layout, no gaps):
+// contiguous, and row- or column-contiguous where the strides are those of either order (axes of size 1
+// set aside), as MLX's transpose computes them.
+mx::array::Flags permuted_layout_flags(const mx::Shape& shape, const mx::Strides& strides) {
+  mx::array::Flags flags{.contiguous = true, .row_contiguous = true, .col_contiguous = true};
+  int64_t row = 1, col = 1;
+  for (size_t i = shape.size(), j = 0; i-- > 0; ++j) {
+    if (shape[i] != 1) {
+      flags.row_contiguous = flags.row_contiguous && strides[i] == row;
+      row *= shape[i];
+    }
+    if (shape[j] != 1) {
+      flags.col_contiguous = flags.col_contiguous && strides[j] == col;
+      col *= shape[j];
+    }
+  }
+  return flags;
+}
+
 // `out` may take `in`'s buffer: nothing else can see `in` afterwards, and the layouts agree.
 bool can_take_buffer(const mx::array& in, const mx::array& out) {
   return in.is_donatable() && in.flags().row_contiguous && in.dtype() == out.dtype() &&
@@ -136,20 +155,28 @@ KernelTask CpuKernel::prepare(const std::vector<mx::array>& inputs, std::vector<
     else
       new_bytes += outputs[j].nbytes();
   }
-  for (const mx::array& in : inputs) {
-    if (!in.flags().row_contiguous) new_bytes += in.nbytes();  // its dense copy, below
+  auto needs_copy = [&](size_t index) {
+    return !inputs[index].flags().row_contiguous && !reads_view(index, inputs[index]);
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (needs_copy(i)) new_bytes += inputs[i].nbytes();  // its dense copy, below
   }
   if (before_allocating) before_allocating();
   for (size_t j = 0; j < outputs.size(); ++j) {
-    if (donors[j] >= 0)
+    if (donors[j] >= 0) {
       outputs[j].copy_shared_buffer(inputs[donors[j]]);
-    else
+    } else if (std::optional<mx::Strides> strides = output_strides(j, outputs[j].shape())) {
+      const mx::array::Flags flags = permuted_layout_flags(outputs[j].shape(), *strides);
+      outputs[j].set_data(mx::allocator::malloc(outputs[j].nbytes()), outputs[j].size(), *strides, flags);
+    } else {
       outputs[j].set_data(mx::allocator::malloc(outputs[j].nbytes()));
+    }
   }
   std::vector<mx::array> dense = inputs;
   std::vector<DenseCopy> copies;
-  for (mx::array& in : dense) {
-    if (in.flags().row_contiguous) continue;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    mx::array& in = dense[i];
+    if (!needs_copy(i)) continue;
     mx::array copy = unwritten_dense_copy(in, name());
     copies.push_back(dense_copy_of(in, copy));
     temporaries.push_back(copy);

@@ -10,11 +10,13 @@
 //
 // Kernels read row-contiguous inputs: eval_cpu copies any other input (a
 // transposed or broadcast view) into a dense temporary first, on the stream's
-// thread, so the graph holds one primitive per kernel call.
+// thread, so the graph holds one primitive per kernel call. A kernel that reads
+// some views through their strides says so (reads_view), and gets them as they are.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -52,8 +54,9 @@ class CpuKernel : public mx::Primitive {
   void run_here(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs);
 
  protected:
-  /** The task computing `outputs` (already allocated, row-contiguous) from
-   * `inputs` (row-contiguous). Called on the thread that evaluates. */
+  /** The task computing `outputs` (already allocated, row-contiguous or as output_strides says) from
+   * `inputs` (row-contiguous, but for those reads_view takes as they are). Called on the thread that
+   * evaluates. */
   virtual KernelTask make_task(const std::vector<mx::array>& inputs,
                                std::vector<mx::array>& outputs) const = 0;
 
@@ -61,6 +64,19 @@ class CpuKernel : public mx::Primitive {
    * MLX would donate it (nothing else holds the input: is_donatable) and it is row-contiguous with
    * the output's type and size; make_task sees that it was by comparing the two data pointers. */
   virtual int donor_of(size_t /*output*/) const { return -1; }
+
+  /** True when make_task reads input `index`, which is not row-contiguous, through its strides as it
+   * is (the attention reads the heads of a [B, S, H, D] projection seen as [B, H, S, D]): eval_cpu then
+   * makes no dense copy of it. */
+  virtual bool reads_view(size_t /*index*/, const mx::array& /*input*/) const { return false; }
+
+  /** The strides output `output` (of `shape`) is written with when not row-contiguous: a permutation of
+   * the dense layout (the attention writes [B, H, S, Dv] in [B, S, H, Dv] order, so that the transpose
+   * back to [B, S, H * Dv] a graph always makes is row-contiguous and its reshape copies nothing).
+   * nullopt: row-contiguous. A donated buffer keeps its input's row-contiguous layout. */
+  virtual std::optional<mx::Strides> output_strides(size_t /*output*/, const mx::Shape& /*shape*/) const {
+    return std::nullopt;
+  }
 
  private:
   KernelTask prepare(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs,

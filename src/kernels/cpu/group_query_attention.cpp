@@ -186,7 +186,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 template <int R>
 HWY_INLINE void ScoreRows(const float* q, const float* k, int64_t n, int64_t dim, float* scores, int64_t ld) {
 #if HWY_TARGET == HWY_SCALAR
-  for (int r = 0; r < R; ++r) ScoreRowInPlace(q + r * dim, k, n, dim, scores + r * ld);
+  for (int r = 0; r < R; ++r) ScoreRowInPlace(q + r * dim, k, dim, n, dim, scores + r * ld);
 #else
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
@@ -215,7 +215,8 @@ HWY_INLINE void ScoreRows(const float* q, const float* k, int64_t n, int64_t dim
     }
   }
   if (j < n) {
-    for (int r = 0; r < R; ++r) ScoreRowInPlace(q + r * dim, k + j * dim, n - j, dim, scores + r * ld + j);
+    for (int r = 0; r < R; ++r)
+      ScoreRowInPlace(q + r * dim, k + j * dim, dim, n - j, dim, scores + r * ld + j);
   }
 #endif
 }
@@ -266,10 +267,10 @@ float ScaleScores(const GqaArgs& a, float* scores, int64_t n, int64_t lo, int64_
 void ValuesOfRows(const float* p, int64_t ld, int64_t rows, int64_t keys, const float* v, int64_t dim,
                   float* out) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) ValueRows<4>(p + r * ld, ld, keys, v, dim, out + r * dim);
-  if (rows - r == 3) ValueRows<3>(p + r * ld, ld, keys, v, dim, out + r * dim);
-  if (rows - r == 2) ValueRows<2, false, 4>(p + r * ld, ld, keys, v, dim, out + r * dim);
-  if (rows - r == 1) ValueRows<1, false, 4>(p + r * ld, ld, keys, v, dim, out + r * dim);
+  for (; r + 4 <= rows; r += 4) ValueRows<4>(p + r * ld, ld, keys, v, dim, dim, out + r * dim);
+  if (rows - r == 3) ValueRows<3>(p + r * ld, ld, keys, v, dim, dim, out + r * dim);
+  if (rows - r == 2) ValueRows<2, false, 4>(p + r * ld, ld, keys, v, dim, dim, out + r * dim);
+  if (rows - r == 1) ValueRows<1, false, 4>(p + r * ld, ld, keys, v, dim, dim, out + r * dim);
 }
 
 // Work item `item` = (batch row x kv head) x blocks.count + block, for every query row of the group:

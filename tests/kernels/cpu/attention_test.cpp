@@ -92,6 +92,50 @@ TEST(AttentionKernel, MatchesTheComposition) {
   EXPECT_GE(targets, 1);
 }
 
+// q, k and v as a graph gives them: views of [B, S, H, D] projections seen as [B, H, S, D], which the
+// kernel reads where they lie, a key head broadcast to every query head (stride 0), and keys whose last
+// axis is not contiguous (copied first). Decode rows (< 4: keys scored in place) and blocks (transposed
+// keys); grouped-query heads.
+TEST(AttentionKernel, ViewsOfProjectionsMatchTheComposition) {
+  auto heads_of = [](const mx::array& rows) { return mx::transpose(rows, {0, 2, 1, 3}); };
+  const int targets = testing::for_each_simd_target([&](const std::string& target) {
+    uint64_t seed = 301;
+    for (const Case& c : std::vector<Case>{{2, 4, 2, 9, 9, 32, 24, mx::Shape{2, 1, 1, 9}, false, 0},
+                                           {1, 3, 3, 2, 13, 20, 20, std::nullopt, true, 11},
+                                           {1, 6, 6, 40, 40, 64, 64, std::nullopt, false, 0}}) {
+      mx::array q = heads_of(random_array({c.batch, c.queries, c.q_heads, c.head_dim}, seed++));
+      mx::array k = heads_of(random_array({c.batch, c.keys, c.kv_heads, c.head_dim}, seed++));
+      mx::array v = heads_of(random_array({c.batch, c.keys, c.kv_heads, c.value_dim}, seed++));
+      mx::eval({q, k, v});
+      ASSERT_FALSE(q.flags().row_contiguous || k.flags().row_contiguous || v.flags().row_contiguous);
+      std::optional<mx::array> mask;
+      if (c.mask) mask = random_array(*c.mask, seed++, 2.0f);
+      const SoftmaxOptions o = options_of(c);
+      mx::array got = scaled_dot_product_attention(q, k, v, mask, o, mx::Device::cpu);
+      EXPECT_LT(max_abs_diff(got, expected(q, k, v, mask, o)), kTolerance) << target << describe(c);
+      // Written as [B, S, H, Dv]: the graph's transpose back is row-contiguous, its reshape a view.
+      mx::array rows = mx::transpose(got, {0, 2, 1, 3});
+      mx::eval(rows);
+      EXPECT_TRUE(rows.flags().row_contiguous) << target << describe(c);
+    }
+    // One key/value head broadcast to four query heads, and keys given as the transpose of [.., D, S].
+    mx::array q = random_array({1, 4, 12, 16}, seed++);
+    mx::array k = mx::broadcast_to(random_array({1, 1, 12, 16}, seed++), {1, 4, 12, 16});
+    mx::array v = mx::broadcast_to(random_array({1, 1, 12, 16}, seed++), {1, 4, 12, 16});
+    const SoftmaxOptions o{.scale = 0.25f};
+    EXPECT_LT(max_abs_diff(scaled_dot_product_attention(q, k, v, std::nullopt, o, mx::Device::cpu),
+                           expected(q, k, v, std::nullopt, o)),
+              kTolerance)
+        << target << " broadcast heads";
+    mx::array kt = mx::swapaxes(random_array({1, 4, 16, 12}, seed++), -1, -2);
+    EXPECT_LT(max_abs_diff(scaled_dot_product_attention(q, kt, v, std::nullopt, o, mx::Device::cpu),
+                           expected(q, kt, v, std::nullopt, o)),
+              kTolerance)
+        << target << " keys with a strided last axis";
+  });
+  EXPECT_GE(targets, 1);
+}
+
 // Keys and values in two runs (a cache, then a step's new rows): the same as
 // over their concatenation. Decode rows (fewer than 4 queries) score the runs
 // in place, longer blocks transpose both; causal limits that end in either run;
