@@ -26,6 +26,12 @@ inline constexpr int64_t kTileRows = kGemmTileRows;
 // 32 KiB with AVX-512, in L2). Blocks of many rows pass over twice the depth
 // (DepthBlock).
 inline constexpr int64_t kDepthBlock = 256;
+
+// The panels a thread multiplies next: the next task's (run_gemm deals tasks to a thread in order, so
+// the one after its current task is most likely its next), or none (count 0).
+struct NextPanels {
+  int64_t first = 0, count = 0;
+};
 }  // namespace transmuter::kernels
 #endif
 
@@ -113,19 +119,19 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
     for (int r = 0; r < R; ++r) hi[r] = hn::Zero(d);  // stays zero: stored nowhere (segment.high == 0)
   }
   if (start.accumulate) {
-#pragma GCC unroll 6
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) segment.load(y + r * ldy, lo[r], hi[r]);
   } else {
     V start_lo = hn::Zero(d), start_hi = hn::Zero(d);
     if (start.col_bias != nullptr) segment.load(start.col_bias, start_lo, start_hi);
-#pragma GCC unroll 6
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const V row = hn::Set(d, start.row_bias != nullptr ? start.row_bias[r] : 0.0f);
       lo[r] = hn::Add(start_lo, row);
       if constexpr (!kLowOnly) hi[r] = hn::Add(start_hi, row);
     }
     if (start.residual != nullptr) {
-#pragma GCC unroll 6
+#pragma GCC unroll 12
       for (int r = 0; r < R; ++r) {
         V res_lo, res_hi;
         segment.load(start.residual + r * ldy, res_lo, res_hi);
@@ -173,7 +179,7 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
   for (; k < depth; ++k) {
     V b_lo, b_hi;
     load_b(k, b_lo, b_hi);
-#pragma GCC unroll 6
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const V x = hn::Set(d, a[r * lda + k]);
       lo[r] = hn::MulAdd(x, b_lo, lo[r]);
@@ -181,13 +187,13 @@ HWY_INLINE void Tile(const float* a, int64_t lda, const float* b, int64_t ldb, i
     }
   }
   if (clamp != nullptr) {
-#pragma GCC unroll 6
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       lo[r] = clamp->apply(lo[r]);
       if constexpr (!kLowOnly) hi[r] = clamp->apply(hi[r]);
     }
   }
-#pragma GCC unroll 6
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r) segment.store(lo[r], hi[r], y + r * ldy);
 }
 
@@ -196,6 +202,9 @@ void TileRows(int64_t rows, const float* a, int64_t lda, const float* b, int64_t
               int64_t ldy, const RowSegment& segment, const TileStart& start, const Clamp* clamp,
               const float* next_b = nullptr, int64_t prefetch_rows = 0) {
   switch (rows) {
+    case 12:
+      return Tile<12, kMaskedB, kLowOnly, kPrefetch>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp,
+                                                     next_b, prefetch_rows);
     case 6:
       return Tile<6, kMaskedB, kLowOnly, kPrefetch>(a, lda, b, ldb, depth, y, ldy, segment, start, clamp,
                                                     next_b, prefetch_rows);
@@ -241,16 +250,22 @@ struct PrefetchShare {
   int64_t rows = 0;
 };
 
-// Row tile `tile`'s share (tiles 1 .. spread_tiles of a block, in equal parts) of panel p's slice at the
-// depth after k0, which the next depth's first row tile reads; none after the last depth.
-PrefetchShare ShareOfNextDepth(const GemmArgs& g, int64_t p, int64_t k0, int64_t depth_block, int64_t tile,
-                               int64_t spread_tiles) {
-  const int64_t depth0 = k0 + depth_block;
-  if (depth0 >= g.k || spread_tiles <= 0) return {};
+// Row tile `tile`'s share (tiles 1 .. spread_tiles of a block, in equal parts) of the slice that the
+// first row tile reads next in panel p's place: panel p's at the depth after k0, else, after the last
+// depth, the next task's matching panel's first slice; none without one.
+PrefetchShare ShareOfNextSlice(const GemmArgs& g, int64_t p, int64_t panel0, int64_t k0, int64_t depth_block,
+                               int64_t tile, int64_t spread_tiles, const NextPanels& next) {
+  if (spread_tiles <= 0) return {};
+  int64_t panel = p, depth0 = k0 + depth_block;
+  if (depth0 >= g.k) {
+    if (p - panel0 >= next.count) return {};
+    panel = next.first + (p - panel0);
+    depth0 = 0;
+  }
   const int64_t depth = std::min(depth_block, g.k - depth0);
   const int64_t share = (depth + spread_tiles - 1) / spread_tiles;
   const int64_t first_row = std::min((tile - 1) * share, depth);
-  return {g.packed + (p * g.k + depth0 + first_row) * PanelWidth(), std::min(share, depth - first_row)};
+  return {g.packed + (panel * g.k + depth0 + first_row) * PanelWidth(), std::min(share, depth - first_row)};
 }
 
 // Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels) (a
@@ -264,17 +279,34 @@ PrefetchShare ShareOfNextDepth(const GemmArgs& g, int64_t p, int64_t k0, int64_t
 // each, so that the next depth's first row tile finds its weights in L2: one
 // tile alone asks for a whole slice in the time of one tile, more than memory
 // delivers (alternating A/B, whole models: BERT-base s128 0.957, MiniLM-L6 s16
-// 0.917, ViT-base 0.970).
-void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels) {
+// 0.917, ViT-base 0.970). After the last depth they share out the first slices
+// of the `next` task's panels in the same way.
+// Rows of the register tile for `remaining` rows: twice kTileRows where the target has 32 vector
+// registers (AVX-512: 24 accumulators, half the panel loads per multiply-add), else kTileRows.
+int64_t TileRowsFor(int64_t remaining) {
+#if HWY_TARGET <= HWY_AVX3
+  if (remaining >= 2 * kTileRows) return 2 * kTileRows;
+#endif
+  return std::min(kTileRows, remaining);
+}
+
+int64_t TilesIn(int64_t rows) {
+  int64_t tiles = 0;
+  for (int64_t r = 0; r < rows; r += TileRowsFor(rows - r)) ++tiles;
+  return tiles;
+}
+
+void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels, NextPanels next) {
   const int64_t width = PanelWidth();
   const Clamp clamp{g.conv_activation, g.clip_min, g.clip_max};
-  const int64_t spread_tiles = (rows + kTileRows - 1) / kTileRows - 1;  // row tiles after the first
+  const int64_t spread_tiles = TilesIn(rows) - 1;  // row tiles after the first
   const int64_t depth_block = DepthBlock(rows);
   for (int64_t k0 = 0; k0 < g.k; k0 += depth_block) {
     const int64_t depth = std::min(depth_block, g.k - k0);
     const Clamp* last = k0 + depth == g.k && clamp.kind != ConvActivation::kNone ? &clamp : nullptr;
-    for (int64_t r = row0; r < row0 + rows; r += kTileRows) {
-      const int64_t tile_rows = std::min(kTileRows, row0 + rows - r);
+    int64_t tile = 0;
+    for (int64_t r = row0, tile_rows = 0; r < row0 + rows; r += tile_rows, ++tile) {
+      tile_rows = TileRowsFor(row0 + rows - r);
       const float* a = g.a + r * g.lda + k0;
       float* y = g.y + r * g.ldy;
       const float* row_bias = g.row_bias != nullptr ? g.row_bias + r : nullptr;
@@ -287,7 +319,7 @@ void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_
         if (g.packed != nullptr && r == row0) {
           prefetch = {NextPackedSlice(g, p, k0, depth_block, panel0, panels), depth};
         } else if (g.packed != nullptr) {
-          prefetch = ShareOfNextDepth(g, p, k0, depth_block, (r - row0) / kTileRows, spread_tiles);
+          prefetch = ShareOfNextSlice(g, p, panel0, k0, depth_block, tile, spread_tiles, next);
         }
         const float* next = prefetch.rows > 0 ? prefetch.next : nullptr;
         if (g.packed != nullptr && segment.high == 0) {  // zero-padded panels: full loads
@@ -418,6 +450,14 @@ void BlockSplit::task(int64_t t, int64_t& row0, int64_t& rows, int64_t& panel0, 
   panel_count = std::min(block_panels, panels - panel0);
 }
 
+// The panels of task t, if there is one.
+NextPanels next_panels(const BlockSplit& split, int64_t t) {
+  if (t >= split.tasks()) return {};
+  int64_t row0, rows, panel0, panels;
+  split.task(t, row0, rows, panel0, panels);
+  return {panel0, panels};
+}
+
 // Splits g's output into blocks (BlockSplit: sized for balance as well as for the caches) and runs
 // them across the kernel threads.
 void run_gemm(const GemmArgs& g) {
@@ -427,13 +467,13 @@ void run_gemm(const GemmArgs& g) {
     for (int64_t t = begin; t < end; ++t) {
       int64_t row0, rows, panel0, panels;
       split.task(t, row0, rows, panel0, panels);
-      HWY_DYNAMIC_DISPATCH(Block)(g, row0, rows, panel0, panels);
+      HWY_DYNAMIC_DISPATCH(Block)(g, row0, rows, panel0, panels, next_panels(split, t + 1));
     }
   });
 }
 
 void run_gemm_on_this_thread(const GemmArgs& g) {
-  HWY_DYNAMIC_DISPATCH(Block)(g, 0, g.m, 0, ceil_div(g.n, gemm_panel_width()));
+  HWY_DYNAMIC_DISPATCH(Block)(g, 0, g.m, 0, ceil_div(g.n, gemm_panel_width()), NextPanels{});
 }
 
 namespace {

@@ -97,7 +97,9 @@ TEST(PackedGemm, RowsAtAnyAlignmentTransposeIntoAPanel) {
 // On every SIMD target of the CPU (the panel width and the partial-vector tails differ).
 TEST(PackedGemm, MatchesMatmulOnEveryTilingEdge) {
   const int targets = testing::for_each_simd_target([](const std::string& target) {
-    for (int m : {1, 5, 6, 7, 13, 100}) {  // 100: blocks of over 8 row tiles, K in slices of 512
+    // 12, 19, 30: AVX-512 tiles of 12 rows, then 6 and the rest; 100: blocks of over 8 row tiles, K in
+    // slices of 512.
+    for (int m : {1, 5, 6, 7, 12, 13, 19, 30, 100}) {
       for (auto [k, n] :
            {std::pair{1, 1}, {3, 15}, {255, 16}, {256, 17}, {257, 33}, {600, 100}, {1100, 40}}) {
         mx::array a = random_array({m, k}, static_cast<uint64_t>(m * 1000 + k));
