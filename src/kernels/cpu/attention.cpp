@@ -108,6 +108,9 @@ constexpr int kWideVecs = 4;
 #else
 constexpr int kWideVecs = 2;
 #endif
+// Query rows of the products' widest tile: 6 with AVX-512 (6 x 4 = 24 accumulators beside 4 loaded
+// vectors and a broadcast), else 4.
+constexpr int kWideRows = kWideVecs > 2 ? 6 : 4;
 
 template <int R>
 HWY_INLINE void ScoreRows(const float* q, int64_t ldq, int64_t dim, const float* kt, int64_t ld,
@@ -185,6 +188,8 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
   } else {
     float* kt = align(scratch.key_t);
     TransposeKeys(k, ldk, own_keys, k_more, a.keys, a.head_dim, ld, kt, scratch.key_rows);
+    for (; r + kWideRows <= rows; r += kWideRows)
+      ScoreRows<kWideRows>(q + r * ldq, ldq, a.head_dim, kt, ld, scores + r * ld);
     for (; r + 4 <= rows; r += 4) ScoreRows<4>(q + r * ldq, ldq, a.head_dim, kt, ld, scores + r * ld);
     for (; r < rows; ++r) ScoreRows<1>(q + r * ldq, ldq, a.head_dim, kt, ld, scores + r * ld);
   }
@@ -204,7 +209,12 @@ void AttendBlock(const AttentionArgs& a, int64_t b, int64_t h, int64_t first, in
   const int64_t own_used = std::min(used_keys, own_scored);
   const int64_t more_used = std::max<int64_t>(used_keys - own_keys, 0);
   const int64_t dv = a.value_dim;
-  for (r = 0; r + 4 <= rows; r += 4) {
+  r = 0;
+  if (more_used == 0) {
+    for (; r + kWideRows <= rows; r += kWideRows)
+      ValueRows<kWideRows, false, kWideVecs>(scores + r * ld, ld, own_used, v, ldv, dv, out + r * ldo, ldo);
+  }
+  for (; r + 4 <= rows; r += 4) {
     ValueRows<4, false, kWideVecs>(scores + r * ld, ld, own_used, v, ldv, dv, out + r * ldo, ldo);
     if (more_used > 0)
       ValueRows<4, true>(scores + r * ld + own_keys, ld, more_used, v_more, dv, dv, out + r * ldo, ldo);
