@@ -192,9 +192,8 @@ size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset)
     if (prepared.empty()) {
       prepared = fresh_initializer_name(graph, weight_name + (m->depthwise ? "/hwc" : "/packed_hwc"));
       const mx::array& w = graph.initializers.at(weight_name).tensor();
-      mx::array converted_weight = m->depthwise ? kernels::depthwise_weight_nhwc(w, mx::Device::cpu)
-                                                : kernels::pack_conv_weight_nhwc(w);
-      converted_weight.eval();
+      mx::array converted_weight =
+          m->depthwise ? kernels::depthwise_weight_nhwc(w) : kernels::pack_conv_weight_nhwc(w);
       graph.initializers.insert_or_assign(prepared, Value(converted_weight));
     }
     // The stored weight goes at once when this conv alone read it, so that

@@ -62,8 +62,9 @@ constexpr int64_t kConvDirectMaxChannels = 4;
  * (gemm.h), float32 [ceil(M / P), kH * kW * C, P]. Evaluates `w`. */
 mx::array pack_conv_weight_nhwc(const mx::array& w);
 
-/** An ONNX depthwise weight [C, 1, kH, kW] as [kH, kW, C] (float32). */
-mx::array depthwise_weight_nhwc(const mx::array& w, mx::StreamOrDevice s = {});
+/** An ONNX depthwise weight [C, 1, kH, kW] (float) as [kH, kW, C] (float32), made on the calling thread.
+ * Evaluates `w`. */
+mx::array depthwise_weight_nhwc(const mx::array& w);
 
 /** Group-1 convolution: x float32 [N, H, W, C] ([N, C, H, W] with
  * options.channels_first_input), packed from
