@@ -20,13 +20,13 @@
 #ifndef TRANSMUTER_KERNELS_CPU_ATTENTION_ARGS
 #define TRANSMUTER_KERNELS_CPU_ATTENTION_ARGS
 namespace transmuter::kernels {
-// One call's pointers and sizes (outside the per-target namespaces).
 // Where the rows of a [B, H, S, D] input lie: element (b, h, s, d) at b * batch + h * head + s * row + d
 // (a row-contiguous array, or a [B, S, H, D] projection seen through a transpose).
 struct HeadStrides {
   int64_t batch, head, row;
 };
 
+// One call's pointers and sizes (outside the per-target namespaces).
 struct AttentionArgs {
   const float* q;
   const float* k;

@@ -19,7 +19,8 @@
 #define TRANSMUTER_KERNELS_CPU_GEMM_ARGS
 namespace transmuter::kernels {
 // Rows of one register tile: 6 rows x 2 vectors = 12 accumulators, leaving
-// registers for the two panel vectors and the broadcast row value (16 on AVX2).
+// registers for the two panel vectors and the broadcast row value (16 on AVX2);
+// AVX-512's 32 registers hold tiles of twice as many rows (TileRowsFor).
 inline constexpr int64_t kTileRows = kGemmTileRows;
 // Depth of one pass over K: a row tile's slice of A (6 x 256 floats, 6 KiB)
 // stays in L1 while it passes over the block's panels (4 x 16 KiB with AVX2,
@@ -268,9 +269,25 @@ PrefetchShare ShareOfNextSlice(const GemmArgs& g, int64_t p, int64_t panel0, int
   return {g.packed + (panel * g.k + depth0 + first_row) * PanelWidth(), std::min(share, depth - first_row)};
 }
 
+// Rows of the register tile for `remaining` rows: twice kTileRows where the target has 32 vector
+// registers (AVX-512: 24 accumulators, half the panel loads per multiply-add), else kTileRows.
+int64_t TileRowsFor(int64_t remaining) {
+#if HWY_TARGET <= HWY_AVX3
+  if (remaining >= 2 * kTileRows) return 2 * kTileRows;
+#endif
+  return std::min(kTileRows, remaining);
+}
+
+// Register tiles in a block of `rows` rows.
+int64_t TilesIn(int64_t rows) {
+  int64_t tiles = 0;
+  for (int64_t r = 0; r < rows; r += TileRowsFor(rows - r)) ++tiles;
+  return tiles;
+}
+
 // Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels) (a
 // panel: two vectors of columns): the work of one task. K in slices of
-// DepthBlock(rows); each row tile's slice of A (6 x 256 or 512 floats) stays in L1 while
+// DepthBlock(rows); each row tile's slice of A (6 or 12 x 256 or 512 floats) stays in L1 while
 // it passes over the block's panels. The first row tile of a slice reads the
 // packed weights from memory (a model's weights do not stay in the caches
 // between its products): it prefetches the slice it will read next, which the
@@ -281,21 +298,6 @@ PrefetchShare ShareOfNextSlice(const GemmArgs& g, int64_t p, int64_t panel0, int
 // delivers (alternating A/B, whole models: BERT-base s128 0.957, MiniLM-L6 s16
 // 0.917, ViT-base 0.970). After the last depth they share out the first slices
 // of the `next` task's panels in the same way.
-// Rows of the register tile for `remaining` rows: twice kTileRows where the target has 32 vector
-// registers (AVX-512: 24 accumulators, half the panel loads per multiply-add), else kTileRows.
-int64_t TileRowsFor(int64_t remaining) {
-#if HWY_TARGET <= HWY_AVX3
-  if (remaining >= 2 * kTileRows) return 2 * kTileRows;
-#endif
-  return std::min(kTileRows, remaining);
-}
-
-int64_t TilesIn(int64_t rows) {
-  int64_t tiles = 0;
-  for (int64_t r = 0; r < rows; r += TileRowsFor(rows - r)) ++tiles;
-  return tiles;
-}
-
 void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels, NextPanels next) {
   const int64_t width = PanelWidth();
   const Clamp clamp{g.conv_activation, g.clip_min, g.clip_max};
