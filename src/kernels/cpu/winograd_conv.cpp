@@ -176,6 +176,12 @@ constexpr int kPositions = 16;    // of a transformed 4x4 block
 // 96 / 384 KiB: 14x14x256 b1 0.80-0.83 / 0.91-0.93 ms, 28x28x128 0.73-0.74 / 0.82; b8 equal within
 // noise.
 constexpr int64_t kTaskBufferBytes = int64_t{96} << 10;
+// Up to this many tiles in all (a small image deep in a network) go in one block of tiles, however many
+// channels: each block reads every transformed weight of its panels, and ResNet-50's last stage at
+// batch 1 (16 tiles x 512 channels) had read its 16.8 MB of weights in three blocks of 6 tiles (kernel
+// time 1072 -> 594 us; alternating A/B with every block at least 18 tiles: stages 2 and 3 slower,
+// 325 -> 353 and 450 -> 463 us, so only the few-tile case).
+constexpr int64_t kFewTiles = 3 * kGemmTileRows;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -186,8 +192,10 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // 16 x C x (panel block's columns) multiply-adds of its products.
 void run_winograd(const WinogradArgs& a) {
   const int64_t C = a.channels, P = a.panel_width, float_bytes = sizeof(float);
-  const int64_t max_tiles = std::max(
-      kGemmTileRows, kTaskBufferBytes / (kPositions * C * float_bytes) / kGemmTileRows * kGemmTileRows);
+  const int64_t buffer_tiles =
+      kTaskBufferBytes / (kPositions * C * float_bytes) / kGemmTileRows * kGemmTileRows;
+  const int64_t max_tiles =
+      std::max({kGemmTileRows, buffer_tiles, a.tiles() <= kFewTiles ? kFewTiles : int64_t{0}});
   const int64_t max_panels =
       std::max<int64_t>(1, kTaskBufferBytes / (kPositions * max_tiles * P * float_bytes));
   const BlockSplit split(a.tiles(), a.panels, max_tiles, kGemmTileRows, max_panels);

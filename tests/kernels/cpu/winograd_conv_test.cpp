@@ -96,17 +96,21 @@ TEST(WinogradConvKernel, MatchesTheConvolution) {
 }
 
 // Large enough to split the tiles of one image across tasks (a ResNet stage's 56x56 x 64), and
-// few tiles with wide weights (7x7 x 256: tasks split the output panels).
+// few tiles with wide weights (7x7 x 256: tasks split the output panels; at batch 1 its 16 tiles are one
+// block, 12 + 4 rows).
 TEST(WinogradConvKernel, ThreadedBlocksMatch) {
-  for (const auto& [size, channels] : {std::pair{56, 64}, std::pair{7, 256}}) {
-    mx::array x = random_array({2, size, size, channels}, 21);
+  struct Case {
+    int batch, size, channels;
+  };
+  for (const auto& [batch, size, channels] : {Case{2, 56, 64}, Case{2, 7, 256}, Case{1, 7, 256}}) {
+    mx::array x = random_array({batch, size, size, channels}, 21);
     mx::array w = random_array({channels, channels, 3, 3}, 22, 1.0f / 16.0f);
     mx::array bias = random_array({channels}, 23);
     const NhwcConvOptions o{.kernel = {3, 3}, .pads_begin = {1, 1}, .pads_end = {1, 1}};
     mx::array want = expected(x, w, bias, o);
     EXPECT_LT(max_abs_diff(winograd_conv_nhwc(x, transformed(w), bias, channels, o, mx::Device::cpu), want),
               tolerance(want))
-        << size;
+        << batch << "x" << size;
   }
 }
 
