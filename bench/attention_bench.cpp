@@ -8,8 +8,6 @@
 // additive mask (a padded batch's). Shapes default to BERT-base's and ViT-base's (12 heads of 64).
 // Prints one JSON object per SEQUENCE: median and fastest microseconds of one call (mx::eval of
 // kernels::scaled_dot_product_attention on the CPU stream), and the rate of its two products.
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +17,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernel_bench.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -38,13 +37,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&] {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "attention_bench: %s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return std::atoi(argv[++i]);
-    };
+    auto value = [&] { return transmuter::bench::int_option(argc, argv, i, "attention_bench"); };
     if (arg == "--runs")
       o.runs = value();
     else if (arg == "--layers")
@@ -86,17 +79,10 @@ void bench(const Options& o, int sequence) {
   mx::eval(vs);
   if (mask) mx::eval(*mask);
   const tk::SoftmaxOptions options{.scale = 0.125f};
-  std::vector<double> us;
-  for (int run = 0; run < o.runs + 10; ++run) {
+  const std::vector<double> us = transmuter::bench::sorted_eval_us(o.runs, [&](int run) {
     const int l = run % o.layers;
-    mx::array y = tk::scaled_dot_product_attention(qs[l], ks[l], vs[l], mask, options, mx::Device::cpu);
-    const auto t0 = std::chrono::steady_clock::now();
-    mx::eval(y);
-    const double elapsed =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    if (run >= 10) us.push_back(elapsed);  // the first calls warm the pool and the allocator
-  }
-  std::sort(us.begin(), us.end());
+    return tk::scaled_dot_product_attention(qs[l], ks[l], vs[l], mask, options, mx::Device::cpu);
+  });
   const double flops = 4.0 * o.heads * sequence * static_cast<double>(sequence) * o.head_size;
   std::printf(
       "{\"sequence\": %d, \"heads\": %d, \"head_size\": %d, \"mask\": %s, \"threads\": %d, \"layers\": %d, "

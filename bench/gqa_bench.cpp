@@ -7,8 +7,6 @@
 // (9 heads on 3, head size 64, rotary halves).
 // Prints one JSON object per KEYS: median and fastest microseconds of one call (mx::eval of
 // kernels::group_query_attention on the CPU stream), and the cache bytes it reads.
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +15,7 @@
 
 #include <mlx/mlx.h>
 
+#include "kernel_bench.h"
 #include "kernels/cpu/group_query_attention.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -34,13 +33,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&] {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "gqa_bench: %s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return std::atoi(argv[++i]);
-    };
+    auto value = [&] { return transmuter::bench::int_option(argc, argv, i, "gqa_bench"); };
     if (arg == "--runs")
       o.runs = value();
     else if (arg == "--layers")
@@ -83,18 +76,11 @@ void bench(const Options& o, int keys) {
     std::fprintf(stderr, "gqa_bench: the kernel did not take these inputs\n");
     std::exit(1);
   };
-  std::vector<double> us;
-  for (int run = 0; run < o.runs + 10; ++run) {
+  const std::vector<double> us = transmuter::bench::sorted_eval_us(o.runs, [&](int run) {
     const int l = run % o.layers;
-    mx::array y = tk::group_query_attention({q, key_caches[l], value_caches[l], seqlens, cos, sin, sink},
-                                            spec, no_reference, mx::Device::cpu);
-    const auto t0 = std::chrono::steady_clock::now();
-    mx::eval(y);
-    const double elapsed =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    if (run >= 10) us.push_back(elapsed);  // the first calls warm the pool and the allocator
-  }
-  std::sort(us.begin(), us.end());
+    return tk::group_query_attention({q, key_caches[l], value_caches[l], seqlens, cos, sin, sink}, spec,
+                                     no_reference, mx::Device::cpu);
+  });
   std::printf(
       "{\"keys\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_size\": %d, \"threads\": %d, \"layers\": %d, "
       "\"cache_bytes\": %lld, \"median_us\": %.2f, \"best_us\": %.2f}\n",
