@@ -35,24 +35,14 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] { return transmuter::bench::int_option(argc, argv, i, "attention_bench"); };
-    if (arg == "--runs")
-      o.runs = value();
-    else if (arg == "--layers")
-      o.layers = value();
-    else if (arg == "--heads")
-      o.heads = value();
-    else if (arg == "--head-size")
-      o.head_size = value();
-    else if (arg == "--mask")
-      o.mask = true;
-    else if (arg == "--transposed")
-      o.transposed = true;
-    else
-      o.sequences.push_back(std::atoi(arg.c_str()));
-  }
+  transmuter::bench::parse_options(argc, argv, "attention_bench",
+                                   {{"--runs", &o.runs},
+                                    {"--layers", &o.layers},
+                                    {"--heads", &o.heads},
+                                    {"--head-size", &o.head_size},
+                                    {"--mask", nullptr, &o.mask},
+                                    {"--transposed", nullptr, &o.transposed}},
+                                   o.sequences);
   if (o.sequences.empty()) o.sequences = {128, 197};
   return o;
 }

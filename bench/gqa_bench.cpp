@@ -31,22 +31,13 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] { return transmuter::bench::int_option(argc, argv, i, "gqa_bench"); };
-    if (arg == "--runs")
-      o.runs = value();
-    else if (arg == "--layers")
-      o.layers = value();
-    else if (arg == "--heads")
-      o.heads = value();
-    else if (arg == "--kv-heads")
-      o.kv_heads = value();
-    else if (arg == "--head-size")
-      o.head_size = value();
-    else
-      o.keys.push_back(std::atoi(arg.c_str()));
-  }
+  transmuter::bench::parse_options(argc, argv, "gqa_bench",
+                                   {{"--runs", &o.runs},
+                                    {"--layers", &o.layers},
+                                    {"--heads", &o.heads},
+                                    {"--kv-heads", &o.kv_heads},
+                                    {"--head-size", &o.head_size}},
+                                   o.keys);
   if (o.keys.empty()) o.keys = {128, 512, 2048};
   return o;
 }

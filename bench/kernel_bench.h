@@ -1,4 +1,4 @@
-// What the single-kernel benchmarks (attention_bench, gqa_bench) share: reading an integer option and
+// What the single-kernel benchmarks (attention_bench, gqa_bench) share: reading their options and
 // timing one evaluation of a kernel's output per run.
 #pragma once
 
@@ -6,21 +6,42 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <vector>
 
 #include <mlx/mlx.h>
 
 namespace transmuter::bench {
 
-/** The integer after argv[i], moving i past it; exits with status 2, naming `tool` and the option, when
- * there is none. */
-inline int int_option(int argc, char** argv, int& i, const char* tool) {
-  if (i + 1 >= argc) {
-    std::fprintf(stderr, "%s: %s needs a value\n", tool, argv[i]);
-    std::exit(2);
+/** An option that takes an integer (`value` set from the argument after it), or a flag (`flag` set true). */
+struct Option {
+  const char* name;
+  int* value = nullptr;
+  bool* flag = nullptr;
+};
+
+/** Reads argv into `options`; every other argument is an integer appended to `positional`. Exits with
+ * status 2, naming `tool` and the option, when an integer option has no value. */
+inline void parse_options(int argc, char** argv, const char* tool, std::initializer_list<Option> options,
+                          std::vector<int>& positional) {
+  for (int i = 1; i < argc; ++i) {
+    const Option* match = nullptr;
+    for (const Option& option : options) {
+      if (std::strcmp(argv[i], option.name) == 0) match = &option;
+    }
+    if (match == nullptr) {
+      positional.push_back(std::atoi(argv[i]));
+    } else if (match->flag != nullptr) {
+      *match->flag = true;
+    } else if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s: %s needs a value\n", tool, argv[i]);
+      std::exit(2);
+    } else {
+      *match->value = std::atoi(argv[++i]);
+    }
   }
-  return std::atoi(argv[++i]);
 }
 
 /** Microseconds of mx::eval of `output_of(run)` for `runs` runs, sorted, after 10 runs that warm the

@@ -179,8 +179,8 @@ constexpr int64_t kTaskBufferBytes = int64_t{96} << 10;
 // Up to this many tiles in all (a small image deep in a network) go in one block of tiles, however many
 // channels: each block reads every transformed weight of its panels, and ResNet-50's last stage at
 // batch 1 (16 tiles x 512 channels) had read its 16.8 MB of weights in three blocks of 6 tiles (kernel
-// time 1072 -> 594 us; alternating A/B with every block at least 18 tiles: stages 2 and 3 slower,
-// 325 -> 353 and 450 -> 463 us, so only the few-tile case).
+// time 856-882 -> 608-646 us, alternating processes; with every block at least 18 tiles stages 2 and 3
+// were slower, 325 -> 353 and 450 -> 463 us, so only the few-tile case).
 constexpr int64_t kFewTiles = 3 * kGemmTileRows;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
