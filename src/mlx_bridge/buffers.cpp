@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -31,6 +33,50 @@ constexpr uintptr_t kDataOffset = 64;
 
 uintptr_t round_up(uintptr_t value, uintptr_t to) { return (value + to - 1) / to * to; }
 
+// Whether fresh mappings are still advised as transparent huge pages. This
+// project's VM gives freed 2 MiB blocks back to its host (free page
+// reporting), so a huge page comes either recycled, 10-22 GB/s to fill, or
+// backed by the host at first touch, 0.42-1.1 GB/s; 4 KiB pages fill at
+// 2.1-3.1 GB/s either way (a C loop touching 4-64 MiB, 2026-12-08). A load
+// gets recycled huge pages while the blocks a process freed moments before
+// last (ResNet-50's: 0.05-0.19 ms a fault), then fresh ones (4.7-6.3 ms). So
+// the first touch of each huge page is timed (touch_huge_page), and one slower
+// than its 512 small pages would have been turns huge pages off for the rest
+// of the process.
+std::atomic<bool> huge_pages_pay{true};
+
+}  // namespace
+
+void stop_advising_huge_pages() { huge_pages_pay.store(false, std::memory_order_relaxed); }
+bool advising_huge_pages() { return huge_pages_pay.load(std::memory_order_relaxed); }
+
+namespace {
+
+// Above this, a 2 MiB page came slower than 4 KiB pages fill it (~0.7 ms).
+constexpr std::chrono::microseconds kSlowHugePage{1500};
+
+// Advises [begin, end) as huge pages while they pay, as small pages after.
+void advise_pages(uintptr_t begin, uintptr_t end) {
+  if (end <= begin) return;
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+  ::madvise(reinterpret_cast<void*>(begin), end - begin,
+            huge_pages_pay.load(std::memory_order_relaxed) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+#endif
+}
+
+// Writes the first byte of the fresh huge page at `page` (2 MiB-aligned,
+// advised, not yet touched: its contents are not anyone's yet), which faults
+// the whole page in; when that took longer than kSlowHugePage, stops advising
+// huge pages and advises [page + 2 MiB, rest_end) as small pages.
+void touch_huge_page(uintptr_t page, uintptr_t rest_end) {
+  if (!huge_pages_pay.load(std::memory_order_relaxed)) return;
+  const auto start = std::chrono::steady_clock::now();
+  *reinterpret_cast<volatile uint8_t*>(page) = 0;
+  if (std::chrono::steady_clock::now() - start <= kSlowHugePage) return;
+  stop_advising_huge_pages();
+  advise_pages(page + kHugePage, rest_end);
+}
+
 // A fresh buffer of `nbytes` in an anonymous mapping of its own that starts
 // on a 2 MiB boundary, its whole 2 MiB pages advised as transparent huge
 // pages ("madvise" is the usual system policy). Filling a large buffer through
@@ -52,9 +98,9 @@ std::optional<mx::allocator::Data> map_buffer(size_t nbytes) {
   if (start > first) ::munmap(base, start - first);
   if (first + reserved > start + used)
     ::munmap(reinterpret_cast<void*>(start + used), first + reserved - start - used);
-#ifdef MADV_HUGEPAGE
-  ::madvise(reinterpret_cast<void*>(start), used / kHugePage * kHugePage, MADV_HUGEPAGE);
-#endif
+  const uintptr_t huge_end = start + used / kHugePage * kHugePage;
+  advise_pages(start, huge_end);
+  touch_huge_page(start, huge_end);
   auto* header = reinterpret_cast<size_t*>(start + kDataOffset - sizeof(size_t));
   *header = nbytes;
   return mx::allocator::Data(mx::allocator::Buffer(header), [start, used](mx::allocator::Buffer) {
@@ -97,9 +143,7 @@ class Slab {
     const uintptr_t start = round_up(first, kHugePage);
     if (start > first) ::munmap(base, start - first);
     ::munmap(reinterpret_cast<void*>(start + kBytes), first + reserved - start - kBytes);
-#ifdef MADV_HUGEPAGE
-    ::madvise(reinterpret_cast<void*>(start), kBytes, MADV_HUGEPAGE);
-#endif
+    advise_pages(start, start + kBytes);
     return std::shared_ptr<Slab>(new Slab(start));
   }
   ~Slab() { ::munmap(reinterpret_cast<void*>(start_), kBytes); }
@@ -112,6 +156,7 @@ class Slab {
     const uintptr_t begin = round_up(start_ + used_, kDataOffset);
     if (begin + kDataOffset + nbytes > start_ + kBytes) return 0;
     used_ = begin + kDataOffset + nbytes - start_;
+    for (; touched_ < start_ + used_; touched_ += kHugePage) touch_huge_page(touched_, start_ + kBytes);
     return begin + kDataOffset - sizeof(size_t);
   }
 
@@ -132,9 +177,10 @@ class Slab {
   }
 
  private:
-  explicit Slab(uintptr_t start) : start_(start) {}
+  explicit Slab(uintptr_t start) : start_(start), touched_(start) {}
   uintptr_t start_;
   uintptr_t used_ = 0;
+  uintptr_t touched_;  // the huge pages before it have been touched (touch_huge_page)
 };
 
 struct SlabState {

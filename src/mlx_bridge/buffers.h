@@ -57,6 +57,14 @@ class MlxBuffer {
   mx::allocator::Data data_;
 };
 
+/** Whether fresh model and packed buffers are still advised as transparent
+ * huge pages. They are until the first touch of one of their huge pages takes
+ * longer than 4 KiB pages would have (a host that backs guest memory only when
+ * touched, free page reporting): from then on the process advises small pages. */
+bool advising_huge_pages();
+/** Advise small pages from now on, as after a slow huge page (above). */
+void stop_advising_huge_pages();
+
 /** Gives back the pages past the last packed buffer of the slab now being
  * filled (those of a huge page it only began); load() calls it when done. */
 void release_packed_slab_tail();

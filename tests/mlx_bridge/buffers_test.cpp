@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <mlx/mlx.h>
@@ -236,6 +239,47 @@ TEST(MlxBridgeBuffers, DeferredRowsAreWrappedAsBytesWhereTheyLie) {
       << "made without its region: whether the bytes before it are readable is unknown";
   table.eval();
   EXPECT_FALSE(deferred_rows_as_bytes(table).has_value()) << "copied already";
+}
+
+// The VmFlags of the mapping that holds `address` (/proc/self/smaps), or "" when none does.
+std::string mapping_flags(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto target = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find('-') < line.find(' ')) {
+      inside = begin <= target && target < end;
+    } else if (inside && line.starts_with("VmFlags:")) {
+      return line + " ";
+    }
+  }
+  return "";
+}
+
+// Last in this file: stopping is for the rest of the process.
+TEST(MlxBridgeBuffers, AfterASlowHugePageFreshBuffersAreAdvisedSmallPages) {
+  constexpr size_t kBytes = size_t{4} << 20;  // a mapping of its own
+  MlxBuffer before(kBytes, BufferLifetime::kModel);
+  if (advising_huge_pages()) {  // no slow huge page in this process yet
+    EXPECT_NE(mapping_flags(before.as<uint8_t>()).find(" hg "), std::string::npos)
+        << mapping_flags(before.as<uint8_t>());
+  }
+  stop_advising_huge_pages();
+  EXPECT_FALSE(advising_huge_pages());
+  MlxBuffer model(kBytes, BufferLifetime::kModel);
+  // Packed buffers just under 2 MiB until one is carved from a slab mapped after the stop (a slab
+  // holds 32 MiB; the one in use may have been mapped before). Untouched, they cost no memory.
+  std::vector<MlxBuffer> packed;
+  for (int i = 0; i < 20; ++i) packed.emplace_back((size_t{2} << 20) - 4096, BufferLifetime::kPacked);
+  for (MlxBuffer* buffer : {&model, &packed.back()}) {
+    const std::string flags = mapping_flags(buffer->as<uint8_t>());
+    EXPECT_NE(flags.find(" nh "), std::string::npos) << flags;
+    EXPECT_EQ(flags.find(" hg "), std::string::npos) << flags;
+  }
+  std::memset(model.as<uint8_t>(), 5, kBytes);
+  mx::array a = model.into_array({static_cast<int>(kBytes)}, mx::uint8);
+  EXPECT_EQ(mx::sum(mx::astype(a, mx::int32)).item<int32_t>(), static_cast<int32_t>(5 * kBytes));
 }
 
 }  // namespace
