@@ -105,8 +105,9 @@ std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a);
 std::optional<mx::array> deferred_rows_as_bytes(const mx::array& a);
 
 /** The row-major element bytes of `a` for a host-side reader that reads them
- * all: a deferred copy's source bytes in place, or else `a` evaluated, as
- * row-contiguous float32 when `as_float32`. `keep` holds what the bytes lie
+ * all: a deferred copy's source bytes in place (also under a reshape not yet
+ * evaluated), or else `a` evaluated, as row-contiguous float32 when
+ * `as_float32`. `keep` holds what the bytes lie
  * in. Bytes read in place (often a model file's pages) are mapped in one
  * system call first: faulting them in 64 KiB at a time costs more. */
 std::span<const uint8_t> host_bytes(const mx::array& a, bool as_float32, mx::array& keep);

@@ -198,6 +198,31 @@ TEST(MlxBridgeBuffers, DeferredCopyIsMadeWhenEvaluatedAndReportsItsPieces) {
   EXPECT_EQ(next, bytes.data() + bytes.size());
 }
 
+TEST(MlxBridgeBuffers, HostBytesReadUnderAReshapeWithoutEvaluatingIt) {
+  auto storage = std::make_shared<std::vector<uint8_t>>(6 * sizeof(int8_t) + 1);
+  const int8_t values[6] = {1, -2, 3, -4, 5, -6};
+  std::memcpy(storage->data() + 1, values, sizeof(values));
+  std::span<const uint8_t> bytes(storage->data() + 1, sizeof(values));
+  mx::array filters = deferred_copy(bytes, storage, {3, 2, 1, 1}, mx::int8);  // a 1x1 conv's weight
+  mx::array matrix = mx::reshape(filters, {3, 2});
+  mx::array keep = matrix;
+  EXPECT_EQ(host_bytes(matrix, /*as_float32=*/false, keep).data(), bytes.data())
+      << "the file's bytes in place";
+  EXPECT_FALSE(matrix.is_available());
+  EXPECT_FALSE(filters.is_available()) << "no copy made";
+  // Converted to float32, the reshape's values come in its row-major order.
+  const std::span<const uint8_t> floats = host_bytes(matrix, /*as_float32=*/true, keep);
+  ASSERT_EQ(floats.size(), 6 * sizeof(float));
+  float converted[6];
+  std::memcpy(converted, floats.data(), sizeof(converted));
+  EXPECT_EQ(converted[3], -4.0f);
+  // Another lazy op is evaluated as before.
+  mx::array negated = mx::negative(matrix);
+  const std::span<const uint8_t> evaluated = host_bytes(negated, /*as_float32=*/false, keep);
+  EXPECT_NE(evaluated.data(), bytes.data());
+  EXPECT_EQ(static_cast<int8_t>(evaluated[1]), 2);
+}
+
 TEST(MlxBridgeBuffers, DeferredCopiesComposeAndConvertLikeAnyArray) {
   auto storage = std::make_shared<std::vector<uint8_t>>(4 * sizeof(int32_t) + 3);
   const int32_t values[4] = {1, -2, 30, 400};
