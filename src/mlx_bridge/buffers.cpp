@@ -279,6 +279,42 @@ class DeferredCopy : public mx::UnaryPrimitive {
   AfterCopy after_copy_;
 };
 
+// deferred_repack's primitive: no inputs (the source is held, so that MLX
+// does not evaluate it first: a deferred copy is read where it lies), the
+// repacking made on the evaluating thread.
+class DeferredRepack : public mx::UnaryPrimitive {
+ public:
+  DeferredRepack(mx::array source, std::function<mx::array(const mx::array&)> repack,
+                 std::function<void(const mx::array&)> after)
+      : mx::UnaryPrimitive(mx::default_stream(mx::Device::cpu)),
+        source_(std::move(source)),
+        repack_(std::move(repack)),
+        after_(std::move(after)) {}
+
+  void eval_cpu(const std::vector<mx::array>& /*inputs*/, mx::array& out) override {
+    if (!source_) throw std::logic_error("DeferredRepack evaluated twice");
+    const mx::array made = repack_(*source_);
+    if (!made.is_available() || made.shape() != out.shape() || made.dtype() != out.dtype() ||
+        !made.flags().row_contiguous) {
+      throw std::logic_error("deferred_repack: the repacking does not have the promised shape and type");
+    }
+    out.copy_shared_buffer(made);
+    if (after_) after_(*source_);
+    source_.reset();
+  }
+  void eval_gpu(const std::vector<mx::array>& /*inputs*/, mx::array& /*out*/) override {
+    throw std::logic_error("DeferredRepack runs on the CPU stream only");
+  }
+  const char* name() const override { return "DeferredRepack"; }
+
+  const std::optional<mx::array>& source() const { return source_; }
+
+ private:
+  std::optional<mx::array> source_;
+  std::function<mx::array(const mx::array&)> repack_;
+  std::function<void(const mx::array&)> after_;
+};
+
 }  // namespace
 
 MlxBuffer::MlxBuffer(size_t nbytes, BufferLifetime lifetime) : data_(fresh_buffer(nbytes, lifetime)) {
@@ -343,6 +379,22 @@ const DeferredCopy* pending_deferred_copy(const mx::array& a) {
 }
 
 }  // namespace
+
+mx::array deferred_repack(const mx::array& source, const mx::Shape& shape, mx::Dtype dtype,
+                          std::function<mx::array(const mx::array&)> repack,
+                          std::function<void(const mx::array&)> after) {
+  if (!source.is_available() && !deferred_bytes(source))
+    throw std::invalid_argument("deferred_repack: the source must be evaluated or a deferred copy");
+  return mx::array(shape, dtype,
+                   std::make_shared<DeferredRepack>(source, std::move(repack), std::move(after)), {});
+}
+
+std::optional<mx::array> pending_repack_source(const mx::array& a) {
+  if (a.is_available() || !a.has_primitive()) return std::nullopt;
+  const auto* repack = dynamic_cast<const DeferredRepack*>(&a.primitive());
+  if (repack == nullptr) return std::nullopt;
+  return repack->source();
+}
 
 std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a) {
   const DeferredCopy* copy = pending_deferred_copy(a);

@@ -104,6 +104,23 @@ std::optional<std::span<const uint8_t>> deferred_bytes(const mx::array& a);
  * region, or memory alias_memory cannot wrap. */
 std::optional<mx::array> deferred_rows_as_bytes(const mx::array& a);
 
+/** Makes a load-time repacking of `source`, a weight, when evaluated: on
+ * evaluation, `repack(source)` runs on the evaluating thread and its result (of
+ * `shape` and `dtype`) becomes the array's; `after(source)` is then called
+ * when set (to give back the model file's pages it read), and `source` is let
+ * go. Until then a later pass may replace the array by another made from
+ * `source` (pending_repack_source), and no repacked copy is ever made.
+ * `source` must be evaluated or a deferred copy, so that `repack` evaluates
+ * nothing (an evaluation inside another's); throws std::invalid_argument
+ * otherwise. */
+mx::array deferred_repack(const mx::array& source, const mx::Shape& shape, mx::Dtype dtype,
+                          std::function<mx::array(const mx::array&)> repack,
+                          std::function<void(const mx::array&)> after = nullptr);
+
+/** The source of an array made by deferred_repack that is not yet evaluated;
+ * nullopt for any other array. */
+std::optional<mx::array> pending_repack_source(const mx::array& a);
+
 /** The row-major element bytes of `a` for a host-side reader that reads them
  * all: a deferred copy's source bytes in place (also under a reshape not yet
  * evaluated), or else `a` evaluated, as row-contiguous float32 when

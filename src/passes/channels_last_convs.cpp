@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv_nhwc.h"
+#include "mlx_bridge/buffers.h"
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 #include "transmuter/error.h"
@@ -173,6 +174,23 @@ Node conv_nhwc_node(const Node& conv, const ConvMatch& m, const std::string& x, 
   return n;
 }
 
+// A weight that winograd_convs will likely transform (3x3, stride 1, dilation 1, group 1, more than
+// kConvDirectMaxChannels channels) is packed only when the load materializes its weights
+// (deferred_repack): the transform reads the filters themselves, and the packed copy, made, read
+// and dropped (a third of ResNet-50's weights), is never made. Only an evaluated weight or a
+// deferred copy can wait (a BatchNorm folded in is still an expression).
+mx::array packed_weight(const ConvMatch& m, const mx::array& w) {
+  const bool winograd_shape = !m.depthwise && m.kernel == std::vector<int64_t>{3, 3} &&
+                              m.strides == std::vector<int64_t>{1, 1} &&
+                              m.dilations == std::vector<int64_t>{1, 1} && w.ndim() == 4 &&
+                              w.shape(1) > kernels::kConvDirectMaxChannels;
+  if (!winograd_shape || w.dtype() != mx::float32 || (!w.is_available() && !deferred_bytes(w)))
+    return kernels::pack_conv_weight_nhwc(w);
+  return deferred_repack(
+      w, kernels::packed_conv_weight_shape(w.shape()), mx::float32,
+      [](const mx::array& source) { return kernels::pack_conv_weight_nhwc(source); }, release_weight_pages);
+}
+
 size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset) {
   const GraphIndex index(graph);  // who reads each weight, before the rewrite
   std::map<std::string, std::string> channels_last_inputs;  // input -> its channels-last copy
@@ -192,8 +210,7 @@ size_t convert_convolutions(Graph& graph, ValueNames& names, int64_t onnx_opset)
     if (prepared.empty()) {
       prepared = fresh_initializer_name(graph, weight_name + (m->depthwise ? "/hwc" : "/packed_hwc"));
       const mx::array& w = graph.initializers.at(weight_name).tensor();
-      mx::array converted_weight =
-          m->depthwise ? kernels::depthwise_weight_nhwc(w) : kernels::pack_conv_weight_nhwc(w);
+      mx::array converted_weight = m->depthwise ? kernels::depthwise_weight_nhwc(w) : packed_weight(*m, w);
       graph.initializers.insert_or_assign(prepared, Value(converted_weight));
     }
     // The stored weight goes at once when this conv alone read it, so that

@@ -121,14 +121,30 @@ float float_attribute_or(const Node& node, const std::string& name, float fallba
   return a != nullptr && a->type == AttrType::kFloat ? a->f : fallback;
 }
 
+namespace {
+
+// The bytes of `w` as a preparation reads them: a deferred copy's where they lie.
+std::span<const uint8_t> weight_bytes(const mx::array& w) {
+  const std::optional<std::span<const uint8_t>> deferred = deferred_bytes(w);
+  return deferred ? *deferred : std::span(w.data<uint8_t>(), w.nbytes());
+}
+
+}  // namespace
+
+void release_weight_pages(const mx::array& w) {
+  if (w.is_available() || deferred_bytes(w)) release_if_file_backed(weight_bytes(w));
+}
+
 void drop_weight(Graph& graph, const std::string& name) {
   auto it = graph.initializers.find(name);
   if (it == graph.initializers.end() || !it->second.is_tensor()) return;
-  const mx::array& w = it->second.tensor();
+  // A repacking not made yet (deferred_repack) holds its source weight, whose
+  // pages the pass that replaced it read.
+  const std::optional<mx::array> source = pending_repack_source(it->second.tensor());
+  const mx::array w = source ? *source : it->second.tensor();
   // A weight still deferred (never copied out of its file) gives back the file
   // pages its packing read.
-  const std::optional<std::span<const uint8_t>> deferred = deferred_bytes(w);
-  const std::span<const uint8_t> bytes = deferred ? *deferred : std::span(w.data<uint8_t>(), w.nbytes());
+  const std::span<const uint8_t> bytes = weight_bytes(w);
   graph.initializers.erase(it);
   // MLX keeps a freed buffer in its cache; clearing the cache gives a large
   // weight's pages back at once. Clearing waits on the CPU stream, though:

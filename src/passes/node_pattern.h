@@ -93,6 +93,12 @@ class ValueNames {
   std::unordered_set<std::string> used_;
 };
 
+/** Gives back the model file's pages under `w` (a weight aliasing the file,
+ * or a deferred copy not made yet) once a preparation has read them: they
+ * refault from the file should anything read them again. Anything else
+ * stays. */
+void release_weight_pages(const mx::array& w);
+
 /** Erases the initializer `name` (a weight a pass replaced by a prepared copy,
  * which nothing reads any more) and gives its memory back: the file pages
  * that preparing it read when it aliases the model file (they refault from

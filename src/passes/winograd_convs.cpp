@@ -12,8 +12,10 @@
 //          |                                    |
 //          Y                                    Y
 //
-// The transform reads the packed weight, which goes when this convolution
-// alone read it; convolutions sharing a weight share its transform. Stems over few channels stay on the
+// The transform reads the filters (channels_last_convs leaves the packing of
+// such weights for later: deferred_repack) or else the packed weight, which
+// goes when this convolution alone read it; convolutions sharing a weight
+// share its transform. Stems over few channels stay on the
 // direct kernel, which reads the input in place.
 #include <algorithm>
 #include <map>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cpu/winograd_conv.h"
+#include "mlx_bridge/buffers.h"
 #include "passes/node_pattern.h"
 #include "passes/pass_manager.h"
 
@@ -65,7 +68,10 @@ size_t winograd_convs(Graph& graph) {
     std::string& transformed_name = transformed_names[weight_name];
     if (transformed_name.empty()) {
       transformed_name = fresh_initializer_name(graph, weight_name + "/winograd");
-      mx::array transformed = kernels::winograd_weight_from_packed(*packed, packed->shape(1) / 9);
+      // From the filters when channels_last_convs left the packing for later (never made, then).
+      const std::optional<mx::array> filters = pending_repack_source(*packed);
+      mx::array transformed = filters ? kernels::winograd_weight_from_filters(*filters)
+                                      : kernels::winograd_weight_from_packed(*packed, packed->shape(1) / 9);
       graph.initializers.insert_or_assign(transformed_name, Value(transformed));
     }
     node.op_type = "ConvWinogradNhwc";

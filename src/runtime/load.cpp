@@ -32,7 +32,8 @@ Params collect_params(const Graph& graph) {
 // `describe()` names the value in an error (built only on failure).
 template <typename Describe>
 void materialize(const Value& value, Describe&& describe) {
-  if (!value.is_tensor() || !deferred_bytes(value.tensor())) return;
+  if (!value.is_tensor() || (!deferred_bytes(value.tensor()) && !pending_repack_source(value.tensor())))
+    return;
   try {
     mx::array tensor = value.tensor();  // shares the value's array: evaluating it evaluates the value
     tensor.eval();
@@ -42,8 +43,9 @@ void materialize(const Value& value, Describe&& describe) {
 }
 
 // Copies out the tensors whose copy the reader deferred (mlx_bridge
-// deferred_copy) and no pass consumed in place, so that runs see only
-// evaluated weights.
+// deferred_copy) and no pass consumed in place, and makes the repackings a
+// pass deferred (deferred_repack) that no later pass replaced, so that runs
+// see only evaluated weights.
 void materialize_deferred(const Graph& graph) {
   for (const auto& [name, value] : graph.initializers) {
     materialize(value, [&] { return str("initializer '", name, "'"); });

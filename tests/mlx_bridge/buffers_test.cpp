@@ -223,6 +223,40 @@ TEST(MlxBridgeBuffers, HostBytesReadUnderAReshapeWithoutEvaluatingIt) {
   EXPECT_EQ(static_cast<int8_t>(evaluated[1]), 2);
 }
 
+TEST(MlxBridgeBuffers, ADeferredRepackIsMadeOnlyWhenEvaluated) {
+  mx::array source = mx::arange(6.0f);
+  source.eval();
+  int repacks = 0;
+  std::vector<float> released;
+  auto reverse = [&](const mx::array& s) {
+    ++repacks;
+    mx::array made = mx::reshape(mx::slice(s, {5}, {-7}, {-1}), {2, 3});  // 5 4 3 / 2 1 0
+    made = mx::contiguous(made);
+    made.eval();
+    return made;
+  };
+  mx::array later = deferred_repack(source, {2, 3}, mx::float32, reverse,
+                                    [&](const mx::array& s) { released.push_back(s.data<float>()[5]); });
+  ASSERT_TRUE(pending_repack_source(later).has_value());
+  EXPECT_EQ(pending_repack_source(later)->data<float>(), source.data<float>()) << "the source itself";
+  EXPECT_EQ(repacks, 0) << "nothing made before it is evaluated";
+  EXPECT_FALSE(pending_repack_source(source).has_value()) << "any other array";
+
+  EXPECT_EQ(mx::sum(later * mx::array({1.0f, 0.0f, 0.0f}))  // composes like any array
+                .item<float>(),
+            5.0f + 2.0f);
+  EXPECT_EQ(repacks, 1);
+  EXPECT_EQ(released, std::vector<float>{5.0f}) << "`after` saw the source once the repack was made";
+  EXPECT_FALSE(pending_repack_source(later).has_value());
+  EXPECT_EQ(later.data<float>()[1], 4.0f);
+
+  mx::array unevaluated = mx::arange(3.0f) + 1.0f;
+  EXPECT_THROW(deferred_repack(unevaluated, {3}, mx::float32, reverse), std::invalid_argument)
+      << "a source that needs evaluating could not be repacked inside an evaluation";
+  mx::array wrong = deferred_repack(source, {3, 2}, mx::float32, reverse);
+  EXPECT_THROW(wrong.eval(), std::logic_error) << "a repacking of another shape";
+}
+
 TEST(MlxBridgeBuffers, DeferredCopiesComposeAndConvertLikeAnyArray) {
   auto storage = std::make_shared<std::vector<uint8_t>>(4 * sizeof(int32_t) + 3);
   const int32_t values[4] = {1, -2, 30, 400};

@@ -696,6 +696,20 @@ int64_t conv_output_length(int64_t in, int kernel, int stride, int pad_begin, in
   return room < 0 ? 0 : room / stride + 1;
 }
 
+mx::Shape packed_conv_weight_shape(const mx::Shape& w) {
+  const int width = static_cast<int>(gemm_panel_width());
+  return {(w.at(0) + width - 1) / width, w.at(1) * w.at(2) * w.at(3), width};
+}
+
+void filter_panel_by_channel(const uint8_t* weight, int64_t m, int64_t k, int64_t p, float* by_channel) {
+  constexpr int64_t kItem = sizeof(float);
+  const int64_t width = gemm_panel_width(), cols = std::min(width, m - p * width);
+  std::vector<const uint8_t*> filters(static_cast<size_t>(cols));
+  for (int64_t j = 0; j < cols; ++j) filters[j] = weight + (p * width + j) * k * kItem;  // [C, taps]
+  if (cols < width) std::fill(by_channel, by_channel + k * width, 0.0f);
+  transpose_rows_into_panel(filters.data(), cols, k, width, by_channel);
+}
+
 mx::array pack_conv_weight_nhwc(const mx::array& w) {
   if (w.ndim() != 4 || w.size() == 0 || !mx::issubdtype(w.dtype(), mx::floating)) {
     throw std::invalid_argument("pack_conv_weight_nhwc: the weight must be a non-empty 4-D float array");
@@ -713,15 +727,11 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
   // 3x3 weights had gone one float at a time).
   constexpr int64_t kItem = sizeof(float);
   parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<const uint8_t*> filters(static_cast<size_t>(width));
     std::vector<float> scratch(taps == 1 ? 0 : static_cast<size_t>(k * width));
     for (int64_t p = begin; p < end; ++p) {
       float* panel = packed + p * k * width;
-      const int64_t cols = std::min(width, m - p * width);
-      for (int64_t j = 0; j < cols; ++j) filters[j] = weight + (p * width + j) * k * kItem;  // [C, taps]
-      float* by_channel = taps == 1 ? panel : scratch.data();                                // rows (c, tap)
-      if (cols < width) std::fill(by_channel, by_channel + k * width, 0.0f);
-      transpose_rows_into_panel(filters.data(), cols, k, width, by_channel);
+      float* by_channel = taps == 1 ? panel : scratch.data();  // rows (c, tap)
+      filter_panel_by_channel(weight, m, k, p, by_channel);
       if (taps == 1) continue;  // (c, tap) is (tap, c)
       for (int64_t t = 0; t < taps; ++t) {
         for (int64_t c = 0; c < channels; ++c) {

@@ -62,6 +62,14 @@ constexpr int64_t kConvDirectMaxChannels = 4;
  * (gemm.h), float32 [ceil(M / P), kH * kW * C, P]. Evaluates `w`. */
 mx::array pack_conv_weight_nhwc(const mx::array& w);
 
+/** Panel `p` of the filters `weight` (float32 [m, k] row-major, k = C * taps, at any alignment)
+ * transposed: by_channel[r, j] = weight[p * P + j, r] (0 past filter m), P = gemm_panel_width(), rows
+ * r in the filters' own (c, tap) order. pack_conv_weight_nhwc's first step. */
+void filter_panel_by_channel(const uint8_t* weight, int64_t m, int64_t k, int64_t p, float* by_channel);
+
+/** The shape pack_conv_weight_nhwc gives a weight of shape `w` [M, C, kH, kW]. */
+mx::Shape packed_conv_weight_shape(const mx::Shape& w);
+
 /** An ONNX depthwise weight [C, 1, kH, kW] (float) as [kH, kW, C] (float32), made on the calling thread.
  * Evaluates `w`. */
 mx::array depthwise_weight_nhwc(const mx::array& w);

@@ -154,6 +154,7 @@ HWY_AFTER_NAMESPACE();
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/conv_nhwc.h"
 #include "kernels/cpu/conv_nhwc_args.h"
 #include "kernels/cpu/cpu_kernel.h"
 #include "kernels/cpu/gemm.h"
@@ -280,6 +281,49 @@ bool winograd_conv_fits(const NhwcConvOptions& o) {
          o.dilations == std::array<int, 2>{1, 1} && !o.channels_first_input;
 }
 
+namespace {
+
+// U = G g G^T for input channel c of panel p (all its `width` filters at once: the loops over j
+// vectorize), tap(ky, kx) giving the row of that tap's `width` values; into u [16, panels, C, width].
+template <typename Tap>
+void transform_panel_channel(const Tap& tap, int64_t p, int64_t c, int64_t panels, int64_t C, int64_t width,
+                             float* gg /* [4][3][width] */, float* u) {
+  for (int kx = 0; kx < 3; ++kx) {
+    const float *g0 = tap(0, kx), *g1 = tap(1, kx), *g2 = tap(2, kx);
+    float* col = gg + kx * width;
+    for (int64_t j = 0; j < width; ++j) {
+      col[j] = g0[j];
+      col[3 * width + j] = 0.5f * (g0[j] + g1[j] + g2[j]);
+      col[6 * width + j] = 0.5f * (g0[j] - g1[j] + g2[j]);
+      col[9 * width + j] = g2[j];
+    }
+  }
+  for (int xi = 0; xi < 4; ++xi) {
+    const float* r = gg + xi * 3 * width;  // row xi of G g: 3 taps
+    float* out[4];
+    for (int nu = 0; nu < 4; ++nu) out[nu] = u + (((xi * 4 + nu) * panels + p) * C + c) * width;
+    for (int64_t j = 0; j < width; ++j) {
+      const float r0 = r[j], r1 = r[width + j], r2 = r[2 * width + j];
+      out[0][j] = r0;
+      out[1][j] = 0.5f * (r0 + r1 + r2);
+      out[2][j] = 0.5f * (r0 - r1 + r2);
+      out[3][j] = r2;
+    }
+  }
+}
+
+MlxBuffer transformed_weight_buffer(int64_t panels, int64_t C, int64_t width) {
+  return MlxBuffer(static_cast<size_t>(kPositions * panels * C * width) * sizeof(float),
+                   BufferLifetime::kPacked);
+}
+
+mx::array into_transformed(MlxBuffer&& buffer, int64_t panels, int64_t C, int64_t width) {
+  return std::move(buffer).into_array(
+      {kPositions, static_cast<int>(panels), static_cast<int>(C), static_cast<int>(width)}, mx::float32);
+}
+
+}  // namespace
+
 mx::array winograd_weight_from_packed(const mx::array& packed, int64_t channels) {
   const int64_t width = gemm_panel_width();
   if (packed.dtype() != mx::float32 || packed.ndim() != 3 || channels <= 0 ||
@@ -291,44 +335,44 @@ mx::array winograd_weight_from_packed(const mx::array& packed, int64_t channels)
   source.eval();
   const float* g = source.data<float>();
   const int64_t panels = packed.shape(0), C = channels;
-  MlxBuffer buffer(static_cast<size_t>(kPositions * panels * C * width) * sizeof(float),
-                   BufferLifetime::kPacked);
+  MlxBuffer buffer = transformed_weight_buffer(panels, C, width);
   float* u = buffer.as<float>();
-  // U = G g G^T per filter (one panel column j), computed for a whole panel row at once: the loops
-  // over j vectorize.
   parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> gg(static_cast<size_t>(12 * width));  // G g: [4][3][width]
+    std::vector<float> gg(static_cast<size_t>(12 * width));
     for (int64_t p = begin; p < end; ++p) {
       for (int64_t c = 0; c < C; ++c) {
         // tap (ky, kx) of input channel c: row (ky * 3 + kx) * C + c of the panel
         auto tap = [&](int ky, int kx) { return g + (p * 9 * C + (ky * 3 + kx) * C + c) * width; };
-        for (int kx = 0; kx < 3; ++kx) {
-          const float *g0 = tap(0, kx), *g1 = tap(1, kx), *g2 = tap(2, kx);
-          float* col = gg.data() + kx * width;
-          for (int64_t j = 0; j < width; ++j) {
-            col[j] = g0[j];
-            col[3 * width + j] = 0.5f * (g0[j] + g1[j] + g2[j]);
-            col[6 * width + j] = 0.5f * (g0[j] - g1[j] + g2[j]);
-            col[9 * width + j] = g2[j];
-          }
-        }
-        for (int xi = 0; xi < 4; ++xi) {
-          const float* r = gg.data() + xi * 3 * width;  // row xi of G g: 3 taps
-          float* out[4];
-          for (int nu = 0; nu < 4; ++nu) out[nu] = u + (((xi * 4 + nu) * panels + p) * C + c) * width;
-          for (int64_t j = 0; j < width; ++j) {
-            const float r0 = r[j], r1 = r[width + j], r2 = r[2 * width + j];
-            out[0][j] = r0;
-            out[1][j] = 0.5f * (r0 + r1 + r2);
-            out[2][j] = 0.5f * (r0 - r1 + r2);
-            out[3][j] = r2;
-          }
-        }
+        transform_panel_channel(tap, p, c, panels, C, width, gg.data(), u);
       }
     }
   });
-  return buffer.into_array(
-      {kPositions, static_cast<int>(panels), static_cast<int>(C), static_cast<int>(width)}, mx::float32);
+  return into_transformed(std::move(buffer), panels, C, width);
+}
+
+mx::array winograd_weight_from_filters(const mx::array& w) {
+  if (w.ndim() != 4 || w.shape(2) != 3 || w.shape(3) != 3 || w.size() == 0 ||
+      !mx::issubdtype(w.dtype(), mx::floating)) {
+    throw std::invalid_argument("winograd_weight_from_filters: expected a float 3x3 weight [M, C, 3, 3]");
+  }
+  mx::array keep = w;
+  const uint8_t* filters = host_bytes(w, /*as_float32=*/true, keep).data();
+  const int64_t m = w.shape(0), C = w.shape(1), width = gemm_panel_width(), panels = ceil_div(m, width);
+  MlxBuffer buffer = transformed_weight_buffer(panels, C, width);
+  float* u = buffer.as<float>();
+  // Each panel's filters transposed as packing transposes them (rows in the filters' (c, tap) order),
+  // then transformed as winograd_weight_from_packed transforms the packed panel: the same floats.
+  parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> by_channel(static_cast<size_t>(9 * C * width)), gg(static_cast<size_t>(12 * width));
+    for (int64_t p = begin; p < end; ++p) {
+      filter_panel_by_channel(filters, m, 9 * C, p, by_channel.data());
+      for (int64_t c = 0; c < C; ++c) {
+        auto tap = [&](int ky, int kx) { return by_channel.data() + (c * 9 + ky * 3 + kx) * width; };
+        transform_panel_channel(tap, p, c, panels, C, width, gg.data(), u);
+      }
+    }
+  });
+  return into_transformed(std::move(buffer), panels, C, width);
 }
 
 mx::array winograd_weight_to_hwcm(const mx::array& u, int64_t m, mx::StreamOrDevice s) {

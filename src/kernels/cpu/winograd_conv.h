@@ -59,6 +59,11 @@ bool winograd_conv_fits(const NhwcConvOptions& o);
  * std::invalid_argument when `packed` is not such a weight. */
 mx::array winograd_weight_from_packed(const mx::array& packed, int64_t channels);
 
+/** winograd_weight_from_packed(pack_conv_weight_nhwc(w), C), the same floats, made from the filters
+ * themselves: w float [M, C, 3, 3] (an ONNX Conv's weight; evaluated unless it is a deferred copy,
+ * which is read in place). No packed copy is made. Throws std::invalid_argument for another shape. */
+mx::array winograd_weight_from_filters(const mx::array& w);
+
 /** The 3x3 weight [3, 3, C, m] that `u` (winograd_weight_from_packed's layout) was made from, as an
  * MLX composition (differentiable; exact up to the rounding of U itself). */
 mx::array winograd_weight_to_hwcm(const mx::array& u, int64_t m, mx::StreamOrDevice s = {});

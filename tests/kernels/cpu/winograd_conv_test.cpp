@@ -5,6 +5,7 @@
 // tiles to split across threads and panels; the weight recovered exactly from
 // its transform; gradients; mx::compile; argument checks.
 #include "kernels/cpu/winograd_conv.h"
+#include "kernels/cpu/gemm.h"
 
 #include <gtest/gtest.h>
 #include <mlx/primitives.h>
@@ -149,6 +150,22 @@ TEST(WinogradConvKernel, TheWeightIsRecoveredFromItsTransform) {
     mx::array hwcm = winograd_weight_to_hwcm(transformed(w), m);  // [3, 3, C, M]
     EXPECT_LT(max_abs_diff(hwcm, mx::transpose(w, {2, 3, 1, 0})), 1e-6f) << m;
   }
+}
+
+TEST(WinogradConvKernel, TheTransformFromTheFiltersEqualsTheOneFromThePackedWeight) {
+  // Output channels that fill no whole panel, one panel and a half, several panels.
+  for (int64_t out_channels : {int64_t{5}, gemm_panel_width() * 3 / 2, 2 * gemm_panel_width() + 3}) {
+    const mx::array w =
+        random_array({static_cast<int>(out_channels), 7, 3, 3}, 70 + static_cast<int>(out_channels));
+    const mx::array from_filters = winograd_weight_from_filters(w);
+    const mx::array from_packed = transformed(w);
+    ASSERT_EQ(from_filters.shape(), from_packed.shape()) << out_channels;
+    EXPECT_TRUE(mx::array_equal(from_filters, from_packed).item<bool>())
+        << out_channels << " output channels";
+  }
+  const std::string message = testing::error_of<std::invalid_argument>(
+      [] { winograd_weight_from_filters(random_array({6, 4, 1, 1}, 71)); });
+  EXPECT_NE(message.find("3x3 weight [M, C, 3, 3]"), std::string::npos) << message;
 }
 
 TEST(WinogradConvKernel, GradientsEqualThoseOfTheComposition) {
