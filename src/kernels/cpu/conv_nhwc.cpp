@@ -726,7 +726,7 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
   // kernel over several taps then reorders those rows to (tap, c) through a scratch panel (ResNet-50's
   // 3x3 weights had gone one float at a time).
   constexpr int64_t kItem = sizeof(float);
-  parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(panels, packing_grain(k * width * kItem), [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(taps == 1 ? 0 : static_cast<size_t>(k * width));
     for (int64_t p = begin; p < end; ++p) {
       float* panel = packed + p * k * width;

@@ -525,7 +525,7 @@ void pack_panels(const void* b, bool transposed, int64_t k, int64_t n, int64_t w
   const auto* bytes = static_cast<const uint8_t*>(b);
   constexpr int64_t kItem = sizeof(float);
   const int64_t panels = ceil_div(n, width);
-  parallel_for(panels, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(panels, packing_grain(k * width * kItem), [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t cols = std::min(width, n - p * width);
       float* panel = packed + p * k * width;

@@ -181,6 +181,11 @@ ThreadPool& pool() {
 
 }  // namespace
 
+int64_t packing_grain(int64_t item_bytes) {
+  constexpr int64_t kChunkBytes = int64_t{64} << 10;
+  return std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, item_bytes));
+}
+
 int kernel_threads() {
   static const int threads = threads_from_environment();
   return threads;

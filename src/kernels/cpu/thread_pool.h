@@ -28,4 +28,9 @@ int kernel_threads();
  * (the first one; the other chunks still run). */
 void parallel_for(int64_t count, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& body);
 
+/** The grain of a loop over items of `item_bytes` each that fill fresh memory (a load-time packing):
+ * chunks of at least 64 KiB, so that a small weight is packed on the calling thread, where waking a
+ * pool thread would cost more than the packing. */
+int64_t packing_grain(int64_t item_bytes);
+
 }  // namespace transmuter::kernels
