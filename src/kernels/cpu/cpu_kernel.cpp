@@ -96,13 +96,35 @@ void copy_row_contiguous(const DenseCopy& copy) {
   }
 }
 
+mx::array::Flags permuted_layout_flags(const mx::Shape& shape, const mx::Strides& strides);
+
+mx::Strides row_major_strides(const mx::Shape& shape) {
+  mx::Strides strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  return strides;
+}
+
+// MLX's CPU allocator keeps an 8-byte size header in front of a buffer's data, so its arrays start 8
+// bytes past a 64-byte line and every 64-byte vector a kernel loads or stores spans two lines. A
+// kernel's output (or dense copy) is allocated a line larger and starts on the next line boundary
+// (the array's offset into its buffer); `strides` empty: row-major.
+void set_line_aligned_data(mx::array& out, mx::Strides strides) {
+  constexpr uintptr_t kLine = 64;
+  if (strides.empty()) strides = row_major_strides(out.shape());
+  const mx::array::Flags flags = permuted_layout_flags(out.shape(), strides);
+  mx::allocator::Data data = mx::allocator::malloc(out.nbytes() + kLine);
+  const auto raw = reinterpret_cast<uintptr_t>(data.buffer().raw_ptr());
+  const auto offset = static_cast<int64_t>((kLine - raw % kLine) % kLine);
+  out.set_data(std::move(data), out.size(), std::move(strides), flags, offset);
+}
+
 // A row-contiguous array of `in`'s shape and type, allocated, not yet written.
 mx::array unwritten_dense_copy(const mx::array& in, const char* who) {
   if (in.itemsize() != 1 && in.itemsize() != 2 && in.itemsize() != 4 && in.itemsize() != 8)
     throw std::logic_error(std::string(who) + ": an input of " + std::to_string(in.itemsize()) +
                            "-byte elements");
   mx::array copy(in.shape(), in.dtype(), nullptr, {});
-  copy.set_data(mx::allocator::malloc(copy.nbytes()));
+  set_line_aligned_data(copy, {});
   return copy;
 }
 
@@ -165,11 +187,8 @@ KernelTask CpuKernel::prepare(const std::vector<mx::array>& inputs, std::vector<
   for (size_t j = 0; j < outputs.size(); ++j) {
     if (donors[j] >= 0) {
       outputs[j].copy_shared_buffer(inputs[donors[j]]);
-    } else if (std::optional<mx::Strides> strides = output_strides(j, outputs[j].shape())) {
-      const mx::array::Flags flags = permuted_layout_flags(outputs[j].shape(), *strides);
-      outputs[j].set_data(mx::allocator::malloc(outputs[j].nbytes()), outputs[j].size(), *strides, flags);
     } else {
-      outputs[j].set_data(mx::allocator::malloc(outputs[j].nbytes()));
+      set_line_aligned_data(outputs[j], output_strides(j, outputs[j].shape()).value_or(mx::Strides{}));
     }
   }
   std::vector<mx::array> dense = inputs;

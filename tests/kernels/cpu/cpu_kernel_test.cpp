@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -88,6 +89,31 @@ TEST(CpuKernelInputs, DenseCopiesHereEqualMlxContiguous) {
       EXPECT_TRUE(mx::array_equal(copy, mx::contiguous(view)).item<bool>());
     }
   }
+}
+
+bool starts_on_a_line(const mx::array& a) { return reinterpret_cast<uintptr_t>(a.data<char>()) % 64 == 0; }
+
+// MLX's own buffers start 8 bytes past a 64-byte line (its allocator's size header); a kernel's outputs
+// and dense copies start on a line, so that its vector loads and stores do not span two.
+TEST(CpuKernelOutputs, StartOnA64ByteLineAndComposeWithMlx) {
+  for (const mx::Shape& shape : {mx::Shape{}, mx::Shape{7}, mx::Shape{3, 5}, mx::Shape{2, 3, 4, 5}}) {
+    mx::array x = counting(shape, mx::float32);
+    mx::array y = byte_copy(x);
+    mx::eval(y);
+    EXPECT_TRUE(starts_on_a_line(y)) << y.shape().size() << "-d";
+    EXPECT_TRUE(y.flags().row_contiguous);
+    EXPECT_TRUE(mx::array_equal(y, x).item<bool>());
+    // MLX's ops read it through its offset, and may take its buffer (y is held by nothing else here).
+    mx::array plus_one = byte_copy(x) + 1.0f;
+    EXPECT_TRUE(mx::array_equal(plus_one, x + 1.0f).item<bool>());
+    if (shape.size() >= 2) {
+      EXPECT_TRUE(mx::array_equal(mx::transpose(y), mx::transpose(x)).item<bool>());
+      EXPECT_TRUE(mx::array_equal(mx::reshape(y, {-1}), mx::reshape(x, {-1})).item<bool>());
+    }
+  }
+  mx::array view = mx::transpose(counting({4, 6}, mx::float32));
+  mx::eval(view);
+  EXPECT_TRUE(starts_on_a_line(dense_copy_here(view)));
 }
 
 }  // namespace
