@@ -79,9 +79,10 @@ void touch_huge_page(uintptr_t page, uintptr_t rest_end) {
 
 // A fresh buffer of `nbytes` in an anonymous mapping of its own that starts
 // on a 2 MiB boundary, its whole 2 MiB pages advised as transparent huge
-// pages ("madvise" is the usual system policy). Filling a large buffer through
-// 4 KiB pages faults 512 times per 2 MiB: 4-5x the time of one huge page on
-// this project's VM (docs/roadmap.md). MLX's malloc (tcmalloc or glibc's heap
+// pages while they come fast (huge_pages_pay; "madvise" is the usual system
+// policy). Filling a large buffer through 4 KiB pages faults 512 times per
+// 2 MiB: 4-5x the time of one recycled huge page on this project's VM
+// (docs/roadmap.md). MLX's malloc (tcmalloc or glibc's heap
 // beneath it) places buffers anywhere, so a 2.25 MiB weight held no whole
 // huge page. The array owns the mapping (its deleter unmaps it); MLX neither
 // counts it in its active memory nor donates it. nullopt where the mapping
