@@ -285,19 +285,6 @@ int64_t TilesIn(int64_t rows) {
   return tiles;
 }
 
-// Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels) (a
-// panel: two vectors of columns): the work of one task. K in slices of
-// DepthBlock(rows); each row tile's slice of A (6 or 12 x 256 or 512 floats) stays in L1 while
-// it passes over the block's panels. The first row tile of a slice reads the
-// packed weights from memory (a model's weights do not stay in the caches
-// between its products): it prefetches the slice it will read next, which the
-// hardware prefetcher, meeting a new 16-32 KiB run per panel, does not. The
-// other row tiles share out each panel's slice at the next depth, a few rows
-// each, so that the next depth's first row tile finds its weights in L2: one
-// tile alone asks for a whole slice in the time of one tile, more than memory
-// delivers (alternating A/B, whole models: BERT-base s128 0.957, MiniLM-L6 s16
-// 0.917, ViT-base 0.970). After the last depth they share out the first slices
-// of the `next` task's panels in the same way.
 // Asks for the residual rows a row tile at (r, col0) starts from (`rows` rows of one panel). Issued a
 // tile ahead, they arrive while that tile multiplies instead of stalling its first multiply-adds: a
 // ResNet block's 1x1 expansion over 64 channels, which reads its shortcut from memory, took 3.4 ms at
@@ -312,6 +299,19 @@ void PrefetchResidualRows(const GemmArgs& g, int64_t r, int64_t rows, int64_t co
   }
 }
 
+// Output rows [row0, row0 + rows) x panels [panel0, panel0 + panels) (a
+// panel: two vectors of columns): the work of one task. K in slices of
+// DepthBlock(rows); each row tile's slice of A (6 or 12 x 256 or 512 floats) stays in L1 while
+// it passes over the block's panels. The first row tile of a slice reads the
+// packed weights from memory (a model's weights do not stay in the caches
+// between its products): it prefetches the slice it will read next, which the
+// hardware prefetcher, meeting a new 16-32 KiB run per panel, does not. The
+// other row tiles share out each panel's slice at the next depth, a few rows
+// each, so that the next depth's first row tile finds its weights in L2: one
+// tile alone asks for a whole slice in the time of one tile, more than memory
+// delivers (alternating A/B, whole models: BERT-base s128 0.957, MiniLM-L6 s16
+// 0.917, ViT-base 0.970). After the last depth they share out the first slices
+// of the `next` task's panels in the same way.
 void Block(const GemmArgs& g, int64_t row0, int64_t rows, int64_t panel0, int64_t panels, NextPanels next) {
   const int64_t width = PanelWidth();
   const Clamp clamp{g.conv_activation, g.clip_min, g.clip_max};
