@@ -741,8 +741,7 @@ mx::array pack_conv_weight_nhwc(const mx::array& w) {
       }
     }
   });
-  return buffer.into_array({static_cast<int>(panels), static_cast<int>(k), static_cast<int>(width)},
-                           mx::float32);
+  return buffer.into_array(packed_conv_weight_shape(w.shape()), mx::float32);
 }
 
 mx::array depthwise_weight_nhwc(const mx::array& w) {

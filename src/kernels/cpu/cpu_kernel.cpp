@@ -96,7 +96,30 @@ void copy_row_contiguous(const DenseCopy& copy) {
   }
 }
 
-mx::array::Flags permuted_layout_flags(const mx::Shape& shape, const mx::Strides& strides);
+DenseCopy dense_copy_of(const mx::array& in, mx::array& copy) {
+  return {in.data<char>(), copy.data<char>(), in.itemsize(),
+          std::vector<int64_t>(in.shape().begin(), in.shape().end()),
+          std::vector<int64_t>(in.strides().begin(), in.strides().end())};
+}
+
+// The flags of a dense array laid out with `strides` (a permutation of the row-contiguous layout, no gaps):
+// contiguous, and row- or column-contiguous where the strides are those of either order (axes of size 1
+// set aside), as MLX's transpose computes them.
+mx::array::Flags permuted_layout_flags(const mx::Shape& shape, const mx::Strides& strides) {
+  mx::array::Flags flags{.contiguous = true, .row_contiguous = true, .col_contiguous = true};
+  int64_t row = 1, col = 1;
+  for (size_t i = shape.size(), j = 0; i-- > 0; ++j) {
+    if (shape[i] != 1) {
+      flags.row_contiguous = flags.row_contiguous && strides[i] == row;
+      row *= shape[i];
+    }
+    if (shape[j] != 1) {
+      flags.col_contiguous = flags.col_contiguous && strides[j] == col;
+      col *= shape[j];
+    }
+  }
+  return flags;
+}
 
 mx::Strides row_major_strides(const mx::Shape& shape) {
   mx::Strides strides(shape.size(), 1);
@@ -126,31 +149,6 @@ mx::array unwritten_dense_copy(const mx::array& in, const char* who) {
   mx::array copy(in.shape(), in.dtype(), nullptr, {});
   set_line_aligned_data(copy, {});
   return copy;
-}
-
-DenseCopy dense_copy_of(const mx::array& in, mx::array& copy) {
-  return {in.data<char>(), copy.data<char>(), in.itemsize(),
-          std::vector<int64_t>(in.shape().begin(), in.shape().end()),
-          std::vector<int64_t>(in.strides().begin(), in.strides().end())};
-}
-
-// The flags of a dense array laid out with `strides` (a permutation of the row-contiguous layout, no gaps):
-// contiguous, and row- or column-contiguous where the strides are those of either order (axes of size 1
-// set aside), as MLX's transpose computes them.
-mx::array::Flags permuted_layout_flags(const mx::Shape& shape, const mx::Strides& strides) {
-  mx::array::Flags flags{.contiguous = true, .row_contiguous = true, .col_contiguous = true};
-  int64_t row = 1, col = 1;
-  for (size_t i = shape.size(), j = 0; i-- > 0; ++j) {
-    if (shape[i] != 1) {
-      flags.row_contiguous = flags.row_contiguous && strides[i] == row;
-      row *= shape[i];
-    }
-    if (shape[j] != 1) {
-      flags.col_contiguous = flags.col_contiguous && strides[j] == col;
-      col *= shape[j];
-    }
-  }
-  return flags;
 }
 
 // `out` may take `in`'s buffer: nothing else can see `in` afterwards, and the layouts agree.
